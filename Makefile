@@ -53,6 +53,8 @@ MP_BIN     = $(BUILD)/tests/mp
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
+.DEFAULT_GOAL := all
+
 # Module-specific rules (generated code, vendored-by-package sources) live in mk/*.mk.
 -include mk/*.mk
 

@@ -1,0 +1,155 @@
+/*
+ * store.h — the block store: the operations the HTTP layer calls, over the shared segment.
+ *
+ * Semantics (spec/kvcache-http.md §1, §3):
+ *  - put: a new key is stored with ref-count 1 ("created"); the same key with the same
+ *    length is a dedup hit (ref-count + 1, bytes untouched); the same key with another
+ *    length is a conflict (nothing changes); when even eviction cannot make room the answer
+ *    is "no space" and nothing stored is damaged.
+ *  - get pins the block and hands back a reference whose bytes stay valid and unchanged
+ *    until unpin; a pinned block is never evicted or freed.
+ *  - release (DELETE) drops one reference; at zero the block leaves the index at once and
+ *    its memory is freed when the last pin goes.
+ *  - Eviction, when a put does not fit: least recently used unpinned blocks (a block at zero
+ *    references is never kept, so there is no separate zero-reference tier to drain first);
+ *    with no_evict set the put gets "no space" instead.
+ *  - Every block that enters (first reference) or leaves (last reference, eviction) appends
+ *    an insert/remove event with its canonical hash to the change log.
+ *  - A GET sees the complete bytes of one PUT or a miss: a block becomes visible only after
+ *    its bytes are in the arena, and a visible block's bytes are never written again.
+ *
+ * Crash recovery: all mutations hold the one store lock. If a process dies holding it, the
+ * next locker runs a full repair (kvr_store_repair_locked) that rebuilds every derived
+ * structure from the entries' states and the per-process pin tables, rolls interrupted
+ * removals forward and drops interrupted inserts. The supervisor calls kvr_store_reap with
+ * each dead child's pid, which does the same and frees the child's pins and reservations.
+ */
+#ifndef KVR_CORE_STORE_H
+#define KVR_CORE_STORE_H
+
+#include "common.h"
+#include "shm/changelog.h"
+#include "shm/segment.h"
+#include "shm/store_sh.h"
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+/* put results (besides the KVR_E* errors of common.h) */
+#define KVR_PUT_CREATED 1
+#define KVR_PUT_DEDUP   2
+
+/* A pinned block. Valid from a successful kvr_store_get until kvr_store_unpin. */
+typedef struct {
+    uint32_t entry;
+    uint32_t gen;
+    uint64_t length;
+    uint64_t canon;
+} kvr_block_ref_t;
+
+/* An in-flight PUT between begin and commit/abort. */
+typedef struct {
+    uint32_t entry;
+    uint32_t gen;
+    uint64_t length;
+    uint16_t key_len;
+} kvr_put_txn_t;
+
+typedef struct {
+    uint64_t unique_blocks, total_refs, resident_bytes, logical_bytes, dedup_savings_bytes;
+    uint64_t dedup_hits, get_hits, get_misses;
+    uint64_t capacity_bytes, evictions, evicted_bytes, put_new, put_conflicts, deletes;
+    uint64_t put_nospace, pinned_blocks, zombie_blocks, free_pages, total_pages, repairs;
+    uint64_t log_appended, log_dropped;
+} kvr_store_stats_t;
+
+struct kvr_store_s {
+    kvr_seg_t *seg;
+    kvr_store_sh_t *sh;
+    kvr_index_t ix;
+    kvr_arena_t arena;
+    kvr_log_sh_t *log;
+    kvr_pin_t *pins_all;
+    uint32_t pin_slots;
+    uint32_t page_size;
+    int slot;
+    kvr_stats_block_t *my_stats;
+    uint8_t *scratch;
+};
+
+/* Initialises the store's regions of a freshly created segment (the supervisor, once). */
+int kvr_store_format(kvr_seg_t *seg, int no_evict);
+
+/* Opens this process's handle; seg->slot must be claimed (kvr_seg_proc_claim). */
+int kvr_store_open(kvr_store_t *st, kvr_seg_t *seg);
+
+/* Validates a decoded key: 1..KVR_KEY_MAX bytes, no NUL. */
+int kvr_store_key_valid(const void *key, size_t klen);
+
+/*
+ * One-shot put of len bytes from data. canon is the canonical hash for the filter.
+ * Returns KVR_PUT_CREATED, KVR_PUT_DEDUP, KVR_ECONFLICT, KVR_ENOSPACE, KVR_EINVAL or KVR_ERR.
+ */
+int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *data, uint64_t len,
+                  uint64_t canon);
+
+/*
+ * Two-phase put, for bodies that arrive in pieces: begin reserves the entry and pages
+ * (returns KVR_OK with *txn, or KVR_PUT_DEDUP / KVR_ECONFLICT / KVR_ENOSPACE / KVR_EINVAL);
+ * write copies payload bytes at an offset; commit publishes the block (KVR_PUT_CREATED, or
+ * KVR_PUT_DEDUP / KVR_ECONFLICT when a concurrent put of the same key committed first);
+ * abort gives everything back.
+ */
+int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t len, uint64_t canon,
+                        kvr_put_txn_t *txn);
+int kvr_store_put_write(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, const void *src,
+                        uint64_t n);
+/* Fills iov with the payload spans of a reservation from offset off; returns the count. */
+size_t kvr_store_txn_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, struct iovec *iov,
+                         size_t max);
+int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn);
+void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn);
+
+/* Pins a resident block. Returns KVR_OK, KVR_ENOTFOUND, KVR_EBUSY (pin table full), KVR_EINVAL. */
+int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t *ref);
+
+/* Fills iov with the pinned payload's spans from offset off; returns the count (<= max). */
+size_t kvr_store_ref_iov(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, struct iovec *iov,
+                         size_t max);
+
+/* Copies n payload bytes from offset off of a pinned block. Returns KVR_OK or KVR_EINVAL. */
+int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, void *dst, uint64_t n);
+
+/* Releases a pin taken by kvr_store_get. */
+void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref);
+
+/* 1 when resident (length in *len if non-NULL), 0 when not; never pins, usually lock-free. */
+int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *len);
+
+/* DELETE: one reference less. Returns KVR_OK with *refs_left, or KVR_ENOTFOUND / KVR_EINVAL. */
+int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *refs_left);
+
+void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
+
+/*
+ * Supervisor: a child died. Repairs whatever it held (its lock, pins, reservations), retires
+ * its stats and frees its slot. Returns KVR_OK, or KVR_ENOTFOUND when pid had no slot.
+ */
+int kvr_store_reap(kvr_store_t *st, pid_t pid);
+int kvr_store_reap_slot(kvr_store_t *st, int slot);
+
+/*
+ * Calls cb for every resident block under the lock, and marks the change log consumed up
+ * to that point (clears overflow). The publisher's resync after an overflow.
+ */
+typedef void (*kvr_store_scan_cb)(void *ctx, uint32_t entry, uint32_t gen, uint64_t canon);
+void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx);
+
+/* Debug view: full consistency check of every structure against a scan. KVR_OK or KVR_ERR
+ * (the reason is logged). Also fills *out with the scan's totals if non-NULL. */
+int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out);
+
+/* Canonical hash of a key when the PUT carries none (DESIGN.md, "Keys and the canonical hash"). */
+uint64_t kvr_store_default_canon(const void *key, size_t klen);
+
+#endif

@@ -1,0 +1,46 @@
+/* changelog.c — see changelog.h. */
+#include "shm/changelog.h"
+
+void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity)
+{
+    atomic_store_explicit(&log->head, 0, memory_order_relaxed);
+    atomic_store_explicit(&log->tail, 0, memory_order_relaxed);
+    log->capacity = capacity;
+    atomic_store_explicit(&log->overflow, 0, memory_order_relaxed);
+    atomic_store_explicit(&log->appended, 0, memory_order_relaxed);
+    atomic_store_explicit(&log->dropped, 0, memory_order_relaxed);
+}
+
+int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
+{
+    uint64_t h = atomic_load_explicit(&log->head, memory_order_relaxed);
+    uint64_t t = atomic_load_explicit(&log->tail, memory_order_acquire);
+    kvr_log_event_t *e;
+
+    if (h - t >= log->capacity) {
+        atomic_store_explicit(&log->overflow, 1, memory_order_release);
+        atomic_fetch_add_explicit(&log->dropped, 1, memory_order_relaxed);
+        return KVR_ENOSPACE;
+    }
+    e = &log->ev[h & (log->capacity - 1)];
+    e->canon = canon;
+    e->entry = entry;
+    e->gen_op = (gen << 2) | op;
+    atomic_store_explicit(&log->head, h + 1, memory_order_release);
+    atomic_fetch_add_explicit(&log->appended, 1, memory_order_relaxed);
+    return KVR_OK;
+}
+
+size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max)
+{
+    uint64_t t = atomic_load_explicit(&log->tail, memory_order_relaxed);
+    uint64_t h = atomic_load_explicit(&log->head, memory_order_acquire);
+    size_t n = 0;
+
+    while (t + n < h && n < max) {
+        out[n] = log->ev[(t + n) & (log->capacity - 1)];
+        n++;
+    }
+    atomic_store_explicit(&log->tail, t + n, memory_order_release);
+    return n;
+}

@@ -1,0 +1,64 @@
+/*
+ * changelog.h — the change log: a bounded multi-producer, single-consumer ring of
+ * (insert | remove, canonical hash) events, from the store to the publisher.
+ *
+ * Producers append under the store lock (so the producer side needs no lock of its own);
+ * the one consumer (the publisher) reads without any lock. Ordering:
+ *   head  written by producers (store release after the event is written), read by the
+ *         consumer with acquire;
+ *   tail  written by the consumer (release after it has read the events), read by
+ *         producers with acquire to detect a full ring.
+ * head and tail sit on separate cache lines. When the ring is full the event is dropped and
+ * the sticky `overflow` flag is set: the consumer must then rebuild from a scan of the
+ * index (kvr_store_resync) instead of guessing; nothing is lost silently.
+ *
+ * Events also carry the entry index and its generation: a crash repair may append an event
+ * a second time (at least once), and the consumer de-duplicates by (entry, gen).
+ */
+#ifndef KVR_SHM_CHANGELOG_H
+#define KVR_SHM_CHANGELOG_H
+
+#include "common.h"
+
+#include <stdatomic.h>
+
+enum { KVR_EV_INSERT = 1, KVR_EV_REMOVE = 2 };
+
+typedef struct {
+    uint64_t canon;
+    uint32_t entry;
+    uint32_t gen_op; /* gen << 2 | op */
+} kvr_log_event_t;
+static_assert(sizeof(kvr_log_event_t) == 16, "log event layout");
+
+typedef struct {
+    _Atomic uint64_t head; /* producers, under the store lock */
+    uint64_t pad0_[7];
+    _Atomic uint64_t tail; /* the consumer */
+    uint64_t pad1_[7];
+    uint64_t capacity; /* power of two */
+    _Atomic uint32_t overflow;
+    uint32_t pad2_;
+    _Atomic uint64_t appended; /* events appended since format (for stats) */
+    _Atomic uint64_t dropped;  /* events dropped on overflow */
+    uint64_t pad3_[4];
+    kvr_log_event_t ev[];
+} kvr_log_sh_t;
+static_assert(offsetof(kvr_log_sh_t, tail) == 64, "head and tail on separate lines");
+static_assert(sizeof(kvr_log_sh_t) == 192, "log header layout");
+
+static inline uint32_t kvr_log_op(const kvr_log_event_t *e) { return e->gen_op & 3u; }
+static inline uint32_t kvr_log_gen(const kvr_log_event_t *e) { return e->gen_op >> 2; }
+
+void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
+
+/* Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Store lock held. */
+int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
+
+/*
+ * Consumer: copies up to max events into out and advances the tail. Returns the count.
+ * Only one process may consume.
+ */
+size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max);
+
+#endif

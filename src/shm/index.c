@@ -1,0 +1,310 @@
+/* index.c — see index.h for the design. */
+#include "shm/index.h"
+
+#include "shm/segment.h"
+
+#include <stdlib.h>
+
+#define LOCKFREE_RETRIES 64
+
+static inline uint32_t bucket_of(const kvr_index_t *ix, uint64_t khash)
+{
+    return (uint32_t)(khash & (ix->sh->nbuckets - 1));
+}
+
+/* Seqlock writer side: the store lock is held, so plain increments are race-free among
+ * writers; readers pair the release/acquire below. */
+static inline void seq_begin(kvr_index_t *ix)
+{
+    uint64_t s = atomic_load_explicit(&ix->sh->seq, memory_order_relaxed);
+    atomic_store_explicit(&ix->sh->seq, s + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+}
+
+static inline void seq_end(kvr_index_t *ix)
+{
+    uint64_t s = atomic_load_explicit(&ix->sh->seq, memory_order_relaxed);
+    atomic_store_explicit(&ix->sh->seq, s + 1, memory_order_release);
+}
+
+void kvr_index_format(kvr_index_t *ix)
+{
+    kvr_index_sh_t *sh = ix->sh;
+
+    atomic_store_explicit(&sh->seq, 0, memory_order_relaxed);
+    for (uint64_t b = 0; b < sh->nbuckets; b++)
+        atomic_store_explicit(&ix->buckets[b], KVR_NIL, memory_order_relaxed);
+    sh->free_head = KVR_NIL;
+    sh->nfree = 0;
+    sh->lru_head = sh->lru_tail = KVR_NIL;
+    sh->clock = 0;
+    /* Push in reverse so low indices come out first. */
+    for (uint64_t i = sh->max_blocks; i-- > 0;) {
+        kvr_entry_t *e = &ix->ent[i];
+        memset(e, 0, sizeof(*e));
+        e->state = KVR_ENT_FREE;
+        e->first_page = KVR_NIL;
+        e->chain_next = sh->free_head;
+        sh->free_head = (uint32_t)i;
+        sh->nfree++;
+    }
+}
+
+static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const void *key, size_t klen)
+{
+    return e->key_len == klen && e->first_page < ix->arena->sh->npages &&
+           memcmp(kvr_index_key(ix, e), key, klen) == 0;
+}
+
+uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash)
+{
+    uint32_t i = atomic_load_explicit(&ix->buckets[bucket_of(ix, khash)], memory_order_relaxed);
+
+    while (i != KVR_NIL) {
+        const kvr_entry_t *e = &ix->ent[i];
+        if (e->khash == khash && key_equal(ix, e, key, klen))
+            return i;
+        i = e->chain_next;
+    }
+    return KVR_NIL;
+}
+
+int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash,
+                              uint64_t *length)
+{
+    const uint64_t max = ix->sh->max_blocks;
+
+    for (int attempt = 0; attempt < LOCKFREE_RETRIES; attempt++) {
+        uint64_t s1 = atomic_load_explicit(&ix->sh->seq, memory_order_acquire);
+        uint64_t steps = 0, len = 0;
+        int found = 0;
+        uint32_t i;
+
+        if (s1 & 1) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        i = atomic_load_explicit(&ix->buckets[bucket_of(ix, khash)], memory_order_relaxed);
+        while (i != KVR_NIL && i < max && steps++ < max) {
+            const kvr_entry_t *e = &ix->ent[i];
+            /* Relaxed reads of fields a writer may be changing; the seq check below
+             * discards anything read during a change. key_len is bounded by the compare. */
+            if (__atomic_load_n(&e->khash, __ATOMIC_RELAXED) == khash &&
+                __atomic_load_n(&e->key_len, __ATOMIC_RELAXED) == klen &&
+                __atomic_load_n(&e->first_page, __ATOMIC_RELAXED) < ix->arena->sh->npages &&
+                memcmp(kvr_index_key(ix, e), key, klen) == 0) {
+                found = 1;
+                len = __atomic_load_n(&e->length, __ATOMIC_RELAXED);
+                break;
+            }
+            i = __atomic_load_n(&e->chain_next, __ATOMIC_RELAXED);
+        }
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&ix->sh->seq, memory_order_relaxed) == s1) {
+            if (found && length != NULL)
+                *length = len;
+            return found;
+        }
+    }
+    return KVR_AGAIN;
+}
+
+uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix)
+{
+    kvr_index_sh_t *sh = ix->sh;
+    uint32_t i = sh->free_head;
+
+    if (i == KVR_NIL)
+        return KVR_NIL;
+    sh->free_head = ix->ent[i].chain_next;
+    sh->nfree--;
+    ix->ent[i].chain_next = KVR_NIL;
+    return i;
+}
+
+void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i)
+{
+    kvr_index_sh_t *sh = ix->sh;
+    kvr_entry_t *e = &ix->ent[i];
+
+    e->state = KVR_ENT_FREE;
+    e->meta = 0;
+    e->first_page = KVR_NIL;
+    e->refs = 0;
+    e->pins = 0;
+    e->chain_next = sh->free_head;
+    sh->free_head = i;
+    sh->nfree++;
+}
+
+static void lru_push_head(kvr_index_t *ix, uint32_t i)
+{
+    kvr_index_sh_t *sh = ix->sh;
+    kvr_entry_t *e = &ix->ent[i];
+
+    e->lru_prev = KVR_NIL;
+    e->lru_next = sh->lru_head;
+    if (sh->lru_head != KVR_NIL)
+        ix->ent[sh->lru_head].lru_prev = i;
+    else
+        sh->lru_tail = i;
+    sh->lru_head = i;
+}
+
+static void lru_remove(kvr_index_t *ix, uint32_t i)
+{
+    kvr_index_sh_t *sh = ix->sh;
+    kvr_entry_t *e = &ix->ent[i];
+
+    if (e->lru_prev != KVR_NIL)
+        ix->ent[e->lru_prev].lru_next = e->lru_next;
+    else
+        sh->lru_head = e->lru_next;
+    if (e->lru_next != KVR_NIL)
+        ix->ent[e->lru_next].lru_prev = e->lru_prev;
+    else
+        sh->lru_tail = e->lru_prev;
+    e->lru_prev = e->lru_next = KVR_NIL;
+}
+
+void kvr_index_link_locked(kvr_index_t *ix, uint32_t i)
+{
+    kvr_entry_t *e = &ix->ent[i];
+    uint32_t b = bucket_of(ix, e->khash);
+
+    e->atime = ++ix->sh->clock;
+    lru_push_head(ix, i);
+    seq_begin(ix);
+    __atomic_store_n(&e->chain_next, atomic_load_explicit(&ix->buckets[b], memory_order_relaxed),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&e->state, KVR_ENT_LIVE, __ATOMIC_RELAXED);
+    atomic_store_explicit(&ix->buckets[b], i, memory_order_relaxed);
+    seq_end(ix);
+}
+
+void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i)
+{
+    kvr_entry_t *e = &ix->ent[i];
+    uint32_t b = bucket_of(ix, e->khash);
+    uint32_t cur = atomic_load_explicit(&ix->buckets[b], memory_order_relaxed), prev = KVR_NIL;
+
+    while (cur != KVR_NIL && cur != i) {
+        prev = cur;
+        cur = ix->ent[cur].chain_next;
+    }
+    seq_begin(ix);
+    if (cur == i) {
+        if (prev == KVR_NIL)
+            atomic_store_explicit(&ix->buckets[b], e->chain_next, memory_order_relaxed);
+        else
+            __atomic_store_n(&ix->ent[prev].chain_next, e->chain_next, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&e->chain_next, KVR_NIL, __ATOMIC_RELAXED);
+    seq_end(ix);
+    lru_remove(ix, i);
+}
+
+void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i)
+{
+    ix->ent[i].atime = ++ix->sh->clock;
+    if (ix->sh->lru_head == i)
+        return;
+    lru_remove(ix, i);
+    lru_push_head(ix, i);
+}
+
+static const kvr_entry_t *sort_base;
+static int by_atime_desc(const void *a, const void *b)
+{
+    uint64_t x = sort_base[*(const uint32_t *)a].atime, y = sort_base[*(const uint32_t *)b].atime;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
+{
+    kvr_index_sh_t *sh = ix->sh;
+    uint32_t *live = malloc(sizeof(uint32_t) * (sh->max_blocks ? sh->max_blocks : 1));
+    uint64_t nlive = 0, maxclock = 0;
+
+    seq_begin(ix);
+    for (uint64_t b = 0; b < sh->nbuckets; b++)
+        atomic_store_explicit(&ix->buckets[b], KVR_NIL, memory_order_relaxed);
+    sh->free_head = KVR_NIL;
+    sh->nfree = 0;
+    sh->lru_head = sh->lru_tail = KVR_NIL;
+    for (uint64_t i = sh->max_blocks; i-- > 0;) {
+        kvr_entry_t *e = &ix->ent[i];
+        e->lru_prev = e->lru_next = KVR_NIL;
+        if (e->atime > maxclock)
+            maxclock = e->atime;
+        if (e->state == KVR_ENT_FREE) {
+            e->first_page = KVR_NIL;
+            e->chain_next = sh->free_head;
+            sh->free_head = (uint32_t)i;
+            sh->nfree++;
+        } else {
+            e->chain_next = KVR_NIL;
+            if (e->state == KVR_ENT_LIVE && live != NULL)
+                live[nlive++] = (uint32_t)i;
+        }
+    }
+    if (sh->clock < maxclock)
+        sh->clock = maxclock;
+    /* Link LIVE entries, oldest first, so the LRU head ends up the most recent. */
+    if (live != NULL) {
+        sort_base = ix->ent;
+        qsort(live, nlive, sizeof(uint32_t), by_atime_desc);
+        for (uint64_t k = nlive; k-- > 0;) {
+            uint32_t i = live[k];
+            kvr_entry_t *e = &ix->ent[i];
+            uint32_t b = bucket_of(ix, e->khash);
+            if (kvr_index_lookup_locked(ix, kvr_index_key(ix, e), e->key_len, e->khash) != KVR_NIL) {
+                dup(ctx, i);
+                continue;
+            }
+            e->chain_next = atomic_load_explicit(&ix->buckets[b], memory_order_relaxed);
+            atomic_store_explicit(&ix->buckets[b], i, memory_order_relaxed);
+            lru_push_head(ix, i);
+        }
+        free(live);
+    }
+    seq_end(ix);
+}
+
+int kvr_index_check_locked(const kvr_index_t *ix)
+{
+    const kvr_index_sh_t *sh = ix->sh;
+    uint64_t live = 0, linked = 0, lru = 0, freecnt = 0;
+    uint32_t prev = KVR_NIL;
+
+    if (atomic_load(&sh->seq) & 1)
+        return KVR_ERR;
+    for (uint64_t i = 0; i < sh->max_blocks; i++)
+        live += ix->ent[i].state == KVR_ENT_LIVE;
+    for (uint64_t b = 0; b < sh->nbuckets; b++) {
+        for (uint32_t i = atomic_load(&ix->buckets[b]); i != KVR_NIL; i = ix->ent[i].chain_next) {
+            if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || bucket_of(ix, ix->ent[i].khash) != b)
+                return KVR_ERR;
+            if (++linked > live)
+                return KVR_ERR;
+        }
+    }
+    for (uint32_t i = sh->lru_head; i != KVR_NIL; i = ix->ent[i].lru_next) {
+        if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || ix->ent[i].lru_prev != prev)
+            return KVR_ERR;
+        if (prev != KVR_NIL && ix->ent[prev].atime < ix->ent[i].atime)
+            return KVR_ERR;
+        if (++lru > live)
+            return KVR_ERR;
+        prev = i;
+    }
+    if (sh->lru_tail != prev)
+        return KVR_ERR;
+    for (uint32_t i = sh->free_head; i != KVR_NIL; i = ix->ent[i].chain_next) {
+        if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_FREE || ++freecnt > sh->max_blocks)
+            return KVR_ERR;
+    }
+    if (linked != live || lru != live || freecnt != sh->nfree)
+        return KVR_ERR;
+    return KVR_OK;
+}

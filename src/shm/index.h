@@ -1,0 +1,119 @@
+/*
+ * index.h — the block index: a fixed table of entries, chained hash buckets, an exact LRU.
+ *
+ * Entries live in one array sized at start (max_blocks); a free entry sits on a singly
+ * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
+ * the decoded key bytes) and on the LRU list. The key bytes themselves are stored at the
+ * start of the block's first arena run, right before the payload, so the index carries no
+ * per-entry key buffer and a lookup compares bytes only after the 64-bit hash matched.
+ *
+ * Concurrency: every mutation happens under the store lock. Lookups that only need an
+ * answer (exists, HEAD) run without the lock under a seqlock: writers bump `seq` to odd
+ * before relinking a chain and back to even after; a reader retries when it saw an odd or
+ * changed value, and after a bounded number of retries takes the lock.
+ *
+ * Entry states:
+ *   FREE      on the free list
+ *   RESERVED  owned by an in-flight PUT of proc `owner`; not on a chain; its pages fill up
+ *   LIVE      on a chain and the LRU; visible
+ *   ZOMBIE    unlinked (deleted to zero refs) but still pinned by a GET; freed at last unpin
+ *   DYING     being removed: a crash here is rolled forward by the repair
+ * The ANNOUNCED flag says the block's insert event is in the change log and its remove
+ * event is not yet.
+ */
+#ifndef KVR_SHM_INDEX_H
+#define KVR_SHM_INDEX_H
+
+#include "common.h"
+#include "shm/arena.h"
+
+#include <stdatomic.h>
+
+enum { KVR_ENT_FREE = 0, KVR_ENT_RESERVED = 1, KVR_ENT_LIVE = 2, KVR_ENT_ZOMBIE = 3, KVR_ENT_DYING = 4 };
+#define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 7 bits: owner proc slot */
+#define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
+
+typedef struct {
+    uint64_t khash;      /* XXH3_64bits of the key */
+    uint64_t canon;      /* canonical hash published in the filter */
+    uint64_t length;     /* payload bytes */
+    uint64_t atime;      /* LRU clock at last touch; orders the LRU after a rebuild */
+    uint32_t chain_next; /* next entry on the bucket chain (or the free list) */
+    uint32_t lru_prev;
+    uint32_t lru_next;
+    uint32_t first_page; /* head run of the arena chain: key bytes, then payload */
+    uint32_t refs;       /* dedup reference count */
+    uint32_t pins;       /* GETs in flight; derived from the per-process pin tables */
+    uint32_t gen;        /* bumped at every reservation; names this incarnation in events */
+    uint16_t key_len;
+    uint8_t state;
+    uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
+} kvr_entry_t;
+static_assert(sizeof(kvr_entry_t) == 64, "an entry is one cache line");
+static_assert(offsetof(kvr_entry_t, chain_next) == 32, "entry layout");
+static_assert(offsetof(kvr_entry_t, key_len) == 60, "entry layout");
+
+/* Shared index state (inside kvr_store_sh_t). seq sits on its own cache line. */
+typedef struct {
+    _Atomic uint64_t seq; /* seqlock over the chains; odd while a writer relinks */
+    uint64_t pad0_[7];
+    uint64_t max_blocks;
+    uint64_t nbuckets;
+    uint32_t free_head;
+    uint32_t lru_head; /* most recently used */
+    uint32_t lru_tail; /* least recently used */
+    uint32_t pad1_;
+    uint64_t nfree;
+    uint64_t clock; /* LRU clock, bumped under the store lock */
+    uint64_t pad2_[2];
+} kvr_index_sh_t;
+static_assert(sizeof(kvr_index_sh_t) == 128, "index state layout");
+
+typedef struct {
+    kvr_index_sh_t *sh;
+    kvr_entry_t *ent;
+    _Atomic uint32_t *buckets;
+    kvr_arena_t *arena;
+} kvr_index_t;
+
+void kvr_index_format(kvr_index_t *ix);
+
+static inline const uint8_t *kvr_index_key(const kvr_index_t *ix, const kvr_entry_t *e)
+{
+    return kvr_arena_page(ix->arena, e->first_page);
+}
+
+/* Finds the LIVE entry for key (khash = XXH3 of it). Returns its index or KVR_NIL. Locked. */
+uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash);
+
+/*
+ * Lock-free lookup (seqlock). Returns 1 and copies length (if non-NULL) when the key is
+ * LIVE, 0 when absent, KVR_AGAIN when writers kept interfering (caller takes the lock).
+ */
+int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash,
+                              uint64_t *length);
+
+/* Pops a free entry (state untouched) or returns KVR_NIL. Locked. */
+uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix);
+/* Returns an entry to the free list and marks it FREE. Locked. */
+void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i);
+
+/* Links entry i onto its bucket chain and the LRU head, state LIVE. Locked. */
+void kvr_index_link_locked(kvr_index_t *ix, uint32_t i);
+/* Unlinks entry i from its chain and the LRU (state unchanged). Locked. */
+void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
+/* Moves entry i to the LRU head. Locked. */
+void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i);
+
+/*
+ * Rebuilds chains, the LRU (ordered by atime) and the free list from the entries' states:
+ * LIVE entries are linked (a second LIVE entry with the same key is returned in *dups via
+ * callback), every FREE entry goes on the free list. Locked.
+ */
+typedef void (*kvr_index_dup_cb)(void *ctx, uint32_t i);
+void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx);
+
+/* Debug/test: verifies chains, LRU and the free list against states. KVR_OK or KVR_ERR. */
+int kvr_index_check_locked(const kvr_index_t *ix);
+
+#endif

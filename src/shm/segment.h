@@ -1,0 +1,132 @@
+/*
+ * segment.h — the one shared-memory segment every kvrelay process maps.
+ *
+ * The supervisor creates the segment (kvr_seg_create) before it forks; children inherit
+ * the mapping and claim a process slot (kvr_seg_proc_claim). Everything inside is addressed
+ * by offsets from the base; no absolute pointer is ever stored in it.
+ *
+ * Layout (offsets in the header; every region 64-byte aligned, the arena 2 MiB aligned):
+ *
+ *   header | proc table | store shared state | entries | buckets | page map | scratch bitmap
+ *          | pin tables | change log | arena pages
+ *
+ * Backing: memfd_create(MFD_HUGETLB | MFD_HUGE_2MB) first. It succeeds even with no huge
+ * pages reserved, but mmap then fails with ENOMEM; that is the trigger to fall back to a
+ * normal memfd with MADV_HUGEPAGE (effective only when the kernel's shmem THP policy allows
+ * it). kvr_seg_create logs which backing it got.
+ */
+#ifndef KVR_SHM_SEGMENT_H
+#define KVR_SHM_SEGMENT_H
+
+#include "common.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#define KVR_SEG_MAGIC          0x314745535256564bULL /* "KVVRSEG1" little-endian */
+#define KVR_SEG_LAYOUT_VERSION 1u
+#define KVR_MAX_PROCS          64
+#define KVR_KEY_MAX            1024
+#define KVR_HUGE_PAGE          (2u << 20)
+#define KVR_NIL                UINT32_MAX
+
+enum kvr_hugepage_mode { KVR_HUGEPAGES_AUTO = 0, KVR_HUGEPAGES_OFF = 1, KVR_HUGEPAGES_REQUIRE = 2 };
+enum kvr_backing { KVR_BACKING_HUGETLB = 1, KVR_BACKING_SHMEM_THP = 2, KVR_BACKING_SHMEM = 3 };
+
+/* Sizing inputs. Zero fields take their defaults (see kvr_seg_config_defaults). */
+typedef struct {
+    uint64_t memory;       /* arena payload capacity in bytes (like memcached's -m) */
+    uint32_t page_size;    /* arena allocation granule, power of two, 4 KiB .. 2 MiB */
+    uint64_t max_blocks;   /* index entries; default: one per arena page */
+    uint64_t log_capacity; /* change-log events, power of two */
+    uint32_t pin_slots;    /* per-process pin table slots, power of two */
+    int hugepages;         /* enum kvr_hugepage_mode */
+} kvr_seg_config_t;
+
+/* Process slot states. */
+enum { KVR_PROC_FREE = 0, KVR_PROC_ACTIVE = 1, KVR_PROC_DEAD = 2 };
+
+/*
+ * One process slot, one cache line. pid/state are written by the claiming process (CAS
+ * from FREE) and by the supervisor's reap; role is informational.
+ */
+typedef struct {
+    _Atomic int32_t pid;
+    _Atomic uint32_t state;
+    uint32_t role;
+    uint32_t pad_[13];
+} kvr_proc_sh_t;
+static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache line");
+
+/* The segment header. Written once by the creator, read-only afterwards except generation. */
+typedef struct {
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t backing; /* enum kvr_backing */
+    uint64_t total_size;
+    _Atomic uint64_t generation; /* producer generation; bumped by the supervisor */
+
+    uint32_t page_size;
+    uint32_t page_shift;
+    uint64_t npages;
+    uint64_t max_blocks;
+    uint64_t nbuckets;
+    uint64_t log_capacity;
+    uint32_t pin_slots;
+    uint32_t pad0_;
+
+    uint64_t off_procs;
+    uint64_t off_store;
+    uint64_t off_entries;
+    uint64_t off_buckets;
+    uint64_t off_pages;
+    uint64_t off_scratch;
+    uint64_t off_pins;
+    uint64_t off_log;
+    uint64_t off_arena;
+    uint64_t arena_bytes;
+    uint64_t off_reserved_[8]; /* regions added by later layout versions */
+    uint8_t pad_[4096 - 20 * 8 - 8 * 8];
+} kvr_seg_hdr_t;
+static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
+static_assert(offsetof(kvr_seg_hdr_t, generation) == 24, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, off_procs) == 80, "header layout");
+
+/* A process's handle on the segment (process-local, never in shared memory). */
+struct kvr_seg_s {
+    uint8_t *base;
+    uint64_t size;
+    int fd;
+    int slot; /* this process's proc slot, -1 before claim */
+    kvr_seg_hdr_t *hdr;
+    kvr_proc_sh_t *procs;
+};
+
+void kvr_seg_config_defaults(kvr_seg_config_t *cfg);
+
+/* Computes the layout into *hdr (sizes and offsets only). Returns KVR_OK or KVR_EINVAL. */
+int kvr_seg_layout(const kvr_seg_config_t *cfg, kvr_seg_hdr_t *hdr);
+
+/*
+ * Creates, maps and initialises a segment (header, proc table, store state). The caller
+ * becomes no process slot's owner; call kvr_seg_proc_claim. Returns KVR_OK or KVR_ERR.
+ */
+int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg);
+
+/* Unmaps and closes. Safe on a zeroed handle. */
+void kvr_seg_destroy(kvr_seg_t *seg);
+
+/* Claims a free process slot for getpid() with the given role. Returns the slot or -1. */
+int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role);
+
+/* Finds the slot of pid (ACTIVE or DEAD), or -1. */
+int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid);
+
+static inline void *kvr_seg_at(const kvr_seg_t *seg, uint64_t off)
+{
+    return seg->base + off;
+}
+
+const char *kvr_seg_backing_name(uint32_t backing);
+
+#endif

@@ -1,0 +1,43 @@
+/*
+ * shlock.h — crash-recoverable locks in shared memory.
+ *
+ * A kvr_shlock_t is a process-shared robust pthread mutex plus the proc slot of its
+ * current holder. When a holder dies, the next locker gets EOWNERDEAD from glibc; then
+ * kvr_shlock_lock returns KVR_SHLOCK_RECOVERED with the dead holder's slot (or -1 when it
+ * died before recording itself) and the caller must repair the protected state and call
+ * kvr_shlock_consistent before unlocking. Unlocking without that makes the mutex
+ * permanently ENOTRECOVERABLE (DESIGN.md, "Shared memory").
+ *
+ * Lock order (the one place it is written down): there is one store lock
+ * (kvr_store_sh_t.lock) guarding the index, arena, pin tables and change-log producer side.
+ * No other shared lock is ever taken while holding it.
+ */
+#ifndef KVR_SHM_SHLOCK_H
+#define KVR_SHM_SHLOCK_H
+
+#include "common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct {
+    pthread_mutex_t mutex;
+    _Atomic int32_t holder; /* proc slot of the holder, -1 when free or unknown */
+    uint32_t pad_[(64 - sizeof(pthread_mutex_t) % 64 - 4) / 4];
+} kvr_shlock_t;
+static_assert(sizeof(kvr_shlock_t) % KVR_CACHELINE == 0, "shlock fills whole cache lines");
+
+#define KVR_SHLOCK_RECOVERED 1
+
+int kvr_shlock_init(kvr_shlock_t *l);
+
+/*
+ * Locks. Returns KVR_OK, or KVR_SHLOCK_RECOVERED with *dead_slot set to the slot of the
+ * holder that died with the lock held (-1 if unknown): the caller repairs, then calls
+ * kvr_shlock_consistent. Returns KVR_ERR only on an unrecoverable mutex (logged).
+ */
+int kvr_shlock_lock(kvr_shlock_t *l, int my_slot, int *dead_slot);
+void kvr_shlock_consistent(kvr_shlock_t *l);
+void kvr_shlock_unlock(kvr_shlock_t *l);
+
+#endif

@@ -1,0 +1,18 @@
+/* stats.c — see stats.h. */
+#include "shm/stats.h"
+
+uint64_t kvr_stats_sum(const kvr_stats_block_t *blocks, unsigned n, unsigned i)
+{
+    uint64_t s = 0;
+    for (unsigned k = 0; k < n; k++)
+        s += __atomic_load_n(&blocks[k].c[i], __ATOMIC_RELAXED);
+    return s;
+}
+
+void kvr_stats_retire(kvr_stats_block_t *into, kvr_stats_block_t *from)
+{
+    for (unsigned i = 0; i < KVR_ST_MAX; i++) {
+        kvr_stat_add(into, i, __atomic_load_n(&from->c[i], __ATOMIC_RELAXED));
+        __atomic_store_n(&from->c[i], 0, __ATOMIC_RELAXED);
+    }
+}

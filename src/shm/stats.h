@@ -1,0 +1,46 @@
+/*
+ * stats.h — per-process counter blocks in shared memory, summed on read.
+ *
+ * Each process owns one block (its proc slot) and is the only writer of it, so increments
+ * are plain relaxed load+store pairs, no atomic read-modify-write and no shared cache line:
+ * blocks are 512 bytes, cache-line aligned. Readers sum every block with relaxed loads.
+ * When the supervisor reaps a dead process it folds that block into the retired block
+ * (KVR_MAX_PROCS), so totals never go backwards.
+ */
+#ifndef KVR_SHM_STATS_H
+#define KVR_SHM_STATS_H
+
+#include "common.h"
+
+enum {
+    KVR_ST_PUT_NEW,
+    KVR_ST_PUT_DEDUP,
+    KVR_ST_PUT_CONFLICT,
+    KVR_ST_PUT_NOSPACE,
+    KVR_ST_GET_HIT,
+    KVR_ST_GET_MISS,
+    KVR_ST_DELETES,
+    KVR_ST_EVICTIONS,
+    KVR_ST_EVICTED_BYTES,
+    KVR_ST_REPAIRS,
+    KVR_ST_STORE_MAX = 16, /* the HTTP and relay layers number their counters from here */
+    KVR_ST_MAX = 64
+};
+
+typedef struct {
+    uint64_t c[KVR_ST_MAX];
+} kvr_stats_block_t;
+static_assert(sizeof(kvr_stats_block_t) == 512, "stats block layout");
+
+static inline void kvr_stat_add(kvr_stats_block_t *b, unsigned i, uint64_t v)
+{
+    __atomic_store_n(&b->c[i], __atomic_load_n(&b->c[i], __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
+/* Sums counter i over n blocks. */
+uint64_t kvr_stats_sum(const kvr_stats_block_t *blocks, unsigned n, unsigned i);
+
+/* Folds block `from` into `into` and zeroes `from` (reap of a dead process). */
+void kvr_stats_retire(kvr_stats_block_t *into, kvr_stats_block_t *from);
+
+#endif
