@@ -47,9 +47,9 @@ PROG_SRCS := $(wildcard src/main/*.c)
 PROGS      = $(patsubst src/main/%.c,$(BUILD)/%,$(PROG_SRCS))
 
 UNIT_SRCS := $(wildcard tests/unit/*.c)
-UNIT_BIN   = $(BUILD)/tests/unit
+UNIT_BIN   = $(BUILD)/test-unit
 MP_SRCS   := $(wildcard tests/mp/*.c)
-MP_BIN     = $(BUILD)/tests/mp
+MP_BIN     = $(BUILD)/test-mp
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
