@@ -11,6 +11,13 @@
 
 static void repair_locked(kvr_store_t *st, int dead_slot);
 
+void (*kvr_store_fault_hook)(int point);
+#define FAULT_POINT(p)                                                                             \
+    do {                                                                                           \
+        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL))                                            \
+            kvr_store_fault_hook(p);                                                               \
+    } while (0)
+
 /* ------------------------------------------------------------------ locking */
 
 static int store_lock(kvr_store_t *st)
@@ -21,6 +28,7 @@ static int store_lock(kvr_store_t *st)
     if (KVR_LIKELY(rc == KVR_OK))
         return KVR_OK;
     if (rc == KVR_SHLOCK_RECOVERED) {
+        st->sh->lock_recoveries++;
         repair_locked(st, dead);
         kvr_shlock_consistent(&st->sh->lock);
         return KVR_OK;
@@ -226,6 +234,7 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     /* DYING is the roll-forward point: a repair completes what follows. */
     __atomic_store_n(&e->state, KVR_ENT_DYING, __ATOMIC_RELAXED);
     kvr_index_unlink_locked(&st->ix, i);
+    FAULT_POINT(KVR_FAULT_REMOVE_UNLINKED);
     sh->unique_blocks--;
     sh->total_refs -= e->refs;
     sh->resident_bytes -= e->length;
@@ -273,6 +282,7 @@ static int make_room_locked(kvr_store_t *st, uint64_t pages)
         kvr_entry_t *e = &st->ix.ent[i];
         uint32_t prev = e->lru_prev;
         if (e->pins == 0) {
+            FAULT_POINT(KVR_FAULT_EVICTING);
             kvr_stat_add(st->my_stats, KVR_ST_EVICTIONS, 1);
             kvr_stat_add(st->my_stats, KVR_ST_EVICTED_BYTES, e->length);
             remove_block_locked(st, i);
@@ -411,6 +421,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     }
     e->refs = 1;
     kvr_index_link_locked(&st->ix, txn->entry); /* publishes: state LIVE, on the chain */
+    FAULT_POINT(KVR_FAULT_COMMIT_LINKED);
     sh->unique_blocks++;
     sh->total_refs++;
     sh->resident_bytes += e->length;
@@ -469,6 +480,7 @@ int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t
         return KVR_EBUSY;
     }
     e = &st->ix.ent[i];
+    FAULT_POINT(KVR_FAULT_PINNED);
     if (e->pins++ == 0)
         st->sh->pinned_entries++;
     kvr_index_touch_locked(&st->ix, i);
@@ -611,6 +623,7 @@ void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)
         o->zombie_blocks = sh->zombies;
         o->free_pages = sh->arena.free_pages;
         o->repairs = sh->repairs;
+        o->lock_recoveries = sh->lock_recoveries;
         store_unlock(st);
     }
     o->dedup_savings_bytes = o->logical_bytes > o->resident_bytes ? o->logical_bytes - o->resident_bytes : 0;

@@ -59,7 +59,7 @@ typedef struct {
     uint64_t unique_blocks, total_refs, resident_bytes, logical_bytes, dedup_savings_bytes;
     uint64_t dedup_hits, get_hits, get_misses;
     uint64_t capacity_bytes, evictions, evicted_bytes, put_new, put_conflicts, deletes;
-    uint64_t put_nospace, pinned_blocks, zombie_blocks, free_pages, total_pages, repairs;
+    uint64_t put_nospace, pinned_blocks, zombie_blocks, free_pages, total_pages, repairs, lock_recoveries;
     uint64_t log_appended, log_dropped;
 } kvr_store_stats_t;
 
@@ -148,6 +148,13 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx);
 /* Debug view: full consistency check of every structure against a scan. KVR_OK or KVR_ERR
  * (the reason is logged). Also fills *out with the scan's totals if non-NULL. */
 int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out);
+
+/*
+ * Fault injection for the crash tests: when set, called at named points inside the store's
+ * critical sections (a test makes it sleep so that SIGKILL lands there). NULL in production.
+ */
+enum { KVR_FAULT_COMMIT_LINKED = 1, KVR_FAULT_REMOVE_UNLINKED = 2, KVR_FAULT_EVICTING = 3, KVR_FAULT_PINNED = 4 };
+extern void (*kvr_store_fault_hook)(int point);
 
 /* Canonical hash of a key when the PUT carries none (DESIGN.md, "Keys and the canonical hash"). */
 uint64_t kvr_store_default_canon(const void *key, size_t klen);

@@ -240,6 +240,21 @@ int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role)
     return -1;
 }
 
+int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role)
+{
+    uint32_t expect = KVR_PROC_FREE;
+
+    if (slot < 0 || slot >= KVR_MAX_PROCS ||
+        !atomic_compare_exchange_strong(&seg->procs[slot].state, &expect, KVR_PROC_ACTIVE)) {
+        kvr_error("segment: process slot %d is not free", slot);
+        return -1;
+    }
+    atomic_store_explicit(&seg->procs[slot].pid, (int32_t)getpid(), memory_order_release);
+    seg->procs[slot].role = role;
+    seg->slot = slot;
+    return slot;
+}
+
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid)
 {
     for (int i = 0; i < KVR_MAX_PROCS; i++)

@@ -119,6 +119,9 @@ void kvr_seg_destroy(kvr_seg_t *seg);
 /* Claims a free process slot for getpid() with the given role. Returns the slot or -1. */
 int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role);
 
+/* Claims the given slot (the supervisor assigns slots to its children before fork). */
+int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role);
+
 /* Finds the slot of pid (ACTIVE or DEAD), or -1. */
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid);
 

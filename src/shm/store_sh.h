@@ -34,8 +34,9 @@ typedef struct {
     uint64_t zombies;
     uint32_t no_evict;
     uint32_t formatted;
-    uint64_t repairs; /* full repairs run */
-    uint8_t pad_[64 - (KVR_ARENA_CLASSES * 4 + 24 + 8 * 8) % 64];
+    uint64_t repairs;         /* full repairs run */
+    uint64_t lock_recoveries; /* repairs because a holder died with the lock */
+    uint8_t pad_[64 - (KVR_ARENA_CLASSES * 4 + 24 + 9 * 8) % 64];
     kvr_stats_block_t stats[KVR_MAX_PROCS + 1]; /* + the retired block */
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");
