@@ -354,7 +354,7 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
     e->khash = khash;
     e->canon = canon;
     e->length = len;
-    e->key_len = (uint16_t)klen;
+    kvr_index_set_key(e, key, klen);
     e->refs = 0;
     e->pins = 0;
     e->first_page = head;

@@ -50,10 +50,41 @@ void kvr_index_format(kvr_index_t *ix)
     }
 }
 
+void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen)
+{
+    size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
+
+    e->key_len = (uint16_t)klen;
+    memcpy(e->key_head, key, n1);
+    if (klen > KVR_KEY_HEAD)
+        memcpy(e->key_tail, (const uint8_t *)key + KVR_KEY_HEAD,
+               klen - KVR_KEY_HEAD < KVR_KEY_TAIL ? klen - KVR_KEY_HEAD : KVR_KEY_TAIL);
+}
+
+/*
+ * Compares key with the entry's: inline head, inline tail, then (keys over 64 bytes) the
+ * rest from the arena. In the lock-free path the bytes may be changing under us; the
+ * seqlock discards such a result, and every read stays within the entry or the arena.
+ */
 static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const void *key, size_t klen)
 {
-    return e->key_len == klen && e->first_page < ix->arena->sh->npages &&
-           memcmp(kvr_index_key(ix, e), key, klen) == 0;
+    const uint8_t *k = key;
+    size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
+    uint32_t fp;
+
+    if (__atomic_load_n(&e->key_len, __ATOMIC_RELAXED) != klen || memcmp(e->key_head, k, n1) != 0)
+        return 0;
+    if (klen <= KVR_KEY_HEAD)
+        return 1;
+    if (memcmp(e->key_tail, k + KVR_KEY_HEAD,
+               klen - KVR_KEY_HEAD < KVR_KEY_TAIL ? klen - KVR_KEY_HEAD : KVR_KEY_TAIL) != 0)
+        return 0;
+    if (klen <= KVR_KEY_HEAD + KVR_KEY_TAIL)
+        return 1;
+    fp = __atomic_load_n(&e->first_page, __ATOMIC_RELAXED);
+    return fp < ix->arena->sh->npages &&
+           memcmp(kvr_arena_page(ix->arena, fp) + KVR_KEY_HEAD + KVR_KEY_TAIL, k + KVR_KEY_HEAD + KVR_KEY_TAIL,
+                  klen - KVR_KEY_HEAD - KVR_KEY_TAIL) == 0;
 }
 
 uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash)
@@ -89,10 +120,7 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
             const kvr_entry_t *e = &ix->ent[i];
             /* Relaxed reads of fields a writer may be changing; the seq check below
              * discards anything read during a change. key_len is bounded by the compare. */
-            if (__atomic_load_n(&e->khash, __ATOMIC_RELAXED) == khash &&
-                __atomic_load_n(&e->key_len, __ATOMIC_RELAXED) == klen &&
-                __atomic_load_n(&e->first_page, __ATOMIC_RELAXED) < ix->arena->sh->npages &&
-                memcmp(kvr_index_key(ix, e), key, klen) == 0) {
+            if (__atomic_load_n(&e->khash, __ATOMIC_RELAXED) == khash && key_equal(ix, e, key, klen)) {
                 found = 1;
                 len = __atomic_load_n(&e->length, __ATOMIC_RELAXED);
                 break;

@@ -5,7 +5,8 @@
  * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
  * the decoded key bytes) and on the LRU list. The key bytes themselves are stored at the
  * start of the block's first arena run, right before the payload, so the index carries no
- * per-entry key buffer and a lookup compares bytes only after the 64-bit hash matched.
+ * per-entry key buffer; the first 64 bytes are also kept inline in the entry, so a lookup of a
+ * key of up to 64 bytes reads two adjacent cache lines and nothing else.
  *
  * Concurrency: every mutation happens under the store lock. Lookups that only need an
  * answer (exists, HEAD) run without the lock under a seqlock: writers bump `seq` to odd
@@ -33,25 +34,37 @@ enum { KVR_ENT_FREE = 0, KVR_ENT_RESERVED = 1, KVR_ENT_LIVE = 2, KVR_ENT_ZOMBIE 
 #define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 7 bits: owner proc slot */
 #define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
 
+#define KVR_KEY_HEAD 48 /* key bytes kept inline on the entry's first cache line */
+#define KVR_KEY_TAIL 16 /* and on its second: keys up to 64 bytes never touch the arena */
+
+/*
+ * 128 bytes, two cache lines: the first holds everything a lookup reads for keys up to 48
+ * bytes (hash, chain link, length and state of the key, its first 48 bytes); the second the
+ * rest of the entry and key bytes 48..63. The full key is also stored in the arena.
+ */
 typedef struct {
     uint64_t khash;      /* XXH3_64bits of the key */
+    uint32_t chain_next; /* next entry on the bucket chain (or the free list) */
+    uint16_t key_len;
+    uint8_t state;
+    uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
+    uint8_t key_head[KVR_KEY_HEAD];
+
     uint64_t canon;      /* canonical hash published in the filter */
     uint64_t length;     /* payload bytes */
     uint64_t atime;      /* LRU clock at last touch; orders the LRU after a rebuild */
-    uint32_t chain_next; /* next entry on the bucket chain (or the free list) */
     uint32_t lru_prev;
     uint32_t lru_next;
     uint32_t first_page; /* head run of the arena chain: key bytes, then payload */
     uint32_t refs;       /* dedup reference count */
     uint32_t pins;       /* GETs in flight; derived from the per-process pin tables */
     uint32_t gen;        /* bumped at every reservation; names this incarnation in events */
-    uint16_t key_len;
-    uint8_t state;
-    uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
-} kvr_entry_t;
-static_assert(sizeof(kvr_entry_t) == 64, "an entry is one cache line");
-static_assert(offsetof(kvr_entry_t, chain_next) == 32, "entry layout");
-static_assert(offsetof(kvr_entry_t, key_len) == 60, "entry layout");
+    uint8_t key_tail[KVR_KEY_TAIL];
+} __attribute__((aligned(128))) kvr_entry_t;
+static_assert(sizeof(kvr_entry_t) == 128, "an entry is two cache lines");
+static_assert(offsetof(kvr_entry_t, key_head) == 16, "entry layout");
+static_assert(offsetof(kvr_entry_t, canon) == 64, "entry layout");
+static_assert(offsetof(kvr_entry_t, key_tail) == 112, "entry layout");
 
 /* Shared index state (inside kvr_store_sh_t). seq sits on its own cache line. */
 typedef struct {
@@ -82,6 +95,9 @@ static inline const uint8_t *kvr_index_key(const kvr_index_t *ix, const kvr_entr
 {
     return kvr_arena_page(ix->arena, e->first_page);
 }
+
+/* Copies the inline parts of a key into a (reserved, not yet linked) entry. */
+void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen);
 
 /* Finds the LIVE entry for key (khash = XXH3 of it). Returns its index or KVR_NIL. Locked. */
 uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash);

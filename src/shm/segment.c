@@ -56,7 +56,9 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     h->npages = KVR_ALIGN_UP(cfg.memory, (uint64_t)cfg.page_size) >> h->page_shift;
     if (h->npages < 16 || h->npages >= (1ull << 30))
         return KVR_EINVAL;
-    h->max_blocks = cfg.max_blocks ? cfg.max_blocks : h->npages;
+    /* Default: one entry per two pages (blocks average >= 8 KiB to fill the arena); the
+     * index evicts too when it is full, so smaller blocks only lower the fill. */
+    h->max_blocks = cfg.max_blocks ? cfg.max_blocks : h->npages / 2;
     if (h->max_blocks < 4 || h->max_blocks >= KVR_NIL)
         return KVR_EINVAL;
     h->nbuckets = next_pow2(h->max_blocks);
@@ -68,6 +70,7 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     off += KVR_MAX_PROCS * sizeof(kvr_proc_sh_t);
     h->off_store = off;
     off += KVR_ALIGN_UP(sizeof(kvr_store_sh_t), 64);
+    off = KVR_ALIGN_UP(off, 128);
     h->off_entries = off;
     off += KVR_ALIGN_UP(h->max_blocks * sizeof(kvr_entry_t), 64);
     h->off_buckets = off;

@@ -268,4 +268,10 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 120)
                 (unsigned long long)atomic_load(&rep->verified), (unsigned long long)s.evictions,
                 (unsigned long long)resyncs);
     kvr_seg_destroy(&seg);
+    free(rep_state.gen);
+    free(rep_state.canon);
+    free(rep_state.live);
+    free(want);
+    free(got);
+    munmap(rep, sizeof(*rep));
 }
