@@ -1,0 +1,584 @@
+/*
+ * test_relay.c — the dynamo.kvrelay.v1 schema through protoc-c (spec/dynamo-relay.md §2.2
+ * byte examples from tests/data/relay/, proto3 presence, unknown oneof alternatives) and
+ * the validation helpers (§2.5 order, §2.6 reasons and codes, §6.1 identities).
+ */
+#include <criterion/criterion.h>
+
+#include "common.h"
+#include "testdata.h"
+#include "wire/health.pb-c.h"
+#include "wire/relay.pb-c.h"
+#include "wire/relay_validate.h"
+
+#define MARKER KVR_RELAY_CONTRACT_MARKER
+
+static void expect_packed(const ProtobufCMessage *m, const char *path)
+{
+    size_t want_len;
+    uint8_t *want = td_load_hex(path, &want_len);
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *got = malloc(len + 1);
+    cr_assert_eq(protobuf_c_message_pack(m, got), len);
+    cr_assert_eq(len, want_len, "%s: %zu bytes, expected %zu", path, len, want_len);
+    cr_assert_arr_eq(got, want, len, "%s differs", path);
+    free(got);
+    free(want);
+}
+
+/* ---- §2.2 bytes --------------------------------------------------------------------- */
+
+Test(relay_proto, relay_info_request_bytes)
+{
+    Dynamo__Kvrelay__V1__RelayInfoRequest r = DYNAMO__KVRELAY__V1__RELAY_INFO_REQUEST__INIT;
+    r.contract_marker = MARKER;
+    expect_packed(&r.base, "tests/data/relay/relay_info_request.hex");
+}
+
+Test(relay_proto, relay_info_bytes)
+{
+    Dynamo__Kvrelay__V1__RelayIdentity id = DYNAMO__KVRELAY__V1__RELAY_IDENTITY__INIT;
+    Dynamo__Kvrelay__V1__RelayInfo r = DYNAMO__KVRELAY__V1__RELAY_INFO__INIT;
+    id.drt_instance_id = 17;
+    id.relay_incarnation = 23;
+    r.protocol_version = 1;
+    r.relay = &id;
+    r.contract_marker = MARKER;
+    expect_packed(&r.base, "tests/data/relay/relay_info.hex");
+
+    size_t len;
+    uint8_t *bytes = td_load_hex("tests/data/relay/relay_info.hex", &len);
+    Dynamo__Kvrelay__V1__RelayInfo *d = dynamo__kvrelay__v1__relay_info__unpack(NULL, len, bytes);
+    cr_assert_not_null(d);
+    cr_expect_eq(d->protocol_version, 1);
+    cr_expect_eq(d->relay->drt_instance_id, 17);
+    cr_expect_eq(d->relay->relay_incarnation, 23);
+    cr_expect_eq(d->contract_marker, MARKER);
+    cr_expect_eq(kvr_relay_validate_envelope(d->protocol_version, d->contract_marker),
+                 KVR_RELAY_IERR_OK);
+    dynamo__kvrelay__v1__relay_info__free_unpacked(d, NULL);
+    free(bytes);
+}
+
+Test(relay_proto, watch_catalog_request_bytes)
+{
+    Dynamo__Kvrelay__V1__WatchKvPoolCatalogRequest r =
+        DYNAMO__KVRELAY__V1__WATCH_KV_POOL_CATALOG_REQUEST__INIT;
+    r.subscriber_id = "pylon";
+    r.contract_marker = MARKER;
+    expect_packed(&r.base, "tests/data/relay/watch_catalog_request.hex");
+}
+
+/* The marker is a fixed32 at field 127: key varint FD 07, LE bytes 31 52 56 4B. */
+Test(relay_proto, marker_field_everywhere)
+{
+    const ProtobufCMessageDescriptor *top[] = {
+        &dynamo__kvrelay__v1__relay_info_request__descriptor,
+        &dynamo__kvrelay__v1__relay_info__descriptor,
+        &dynamo__kvrelay__v1__watch_kv_pool_catalog_request__descriptor,
+        &dynamo__kvrelay__v1__kv_pool_catalog_update__descriptor,
+        &dynamo__kvrelay__v1__subscribe_kv_pool_request__descriptor,
+        &dynamo__kvrelay__v1__filter_update__descriptor,
+        &dynamo__kvrelay__v1__subscribe_serving_readiness_request__descriptor,
+        &dynamo__kvrelay__v1__serving_readiness_update__descriptor,
+        &dynamo__kvrelay__v1__subscribe_kv_pool_load_request__descriptor,
+        &dynamo__kvrelay__v1__kv_pool_load_update__descriptor,
+        &dynamo__kvrelay__v1__subscribe_serving_load_request__descriptor,
+        &dynamo__kvrelay__v1__serving_load_update__descriptor,
+    };
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(top); i++) {
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(top[i], 127);
+        cr_assert_not_null(f, "%s has no field 127", top[i]->name);
+        cr_expect_str_eq(f->name, "contract_marker");
+        cr_expect_eq(f->type, PROTOBUF_C_TYPE_FIXED32, "%s", top[i]->name);
+    }
+}
+
+/* Service and RPC names, used for the HTTP/2 paths. */
+Test(relay_proto, service_descriptor)
+{
+    const ProtobufCServiceDescriptor *s = &dynamo__kvrelay__v1__kv_event_relay__descriptor;
+    cr_expect_str_eq(s->name, "dynamo.kvrelay.v1.KvEventRelay");
+    cr_assert_eq(s->n_methods, 6);
+    for (int i = 0; i < KVR_RELAY_RPC_COUNT; i++) {
+        const char *m = kvr_relay_rpc_method((kvr_relay_rpc_t)i);
+        const ProtobufCMethodDescriptor *md = protobuf_c_service_descriptor_get_method_by_name(s, m);
+        cr_assert_not_null(md, "method %s", m);
+        cr_expect_eq(md->input, kvr_relay_rpc_request_desc((kvr_relay_rpc_t)i));
+        char path[128];
+        snprintf(path, sizeof(path), "/dynamo.kvrelay.v1.KvEventRelay/%s", m);
+        cr_expect_eq(kvr_relay_rpc_from_path(path, strlen(path)), i);
+    }
+    cr_expect_eq(kvr_relay_rpc_from_path("/dynamo.kvrelay.v1.KvEventRelay/Nope", 37), -1);
+    const ProtobufCServiceDescriptor *h = &grpc__health__v1__health__descriptor;
+    cr_expect_str_eq(h->name, "grpc.health.v1.Health");
+    cr_expect_eq(h->n_methods, 2);
+    cr_expect_eq(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING, 1);
+}
+
+/* Spot checks of field numbers and types against §2.4. */
+Test(relay_proto, field_numbers)
+{
+    struct {
+        const ProtobufCMessageDescriptor *d;
+        unsigned id;
+        const char *name;
+        ProtobufCType type;
+    } f[] = {
+        {&dynamo__kvrelay__v1__relay_identity__descriptor, 1, "drt_instance_id", PROTOBUF_C_TYPE_FIXED64},
+        {&dynamo__kvrelay__v1__kv_pool_id__descriptor, 3, "dc_id", PROTOBUF_C_TYPE_FIXED64},
+        {&dynamo__kvrelay__v1__ckf_format__descriptor, 2, "seed", PROTOBUF_C_TYPE_FIXED64},
+        {&dynamo__kvrelay__v1__ckf_format__descriptor, 3, "bucket_count", PROTOBUF_C_TYPE_UINT64},
+        {&dynamo__kvrelay__v1__producer_identity__descriptor, 2, "producer_incarnation", PROTOBUF_C_TYPE_FIXED64},
+        {&dynamo__kvrelay__v1__producer_identity__descriptor, 3, "layout_generation", PROTOBUF_C_TYPE_UINT64},
+        {&dynamo__kvrelay__v1__filter_update__descriptor, 7, "kind", PROTOBUF_C_TYPE_ENUM},
+        {&dynamo__kvrelay__v1__filter_update__descriptor, 8, "payload", PROTOBUF_C_TYPE_BYTES},
+        {&dynamo__kvrelay__v1__topology_entry__descriptor, 9, "adapters", PROTOBUF_C_TYPE_MESSAGE},
+        {&dynamo__kvrelay__v1__topology_member__descriptor, 3, "pool_id", PROTOBUF_C_TYPE_MESSAGE},
+        {&dynamo__kvrelay__v1__kv_pool_load_entry__descriptor, 5, "kv_expected_ranks", PROTOBUF_C_TYPE_UINT32},
+        {&dynamo__kvrelay__v1__token_load_stats__descriptor, 6, "output_tokens_total", PROTOBUF_C_TYPE_UINT64},
+        {&dynamo__kvrelay__v1__serving_load_update__descriptor, 7, "models", PROTOBUF_C_TYPE_MESSAGE},
+        {&dynamo__kvrelay__v1__model_target__descriptor, 1, "base", PROTOBUF_C_TYPE_MESSAGE},
+    };
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(f); i++) {
+        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field(f[i].d, f[i].id);
+        cr_assert_not_null(fd, "%s.%u", f[i].d->name, f[i].id);
+        cr_expect_str_eq(fd->name, f[i].name);
+        cr_expect_eq(fd->type, f[i].type, "%s.%s", f[i].d->name, f[i].name);
+    }
+    cr_expect_null(protobuf_c_message_descriptor_get_field(
+        &dynamo__kvrelay__v1__kv_pool_load_entry__descriptor, 6));
+    cr_expect_eq(DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL, 11);
+    cr_expect_eq(DYNAMO__KVRELAY__V1__DATA_STATUS__DATA_STATUS_UNAVAILABLE, 3);
+    cr_expect_eq(DYNAMO__KVRELAY__V1__WORKER_ROLE__WORKER_ROLE_LEGACY, 5);
+}
+
+/* proto3 `optional` (written as a one-field oneof): emitted when set, even to 0. */
+Test(relay_proto, optional_presence)
+{
+    Dynamo__Kvrelay__V1__TokenLoadStats t = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
+    cr_expect_eq(protobuf_c_message_get_packed_size(&t.base), 0);
+    t.active_prefill_tokens_present_case =
+        DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__ACTIVE_PREFILL_TOKENS_PRESENT_ACTIVE_PREFILL_TOKENS;
+    t.active_prefill_tokens = 0;
+    uint8_t buf[16];
+    cr_assert_eq(protobuf_c_message_pack(&t.base, buf), 2);
+    cr_expect_eq(buf[0], 0x08);
+    cr_expect_eq(buf[1], 0x00);
+    Dynamo__Kvrelay__V1__TokenLoadStats *d =
+        dynamo__kvrelay__v1__token_load_stats__unpack(NULL, 2, buf);
+    cr_assert_not_null(d);
+    cr_expect_eq(d->active_prefill_tokens_present_case,
+                 DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__ACTIVE_PREFILL_TOKENS_PRESENT_ACTIVE_PREFILL_TOKENS);
+    cr_expect_eq(d->active_decode_blocks_present_case,
+                 DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__ACTIVE_DECODE_BLOCKS_PRESENT__NOT_SET);
+    dynamo__kvrelay__v1__token_load_stats__free_unpacked(d, NULL);
+
+    /* a plain proto3 scalar at 0 is omitted */
+    Dynamo__Kvrelay__V1__RelayInfo r = DYNAMO__KVRELAY__V1__RELAY_INFO__INIT;
+    cr_expect_eq(protobuf_c_message_get_packed_size(&r.base), 0);
+    /* TopologyMember.pool_id presence */
+    Dynamo__Kvrelay__V1__KvPoolId pid = DYNAMO__KVRELAY__V1__KV_POOL_ID__INIT;
+    Dynamo__Kvrelay__V1__TopologyMember tm = DYNAMO__KVRELAY__V1__TOPOLOGY_MEMBER__INIT;
+    tm.pool_id_present_case = DYNAMO__KVRELAY__V1__TOPOLOGY_MEMBER__POOL_ID_PRESENT_POOL_ID;
+    tm.pool_id = &pid;
+    cr_assert_eq(protobuf_c_message_pack(&tm.base, buf), 2);
+    cr_expect_eq(buf[0], 0x1a);
+    cr_expect_eq(buf[1], 0x00);
+}
+
+/* §6.1: ModelTarget `1a 00` (a future alternative at tag 3) decodes as an unset oneof. */
+Test(relay_proto, unknown_model_target_is_unset)
+{
+    size_t len;
+    uint8_t *b = td_load_hex("tests/data/relay/model_target_unknown.hex", &len);
+    Dynamo__Kvrelay__V1__ModelTarget *t = dynamo__kvrelay__v1__model_target__unpack(NULL, len, b);
+    cr_assert_not_null(t);
+    cr_expect_eq(t->target_case, DYNAMO__KVRELAY__V1__MODEL_TARGET__TARGET__NOT_SET);
+    cr_expect_eq(t->pbc_base.n_unknown_fields, 1, "unknown fields are preserved");
+    dynamo__kvrelay__v1__model_target__free_unpacked(t, NULL);
+    free(b);
+}
+
+/* ---- validation (§2.5, §2.6, §6.1) ------------------------------------------------- */
+
+static uint8_t dig_a[16] = {0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+                            0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11};
+static uint8_t dig_b[16] = {0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22,
+                            0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22, 0x22};
+
+typedef struct producer_fixture {
+    Dynamo__Kvrelay__V1__DigestIdentity cache, routing;
+    Dynamo__Kvrelay__V1__IndexerDomainId domain;
+    Dynamo__Kvrelay__V1__KvPoolId pool;
+    Dynamo__Kvrelay__V1__CkfFormat fmt;
+    Dynamo__Kvrelay__V1__ProducerIdentity p;
+} producer_fixture_t;
+
+static void producer_fixture(producer_fixture_t *f)
+{
+    Dynamo__Kvrelay__V1__DigestIdentity di = DYNAMO__KVRELAY__V1__DIGEST_IDENTITY__INIT;
+    Dynamo__Kvrelay__V1__IndexerDomainId dom = DYNAMO__KVRELAY__V1__INDEXER_DOMAIN_ID__INIT;
+    Dynamo__Kvrelay__V1__KvPoolId pool = DYNAMO__KVRELAY__V1__KV_POOL_ID__INIT;
+    Dynamo__Kvrelay__V1__CkfFormat fmt = DYNAMO__KVRELAY__V1__CKF_FORMAT__INIT;
+    Dynamo__Kvrelay__V1__ProducerIdentity p = DYNAMO__KVRELAY__V1__PRODUCER_IDENTITY__INIT;
+    f->cache = di;
+    f->cache.digest.data = dig_a;
+    f->cache.digest.len = 16;
+    f->cache.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
+    f->routing = di;
+    f->routing.digest.data = dig_b;
+    f->routing.digest.len = 16;
+    f->routing.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_EXPLICIT;
+    f->domain = dom;
+    f->domain.cache_semantics = &f->cache;
+    f->domain.routing_scope = &f->routing;
+    f->pool = pool;
+    f->pool.identity_version = 1;
+    f->pool.indexer_domain = &f->domain;
+    f->pool.dc_id = 0xAABBCCDDEEFF0011ULL;
+    f->fmt = fmt;
+    f->fmt.format_version = 1;
+    f->fmt.seed = 0x5DEECE66D1B54A33ULL;
+    f->fmt.bucket_count = 524288;
+    f->fmt.fingerprint_bits = 16;
+    f->fmt.slots_per_bucket = 4;
+    f->p = p;
+    f->p.pool_id = &f->pool;
+    f->p.producer_incarnation = 7;
+    f->p.layout_generation = 1;
+    f->p.ckf_format = &f->fmt;
+}
+
+/* Packs a request of `rpc` with the given marker, subscriber_id bytes and producer. */
+static size_t pack_request(kvr_relay_rpc_t rpc, uint32_t marker, const char *id, size_t id_len,
+                           Dynamo__Kvrelay__V1__ProducerIdentity *producer, uint8_t *out)
+{
+    /* subscriber_id is written by hand so that it may hold any bytes (NUL included) */
+    size_t n = 0;
+    if (rpc != KVR_RELAY_RPC_GET_RELAY_INFO && id_len) {
+        out[n++] = 0x0a;
+        out[n++] = (uint8_t)id_len; /* ids here are < 128 bytes + a few */
+        if (id_len >= 128) {
+            out[n - 1] = (uint8_t)(id_len | 0x80);
+            out[n++] = (uint8_t)(id_len >> 7);
+        }
+        memcpy(out + n, id, id_len);
+        n += id_len;
+    }
+    if (rpc == KVR_RELAY_RPC_SUBSCRIBE_KV_POOL && producer) {
+        Dynamo__Kvrelay__V1__SubscribeKvPoolRequest r =
+            DYNAMO__KVRELAY__V1__SUBSCRIBE_KV_POOL_REQUEST__INIT;
+        r.expected_producer = producer;
+        n += protobuf_c_message_pack(&r.base, out + n);
+    }
+    if (marker) {
+        out[n++] = 0xfd;
+        out[n++] = 0x07;
+        kvr_put_le32(out + n, marker);
+        n += 4;
+    }
+    return n;
+}
+
+static kvr_relay_verdict_t check(kvr_relay_rpc_t rpc, uint32_t marker, const char *id,
+                                 Dynamo__Kvrelay__V1__ProducerIdentity *producer)
+{
+    uint8_t buf[2048];
+    size_t len = pack_request(rpc, marker, id, id ? strlen(id) : 0, producer, buf);
+    return kvr_relay_validate_request(rpc, buf, len, NULL);
+}
+
+Test(relay_validate, reason_table)
+{
+    const struct {
+        int reason;
+        const char *name;
+        int code;
+    } t[] = {
+        {0, "RELAY_ERROR_REASON_UNSPECIFIED", 13},
+        {1, "RELAY_ERROR_REASON_CONTRACT_MISMATCH", 9},
+        {2, "RELAY_ERROR_REASON_INVALID_REQUEST", 3},
+        {3, "RELAY_ERROR_REASON_UNSUPPORTED_FEATURE", 9},
+        {4, "RELAY_ERROR_REASON_POOL_NOT_FOUND", 5},
+        {5, "RELAY_ERROR_REASON_PRODUCER_CHANGED", 9},
+        {6, "RELAY_ERROR_REASON_RESOURCE_LIMIT", 8},
+        {7, "RELAY_ERROR_REASON_SUBSCRIBER_LAGGED", 8},
+        {8, "RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT", 8},
+        {9, "RELAY_ERROR_REASON_PUBLICATION_UNAVAILABLE", 14},
+        {10, "RELAY_ERROR_REASON_INVALID_PUBLICATION", 9},
+        {11, "RELAY_ERROR_REASON_INTERNAL", 13},
+    };
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(t); i++) {
+        cr_expect_str_eq(kvr_relay_reason_name(t[i].reason), t[i].name);
+        cr_expect_eq(kvr_relay_reason_grpc(t[i].reason), t[i].code, "%s", t[i].name);
+        /* the generated enum agrees, name and number */
+        const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+            &dynamo__kvrelay__v1__relay_error_reason__descriptor, t[i].reason);
+        cr_assert_not_null(v);
+        cr_expect_str_eq(v->name, t[i].name);
+        if (t[i].reason)
+            cr_expect_eq(kvr_relay_reason_parse(t[i].name, strlen(t[i].name)), t[i].reason);
+    }
+    cr_expect_null(kvr_relay_reason_name(12));
+    cr_expect_eq(kvr_relay_reason_grpc(99), KVR_GRPC_INTERNAL);
+    cr_expect_eq(kvr_relay_reason_parse("RELAY_ERROR_REASON_NOPE", 23), 0);
+    cr_expect_str_eq(KVR_RELAY_REASON_TRAILER, "kv-relay-error-reason");
+}
+
+Test(relay_validate, marker_checked_first_on_every_rpc)
+{
+    producer_fixture_t f;
+    producer_fixture(&f);
+    f.p.layout_generation = 0; /* also malformed: the marker must win */
+    for (int rpc = 0; rpc < KVR_RELAY_RPC_COUNT; rpc++) {
+        const uint32_t bad[] = {0, 0x4B565232, 0x3152564B};
+        for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+            kvr_relay_verdict_t v = check((kvr_relay_rpc_t)rpc, bad[i], "", &f.p);
+            cr_expect_eq(v.grpc_status, KVR_GRPC_FAILED_PRECONDITION, "rpc %d", rpc);
+            cr_expect_eq(v.reason, KVR_RELAY_REASON_CONTRACT_MISMATCH, "rpc %d", rpc);
+        }
+    }
+    kvr_relay_verdict_t ok = check(KVR_RELAY_RPC_GET_RELAY_INFO, MARKER, NULL, NULL);
+    cr_expect_eq(ok.grpc_status, KVR_GRPC_OK);
+    cr_expect_eq(ok.reason, KVR_RELAY_REASON_NONE);
+}
+
+Test(relay_validate, subscriber_id_rules)
+{
+    const struct {
+        const char *id;
+        size_t len;
+        int ok;
+    } t[] = {
+        {"pylon", 5, 1},
+        {"", 0, 0},
+        {"router-\xc3\xa9", 9, 1},       /* é */
+        {"\xe2\x82\xac euro", 8, 1},      /* € */
+        {"emoji \xf0\x9f\x98\x80", 10, 1}, /* U+1F600 */
+        {"tab\there", 8, 0},
+        {"nul\0inside", 10, 0},
+        {"del\x7f", 4, 0},
+        {"c1 \xc2\x85", 5, 0},  /* U+0085 NEL is Cc */
+        {"nbsp \xc2\xa0", 7, 1}, /* U+00A0 is not Cc */
+        {"bad \xff", 5, 0},
+        {"overlong \xc0\xaf", 11, 0},
+        {"surrogate \xed\xa0\x80", 13, 0},
+        {"truncated \xe2\x82", 12, 0},
+        {"too big \xf4\x90\x80\x80", 12, 0},
+    };
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(t); i++) {
+        int want = t[i].ok ? KVR_RELAY_REASON_NONE : KVR_RELAY_REASON_INVALID_REQUEST;
+        cr_expect_eq(kvr_relay_check_subscriber_id((const uint8_t *)t[i].id, t[i].len), want,
+                     "case %zu", i);
+        /* and through a real request of every streaming RPC */
+        for (int rpc = 1; rpc < KVR_RELAY_RPC_COUNT; rpc++) {
+            producer_fixture_t f;
+            producer_fixture(&f);
+            uint8_t buf[512];
+            size_t len = pack_request((kvr_relay_rpc_t)rpc, MARKER, t[i].id, t[i].len, &f.p, buf);
+            kvr_relay_verdict_t v = kvr_relay_validate_request((kvr_relay_rpc_t)rpc, buf, len, NULL);
+            cr_expect_eq(v.reason, want, "case %zu rpc %d", i, rpc);
+            cr_expect_eq(v.grpc_status, t[i].ok ? KVR_GRPC_OK : KVR_GRPC_INVALID_ARGUMENT);
+        }
+    }
+    char id[130];
+    memset(id, 'x', sizeof(id));
+    cr_expect_eq(kvr_relay_check_subscriber_id((uint8_t *)id, 128), KVR_RELAY_REASON_NONE);
+    cr_expect_eq(kvr_relay_check_subscriber_id((uint8_t *)id, 129),
+                 KVR_RELAY_REASON_INVALID_REQUEST);
+    uint8_t buf[512];
+    size_t len = pack_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, MARKER, id, 129, NULL, buf);
+    kvr_relay_verdict_t v =
+        kvr_relay_validate_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, buf, len, NULL);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_INVALID_REQUEST);
+    /* the last occurrence of a repeated scalar field wins (proto3) */
+    len = pack_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, 0, "ok", 2, NULL, buf);
+    len += pack_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, MARKER, "a\x01", 2, NULL, buf + len);
+    v = kvr_relay_validate_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, buf, len, NULL);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_INVALID_REQUEST);
+}
+
+Test(relay_validate, subscribe_kv_pool_producer)
+{
+    producer_fixture_t f;
+    ProtobufCMessage *msg = NULL;
+    uint8_t buf[512];
+
+    /* valid: the unpacked request is handed back */
+    producer_fixture(&f);
+    size_t len = pack_request(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, MARKER, "r1", 2, &f.p, buf);
+    kvr_relay_verdict_t v = kvr_relay_validate_request(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, buf, len, &msg);
+    cr_assert_eq(v.grpc_status, KVR_GRPC_OK);
+    cr_assert_not_null(msg);
+    Dynamo__Kvrelay__V1__SubscribeKvPoolRequest *r = (void *)msg;
+    cr_expect_str_eq(r->subscriber_id, "r1");
+    cr_expect(kvr_relay_producer_equal(r->expected_producer, &f.p));
+    protobuf_c_message_free_unpacked(msg, NULL);
+
+    /* missing -> INVALID_REQUEST */
+    v = check(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, MARKER, "r1", NULL);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_INVALID_REQUEST);
+    cr_expect_eq(v.grpc_status, KVR_GRPC_INVALID_ARGUMENT);
+
+    /* subscriber_id is checked before the producer */
+    producer_fixture(&f);
+    f.p.ckf_format->format_version = 2;
+    v = check(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, MARKER, NULL, &f.p);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_INVALID_REQUEST);
+    cr_expect_eq(v.detail, 0);
+}
+
+/* Each identity case: mutate a valid fixture, expect the detail and the reason. */
+typedef void (*mutate_fn)(producer_fixture_t *);
+static void m_pool_missing(producer_fixture_t *f) { f->p.pool_id = NULL; }
+static void m_version_zero(producer_fixture_t *f) { f->pool.identity_version = 0; }
+static void m_version_two(producer_fixture_t *f) { f->pool.identity_version = 2; }
+static void m_domain_missing(producer_fixture_t *f) { f->pool.indexer_domain = NULL; }
+static void m_cache_missing(producer_fixture_t *f) { f->domain.cache_semantics = NULL; }
+static void m_digest_15(producer_fixture_t *f) { f->routing.digest.len = 15; }
+static void m_source_zero(producer_fixture_t *f) { f->cache.source = 0; }
+static void m_source_unknown(producer_fixture_t *f) { f->cache.source = 3; }
+static void m_layout_zero(producer_fixture_t *f) { f->p.layout_generation = 0; }
+static void m_format_missing(producer_fixture_t *f) { f->p.ckf_format = NULL; }
+static void m_bits_zero(producer_fixture_t *f) { f->fmt.fingerprint_bits = 0; }
+static void m_buckets_zero(producer_fixture_t *f) { f->fmt.bucket_count = 0; }
+static void m_format_v2(producer_fixture_t *f) { f->fmt.format_version = 2; }
+static void m_bits_8(producer_fixture_t *f) { f->fmt.fingerprint_bits = 8; }
+static void m_slots_8(producer_fixture_t *f) { f->fmt.slots_per_bucket = 8; }
+static void m_buckets_2_25(producer_fixture_t *f) { f->fmt.bucket_count = 1ULL << 25; }
+static void m_buckets_3(producer_fixture_t *f) { f->fmt.bucket_count = 3; }
+static void m_buckets_1(producer_fixture_t *f) { f->fmt.bucket_count = 1; }
+static void m_seed_zero(producer_fixture_t *f) { f->fmt.seed = 0; }
+static void m_incarnation_zero(producer_fixture_t *f) { f->p.producer_incarnation = 0; }
+
+Test(relay_validate, producer_unsupported_vs_malformed)
+{
+    const struct {
+        mutate_fn m;
+        int detail;
+        int reason;
+    } t[] = {
+        {m_pool_missing, KVR_RELAY_IERR_MISSING_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_version_zero, KVR_RELAY_IERR_POOL_VERSION_ZERO, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_version_two, KVR_RELAY_IERR_POOL_VERSION, KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_domain_missing, KVR_RELAY_IERR_MISSING_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_cache_missing, KVR_RELAY_IERR_MISSING_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_digest_15, KVR_RELAY_IERR_DIGEST_LENGTH, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_source_zero, KVR_RELAY_IERR_SOURCE_UNSPECIFIED, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_source_unknown, KVR_RELAY_IERR_SOURCE_UNKNOWN, KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_layout_zero, KVR_RELAY_IERR_ZERO_LAYOUT_GENERATION, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_format_missing, KVR_RELAY_IERR_MISSING_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_bits_zero, KVR_RELAY_IERR_ZERO_FORMAT_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_buckets_zero, KVR_RELAY_IERR_ZERO_FORMAT_FIELD, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_format_v2, KVR_RELAY_IERR_UNSUPPORTED_CKF_FORMAT, KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_bits_8, KVR_RELAY_IERR_UNSUPPORTED_CKF_FORMAT, KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_slots_8, KVR_RELAY_IERR_UNSUPPORTED_CKF_FORMAT, KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_buckets_2_25, KVR_RELAY_IERR_BUCKET_COUNT_TOO_LARGE,
+         KVR_RELAY_REASON_UNSUPPORTED_FEATURE},
+        {m_buckets_3, KVR_RELAY_IERR_BUCKET_COUNT, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_buckets_1, KVR_RELAY_IERR_BUCKET_COUNT, KVR_RELAY_REASON_INVALID_REQUEST},
+        {m_seed_zero, KVR_RELAY_IERR_OK, KVR_RELAY_REASON_NONE},
+        {m_incarnation_zero, KVR_RELAY_IERR_OK, KVR_RELAY_REASON_NONE},
+    };
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(t); i++) {
+        producer_fixture_t f;
+        producer_fixture(&f);
+        t[i].m(&f);
+        cr_expect_eq(kvr_relay_validate_producer(&f.p), t[i].detail, "case %zu: got %s", i,
+                     kvr_relay_ierr_name(kvr_relay_validate_producer(&f.p)));
+        cr_expect_eq(kvr_relay_ierr_reason(t[i].detail), t[i].reason, "case %zu", i);
+        kvr_relay_verdict_t v = check(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, MARKER, "sub", &f.p);
+        cr_expect_eq(v.reason, t[i].reason, "case %zu via request", i);
+        int code = t[i].reason == KVR_RELAY_REASON_NONE ? KVR_GRPC_OK
+                   : t[i].reason == KVR_RELAY_REASON_UNSUPPORTED_FEATURE
+                       ? KVR_GRPC_FAILED_PRECONDITION
+                       : KVR_GRPC_INVALID_ARGUMENT;
+        cr_expect_eq(v.grpc_status, code, "case %zu", i);
+        if (t[i].detail != KVR_RELAY_IERR_OK && t[i].m != m_pool_missing &&
+            t[i].m != m_format_missing && t[i].m != m_domain_missing && t[i].m != m_cache_missing)
+            cr_expect_eq(v.detail, t[i].detail, "case %zu detail", i);
+    }
+}
+
+Test(relay_validate, undecodable_request_is_internal)
+{
+    const uint8_t junk[] = {0x0a, 0x05, 'a'}; /* length beyond the end */
+    kvr_relay_verdict_t v =
+        kvr_relay_validate_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, junk, sizeof(junk), NULL);
+    cr_expect_eq(v.grpc_status, KVR_GRPC_INTERNAL);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_NONE);
+    v = kvr_relay_validate_request(KVR_RELAY_RPC_COUNT, junk, 0, NULL);
+    cr_expect_eq(v.grpc_status, KVR_GRPC_INTERNAL);
+}
+
+Test(relay_validate, producer_equality_covers_every_field)
+{
+    producer_fixture_t a, b;
+    producer_fixture(&a);
+    producer_fixture(&b);
+    cr_expect(kvr_relay_producer_equal(&a.p, &b.p));
+    b.routing.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
+    cr_expect(!kvr_relay_producer_equal(&a.p, &b.p), "digest sources are part of the key");
+    producer_fixture(&b);
+    b.p.layout_generation = 2;
+    cr_expect(!kvr_relay_producer_equal(&a.p, &b.p));
+    producer_fixture(&b);
+    b.fmt.seed ^= 1;
+    cr_expect(!kvr_relay_producer_equal(&a.p, &b.p));
+    producer_fixture(&b);
+    b.pool.dc_id ^= 1;
+    cr_expect(!kvr_relay_producer_equal(&a.p, &b.p));
+    producer_fixture(&b);
+    uint8_t other[16] = {0x11};
+    b.cache.digest.data = other;
+    cr_expect(!kvr_relay_producer_equal(&a.p, &b.p));
+}
+
+/* A FilterUpdate from the wire, through kvr_relay_filter_update_fields into a mirror. */
+Test(relay_validate, filter_update_to_mirror)
+{
+    producer_fixture_t f;
+    producer_fixture(&f);
+    f.fmt.bucket_count = 2;
+    f.fmt.seed = 0x5EED;
+    f.pool.dc_id = 9;
+    size_t s1_len;
+    uint8_t *s1 = td_load_hex("tests/data/cbi1/S1.hex", &s1_len);
+    Dynamo__Kvrelay__V1__RelayIdentity rel = DYNAMO__KVRELAY__V1__RELAY_IDENTITY__INIT;
+    Dynamo__Kvrelay__V1__FilterUpdate u = DYNAMO__KVRELAY__V1__FILTER_UPDATE__INIT;
+    rel.relay_incarnation = 7;
+    u.protocol_version = 1;
+    u.relay = &rel;
+    u.producer = &f.p;
+    u.base_sequence = u.sequence = 6;
+    u.kind = DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_SNAPSHOT_CHUNK;
+    u.payload.data = s1;
+    u.payload.len = s1_len;
+    u.contract_marker = MARKER;
+    size_t len = protobuf_c_message_get_packed_size(&u.base);
+    uint8_t *wire = malloc(len);
+    protobuf_c_message_pack(&u.base, wire);
+    Dynamo__Kvrelay__V1__FilterUpdate *d = dynamo__kvrelay__v1__filter_update__unpack(NULL, len, wire);
+    cr_assert_not_null(d);
+    kvr_mirror_update_t mu;
+    cr_assert_eq(kvr_relay_filter_update_fields(d, &mu), KVR_RELAY_IERR_OK);
+    kvr_mirror_t m;
+    cr_assert_eq(kvr_mirror_init(&m, 0x5EED, 2, 9), KVR_OK);
+    cr_expect_eq(kvr_mirror_apply(&m, &mu), KVR_MIRROR_OK);
+    cr_expect_eq(kvr_mirror_state(&m), KVR_MIRROR_LIVE);
+    d->protocol_version = 2;
+    cr_expect_eq(kvr_relay_filter_update_fields(d, &mu), KVR_RELAY_IERR_PROTOCOL_VERSION);
+    d->contract_marker = 0;
+    cr_expect_eq(kvr_relay_filter_update_fields(d, &mu), KVR_RELAY_IERR_CONTRACT_MARKER);
+    d->contract_marker = MARKER;
+    d->protocol_version = 1;
+    Dynamo__Kvrelay__V1__RelayIdentity *saved = d->relay;
+    d->relay = NULL;
+    cr_expect_eq(kvr_relay_filter_update_fields(d, &mu), KVR_RELAY_IERR_MISSING_FIELD);
+    d->relay = saved;
+    dynamo__kvrelay__v1__filter_update__free_unpacked(d, NULL);
+    kvr_mirror_destroy(&m);
+    free(wire);
+    free(s1);
+}
