@@ -54,7 +54,7 @@ void kvr_ckf_addr_init(kvr_ckf_addr_t *addr, uint64_t seed, uint64_t bucket_coun
     addr->mask = bucket_count - 1;
 }
 
-static inline uint32_t alt_of(const kvr_ckf_addr_t *addr, uint32_t bucket, uint16_t fp)
+static inline __attribute__((always_inline)) uint32_t alt_of(const kvr_ckf_addr_t *addr, uint32_t bucket, uint16_t fp)
 {
     uint8_t b[2];
     kvr_put_le16(b, fp);
@@ -64,7 +64,7 @@ static inline uint32_t alt_of(const kvr_ckf_addr_t *addr, uint32_t bucket, uint1
     return bucket ^ (uint32_t)delta;
 }
 
-static inline kvr_ckf_probe_t prepare_of(const kvr_ckf_addr_t *addr, uint64_t h)
+static inline __attribute__((always_inline)) kvr_ckf_probe_t prepare_of(const kvr_ckf_addr_t *addr, uint64_t h)
 {
     uint8_t b[8];
     kvr_put_le64(b, h);

@@ -8,9 +8,18 @@
  * Bulk words (snapshot chunks) are copied with memcpy on little-endian hosts, where the
  * in-memory u64 array and its LE wire form are the same bytes; other hosts go word by
  * word through the LE helpers. Everything else uses the helpers of common.h.
+ *
+ * Checksums of multi-megabyte bodies dominate encode and decode: on x86-64 they go
+ * through libxxhash's dispatching entry points, which pick the widest vector unit at run
+ * time (AVX2 is about twice SSE2 here); the result is the same XXH3-64 value.
  */
-#define XXH_INLINE_ALL
 #include <xxhash.h>
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h> /* libxxhash's runtime SSE2/AVX2/AVX-512 selection */
+#define KVR_CBI1_XXH_DISPATCH 1
+#endif
+#endif
 
 #include "common.h"
 #include "wire/cbi1.h"
@@ -70,6 +79,16 @@ const char *kvr_cbi1_err_ref(int status)
     return "Unknown";
 }
 
+/* XXH3-64 of a body, seed 0. */
+static inline uint64_t body_hash(const uint8_t *p, size_t n)
+{
+#ifdef KVR_CBI1_XXH_DISPATCH
+    return XXH3_64bits_dispatch(p, n);
+#else
+    return XXH3_64bits(p, n);
+#endif
+}
+
 static int valid_bucket_count(uint64_t bc)
 {
     return bc >= 2 && bc <= KVR_CBI1_MAX_BUCKET_COUNT && (bc & (bc - 1)) == 0;
@@ -115,7 +134,7 @@ static uint8_t *put_header(uint8_t *p, uint16_t flags, const kvr_cbi1_hdr_t *hdr
 static uint8_t *finish(uint8_t *frame, uint8_t *end)
 {
     size_t body = (size_t)(end - frame) - KVR_CBI1_HEADER_LEN;
-    uint32_t c = (uint32_t)XXH3_64bits(frame + KVR_CBI1_HEADER_LEN, body);
+    uint32_t c = (uint32_t)body_hash(frame + KVR_CBI1_HEADER_LEN, body);
     kvr_put_le32(frame + KVR_CBI1_HEADER_LEN - 4, c);
     return end;
 }
@@ -228,7 +247,7 @@ int kvr_cbi1_decode(const uint8_t *buf, size_t len, uint64_t expect_seed,
         return KVR_CBI1_E_WIRE_VERSION;
     const uint8_t *body = buf + KVR_CBI1_HEADER_LEN;
     size_t body_len = len - KVR_CBI1_HEADER_LEN;
-    if ((uint32_t)XXH3_64bits(body, body_len) != kvr_le32(buf + 44))
+    if ((uint32_t)body_hash(body, body_len) != kvr_le32(buf + 44))
         return KVR_CBI1_E_CHECKSUM;
     if (kvr_le16(buf + 10) != KVR_CBI1_FORMAT_VERSION)
         return KVR_CBI1_E_FORMAT_VERSION;
