@@ -32,8 +32,9 @@ BUILD := $(BUILD)-ubsan
 endif
 
 # Every library the tree links against comes from a Debian package (scripts/install-deps.sh).
-PKGS    = libxxhash
+PKGS    = libxxhash libh2o-evloop libssl libcrypto
 LIBS    = $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash) -lm
+# h2o's pkg-config file does not set H2O_USE_LIBUV=0 (DESIGN.md); http.c defines it itself.
 CFLAGS  = $(CFLAGS_BASE) $(SAN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
 LDFLAGS = $(LDFLAGS_BASE) $(SAN)
 
@@ -57,6 +58,9 @@ BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 # Module-specific rules (generated code, vendored-by-package sources) live in mk/*.mk.
 -include mk/*.mk
+
+# Keep program objects (they would otherwise count as intermediate files).
+.SECONDARY:
 
 .PHONY: all deps run test test-unit test-mp test-e2e bench fuzz fuzz-run format clean
 

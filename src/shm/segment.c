@@ -234,6 +234,7 @@ int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role)
         uint32_t expect = KVR_PROC_FREE;
         if (atomic_compare_exchange_strong(&seg->procs[i].state, &expect, KVR_PROC_ACTIVE)) {
             atomic_store_explicit(&seg->procs[i].pid, me, memory_order_release);
+            atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
             seg->procs[i].role = role;
             seg->slot = i;
             return i;
@@ -253,6 +254,7 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role)
         return -1;
     }
     atomic_store_explicit(&seg->procs[slot].pid, (int32_t)getpid(), memory_order_release);
+    atomic_store_explicit(&seg->procs[slot].ready, 0, memory_order_relaxed);
     seg->procs[slot].role = role;
     seg->slot = slot;
     return slot;

@@ -45,6 +45,7 @@ typedef struct {
 
 /* Process slot states. */
 enum { KVR_PROC_FREE = 0, KVR_PROC_ACTIVE = 1, KVR_PROC_DEAD = 2 };
+enum { KVR_ROLE_SUPERVISOR = 0, KVR_ROLE_WORKER = 1, KVR_ROLE_PUBLISHER = 2 };
 
 /*
  * One process slot, one cache line. pid/state are written by the claiming process (CAS
@@ -54,11 +55,30 @@ typedef struct {
     _Atomic int32_t pid;
     _Atomic uint32_t state;
     uint32_t role;
-    uint32_t pad_[13];
+    _Atomic uint32_t ready; /* set by the process once it serves; read by the supervisor */
+    uint32_t pad_[12];
 } kvr_proc_sh_t;
 static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache line");
 
-/* The segment header. Written once by the creator, read-only afterwards except generation. */
+/*
+ * Supervisor status shared with every process (readiness, drain). Written by the supervisor
+ * only, read by workers with relaxed loads: a probe may see a value one event late.
+ */
+typedef struct {
+    _Atomic uint32_t draining;
+    _Atomic uint32_t workers_expected;
+    _Atomic uint32_t workers_running;
+    _Atomic uint32_t publisher_expected;
+    _Atomic uint32_t publisher_running;
+    uint32_t pad0_;
+    _Atomic uint64_t worker_restarts;
+    _Atomic uint64_t publisher_restarts;
+    _Atomic uint64_t started_unix_ms;
+    uint64_t pad_[3];
+} kvr_ctl_sh_t;
+static_assert(sizeof(kvr_ctl_sh_t) == 72, "ctl layout");
+
+/* The segment header. Written once by the creator, read-only afterwards except generation and ctl. */
 typedef struct {
     uint64_t magic;
     uint32_t layout_version;
@@ -86,7 +106,8 @@ typedef struct {
     uint64_t off_arena;
     uint64_t arena_bytes;
     uint64_t off_reserved_[8]; /* regions added by later layout versions */
-    uint8_t pad_[4096 - 20 * 8 - 8 * 8];
+    kvr_ctl_sh_t ctl;
+    uint8_t pad_[4096 - 20 * 8 - 8 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
 static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
 static_assert(offsetof(kvr_seg_hdr_t, generation) == 24, "header layout");

@@ -3,7 +3,7 @@
  *
  * Each process owns one block (its proc slot) and is the only writer of it, so increments
  * are plain relaxed load+store pairs, no atomic read-modify-write and no shared cache line:
- * blocks are 512 bytes, cache-line aligned. Readers sum every block with relaxed loads.
+ * blocks are 2 KiB, cache-line aligned. Readers sum every block with relaxed loads.
  * When the supervisor reaps a dead process it folds that block into the retired block
  * (KVR_MAX_PROCS), so totals never go backwards.
  */
@@ -23,14 +23,20 @@ enum {
     KVR_ST_EVICTIONS,
     KVR_ST_EVICTED_BYTES,
     KVR_ST_REPAIRS,
-    KVR_ST_STORE_MAX = 16, /* the HTTP and relay layers number their counters from here */
-    KVR_ST_MAX = 64
+    KVR_ST_STORE_MAX = 16,
+    /* HTTP: requests by method x status, then latency histograms by method (see http.c) */
+    KVR_ST_HTTP_BYTES_IN = 16,
+    KVR_ST_HTTP_BYTES_OUT = 17,
+    KVR_ST_HTTP_REQ = 20,   /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES counters */
+    KVR_ST_HTTP_HIST = 100, /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */
+    KVR_ST_RELAY = 200,     /* the relay layer's counters */
+    KVR_ST_MAX = 256
 };
 
 typedef struct {
     uint64_t c[KVR_ST_MAX];
 } kvr_stats_block_t;
-static_assert(sizeof(kvr_stats_block_t) == 512, "stats block layout");
+static_assert(sizeof(kvr_stats_block_t) == 2048, "stats block layout");
 
 static inline void kvr_stat_add(kvr_stats_block_t *b, unsigned i, uint64_t v)
 {

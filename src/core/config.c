@@ -1,0 +1,434 @@
+/* config.c — see config.h. */
+#include "core/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum { T_STR, T_SIZE, T_UINT, T_BOOL, T_DURATION };
+
+typedef struct {
+    const char *name; /* flag without "--"; the env twin is KVRELAY_ + upper(name), '-' -> '_' */
+    int type;
+    const char *def;
+    uint64_t min, max; /* for numeric types */
+    size_t off;
+    size_t len; /* for strings */
+    const char *help;
+} opt_t;
+
+#define S(f) offsetof(kvr_config_t, f), sizeof(((kvr_config_t *)0)->f)
+#define N(f) offsetof(kvr_config_t, f), 0
+#define GIB (1ull << 30)
+
+static const opt_t opts[] = {
+    {"http-bind", T_STR, "127.0.0.1:9130", 0, 0, S(http_bind), "HTTP listener host:port (port 0: ephemeral)"},
+    {"grpc-bind", T_STR, "127.0.0.1:5561", 0, 0, S(grpc_bind), "gRPC relay listener host:port, or 'off'"},
+    {"memory", T_SIZE, "1G", 1ull << 20, 1ull << 42, N(memory), "block arena payload capacity (K/M/G suffixes)"},
+    {"page-size", T_SIZE, "4K", 4096, 2ull << 20, N(page_size), "arena allocation granule (power of two)"},
+    {"max-blocks", T_UINT, "0", 0, 1ull << 31, N(max_blocks), "index entries (0: one per two arena pages)"},
+    {"workers", T_UINT, "0", 0, 60, N(workers), "worker processes (0: one per core)"},
+    {"no-evict", T_BOOL, "false", 0, 1, N(no_evict), "answer 507 instead of evicting when full"},
+    {"max-block-size", T_SIZE, "256M", 1, 4 * GIB, N(max_block_size), "largest PUT body accepted (413 above)"},
+    {"token", T_STR, "", 0, 0, S(token), "bearer token required on every request but the probes"},
+    {"token-file", T_STR, "", 0, 0, S(token_file), "file holding the bearer token (e.g. a mounted secret)"},
+    {"tls-cert", T_STR, "", 0, 0, S(tls_cert), "PEM certificate: serve TLS (ALPN h2, http/1.1) on --http-bind"},
+    {"tls-key", T_STR, "", 0, 0, S(tls_key), "PEM private key for --tls-cert"},
+    {"shutdown-grace", T_DURATION, "10s", 0, 3600000, N(shutdown_grace_ms), "on SIGTERM, time allowed for in-flight requests"},
+    {"idle-timeout", T_DURATION, "60s", 100, 3600000, N(idle_timeout_ms), "close idle keep-alive connections after"},
+    {"io-timeout", T_DURATION, "30s", 100, 3600000, N(io_timeout_ms), "close connections whose reads or writes stall for"},
+    {"hugepages", T_STR, "auto", 0, 0, S(hugepages), "auto | off | require"},
+    {"log-level", T_STR, "info", 0, 0, S(log_level), "debug | info | warn | error"},
+    {"port-file", T_STR, "", 0, 0, S(port_file), "write the bound ports (http=..., grpc=...) to this file"},
+    {"model", T_STR, "kvrelay", 0, 0, S(model), "model card source_path for the pool identity"},
+    {"kv-block-size", T_UINT, "16", 1, 1u << 20, N(kv_block_size), "tokens per KV block (pool query semantics)"},
+    {"hash-format", T_STR, "standard", 0, 0, S(hash_format), "standard | eagle"},
+    {"endpoint", T_STR, "kvrelay/store/kv", 0, 0, S(endpoint), "namespace/component/endpoint of the pool"},
+    {"dc-id", T_STR, "default", 0, 0, S(dc_id), "logical data-center name (hashed into DcId)"},
+    {"expected-unique-blocks", T_UINT, "0", 0, 53687091, N(expected_unique_blocks), "Cuckoo filter sizing (0: the index capacity)"},
+    {"pool-heartbeat-interval", T_DURATION, "10s", 1, 3600000, N(pool_heartbeat_ms), "heartbeat on idle pool streams"},
+    {"snapshot-progress-timeout", T_DURATION, "60s", 1, 3600000, N(snapshot_progress_timeout_ms), "cut subscribers stalled in a snapshot"},
+    {"load-window", T_DURATION, "1s", 1, 3600000, N(load_window_ms), "load window length"},
+    {"readiness-heartbeat-interval", T_DURATION, "10s", 1, 3600000, N(readiness_heartbeat_ms), "readiness snapshot repeat"},
+    {"max-streams", T_UINT, "64", 1, 4096, N(max_streams), "admission limit per relay stream type"},
+    {"publication-threshold", T_UINT, "16", 1, 1u << 20, N(publication_threshold), "events per published delta"},
+    {"publication-delay", T_DURATION, "1ms", 0, 60000, N(publication_delay_us), "flush a partial delta after"},
+};
+
+int kvr_config_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+    uint64_t mul = 1;
+
+    if (s == NULL || !isdigit((unsigned char)*s))
+        return KVR_EINVAL;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return KVR_EINVAL;
+    switch (toupper((unsigned char)*end)) {
+    case '\0':
+        break;
+    case 'K':
+        mul = 1ull << 10;
+        end++;
+        break;
+    case 'M':
+        mul = 1ull << 20;
+        end++;
+        break;
+    case 'G':
+        mul = 1ull << 30;
+        end++;
+        break;
+    case 'T':
+        mul = 1ull << 40;
+        end++;
+        break;
+    default:
+        return KVR_EINVAL;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0' || (v != 0 && mul > UINT64_MAX / v))
+        return KVR_EINVAL;
+    *out = v * mul;
+    return KVR_OK;
+}
+
+int kvr_config_parse_duration(const char *s, uint64_t *out_ms)
+{
+    char *end;
+    double v;
+
+    if (s == NULL || !(isdigit((unsigned char)*s) || *s == '.'))
+        return KVR_EINVAL;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || v < 0)
+        return KVR_EINVAL;
+    if (strcmp(end, "ms") == 0)
+        ;
+    else if (strcmp(end, "us") == 0)
+        v /= 1000.0;
+    else if (*end == '\0' || strcmp(end, "s") == 0)
+        v *= 1000.0;
+    else if (strcmp(end, "m") == 0)
+        v *= 60000.0;
+    else
+        return KVR_EINVAL;
+    if (v > 1e15)
+        return KVR_EINVAL;
+    *out_ms = (uint64_t)(v + 0.5);
+    return KVR_OK;
+}
+
+int kvr_config_split_hostport(const char *s, char *host, size_t hostlen, uint16_t *port)
+{
+    const char *colon;
+    size_t hl;
+    char *end;
+    unsigned long p;
+
+    if (s[0] == '[') {
+        const char *rb = strchr(s, ']');
+        if (rb == NULL || rb[1] != ':')
+            return KVR_EINVAL;
+        hl = (size_t)(rb - s - 1);
+        if (hl + 1 > hostlen)
+            return KVR_EINVAL;
+        memcpy(host, s + 1, hl);
+        host[hl] = '\0';
+        colon = rb + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (colon == NULL)
+            return KVR_EINVAL;
+        hl = (size_t)(colon - s);
+        if (hl == 0 || hl + 1 > hostlen)
+            return KVR_EINVAL;
+        memcpy(host, s, hl);
+        host[hl] = '\0';
+    }
+    errno = 0;
+    p = strtoul(colon + 1, &end, 10);
+    if (errno != 0 || *end != '\0' || colon[1] == '\0' || p > 65535)
+        return KVR_EINVAL;
+    *port = (uint16_t)p;
+    return KVR_OK;
+}
+
+static void env_name(const opt_t *o, char *buf, size_t n)
+{
+    size_t i = 0, k;
+    const char *pre = "KVRELAY_";
+    for (k = 0; pre[k] && i + 1 < n; k++)
+        buf[i++] = pre[k];
+    for (k = 0; o->name[k] && i + 1 < n; k++)
+        buf[i++] = o->name[k] == '-' ? '_' : (char)toupper((unsigned char)o->name[k]);
+    buf[i] = '\0';
+}
+
+static int set_opt(kvr_config_t *cfg, const opt_t *o, const char *val, const char *from, FILE *err)
+{
+    char *base = (char *)cfg;
+    uint64_t v = 0;
+    int rc = KVR_OK;
+
+    switch (o->type) {
+    case T_STR:
+        if (strlen(val) >= o->len) {
+            fprintf(err, "kvrelay: %s for --%s is too long (max %zu bytes)\n", from, o->name, o->len - 1);
+            return KVR_EINVAL;
+        }
+        memcpy(base + o->off, val, strlen(val) + 1);
+        return KVR_OK;
+    case T_BOOL:
+        if (!strcasecmp(val, "1") || !strcasecmp(val, "true") || !strcasecmp(val, "yes") || !strcasecmp(val, "on"))
+            v = 1;
+        else if (!strcasecmp(val, "0") || !strcasecmp(val, "false") || !strcasecmp(val, "no") || !strcasecmp(val, "off"))
+            v = 0;
+        else
+            rc = KVR_EINVAL;
+        if (rc == KVR_OK)
+            *(int *)(base + o->off) = (int)v;
+        break;
+    case T_SIZE:
+        rc = kvr_config_parse_size(val, &v);
+        break;
+    case T_UINT: {
+        char *end;
+        errno = 0;
+        v = strtoull(val, &end, 10);
+        rc = (errno || *end || !isdigit((unsigned char)*val)) ? KVR_EINVAL : KVR_OK;
+        break;
+    }
+    case T_DURATION:
+        rc = kvr_config_parse_duration(val, &v);
+        if (rc == KVR_OK && o->off == offsetof(kvr_config_t, publication_delay_us))
+            v *= 1000; /* stored in microseconds */
+        break;
+    }
+    if (rc != KVR_OK) {
+        fprintf(err, "kvrelay: invalid value '%s' for --%s (%s)\n", val, o->name, from);
+        return KVR_EINVAL;
+    }
+    if (o->type != T_BOOL) {
+        uint64_t chk = o->off == offsetof(kvr_config_t, publication_delay_us) ? v / 1000 : v;
+        if (chk < o->min || chk > o->max) {
+            fprintf(err, "kvrelay: --%s=%s is out of range [%llu, %llu] (%s)\n", o->name, val,
+                    (unsigned long long)o->min, (unsigned long long)o->max, from);
+            return KVR_EINVAL;
+        }
+        *(uint64_t *)(base + o->off) = v;
+    }
+    return KVR_OK;
+}
+
+/* The reference server's address forms: an enable token, a bare port, or host:port. */
+static int epistemic_addr(const char *v, char *out, size_t n)
+{
+    const char *p;
+    if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on")) {
+        snprintf(out, n, "127.0.0.1:9130");
+        return KVR_OK;
+    }
+    for (p = v; *p && isdigit((unsigned char)*p); p++)
+        ;
+    if (*v && *p == '\0') {
+        snprintf(out, n, "127.0.0.1:%s", v);
+        return KVR_OK;
+    }
+    if (strlen(v) >= n)
+        return KVR_EINVAL;
+    snprintf(out, n, "%s", v);
+    return KVR_OK;
+}
+
+static int validate(kvr_config_t *cfg, FILE *err)
+{
+    char host[256];
+    uint16_t port;
+
+    if (kvr_config_split_hostport(cfg->http_bind, host, sizeof(host), &port) != KVR_OK) {
+        fprintf(err, "kvrelay: --http-bind must be host:port, got '%s'\n", cfg->http_bind);
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->grpc_bind, "off") != 0 &&
+        kvr_config_split_hostport(cfg->grpc_bind, host, sizeof(host), &port) != KVR_OK) {
+        fprintf(err, "kvrelay: --grpc-bind must be host:port or off, got '%s'\n", cfg->grpc_bind);
+        return KVR_EINVAL;
+    }
+    if (cfg->page_size & (cfg->page_size - 1)) {
+        fprintf(err, "kvrelay: --page-size must be a power of two\n");
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->hugepages, "auto") && strcmp(cfg->hugepages, "off") && strcmp(cfg->hugepages, "require")) {
+        fprintf(err, "kvrelay: --hugepages must be auto, off or require\n");
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->log_level, "debug") && strcmp(cfg->log_level, "info") && strcmp(cfg->log_level, "warn") &&
+        strcmp(cfg->log_level, "error")) {
+        fprintf(err, "kvrelay: --log-level must be debug, info, warn or error\n");
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->hash_format, "standard") && strcmp(cfg->hash_format, "eagle")) {
+        fprintf(err, "kvrelay: --hash-format must be standard or eagle\n");
+        return KVR_EINVAL;
+    }
+    if ((cfg->tls_cert[0] == '\0') != (cfg->tls_key[0] == '\0')) {
+        fprintf(err, "kvrelay: --tls-cert and --tls-key go together\n");
+        return KVR_EINVAL;
+    }
+    if (cfg->token_file[0] != '\0') {
+        FILE *f = fopen(cfg->token_file, "r");
+        size_t n;
+        if (f == NULL) {
+            fprintf(err, "kvrelay: cannot read --token-file %s: %s\n", cfg->token_file, strerror(errno));
+            return KVR_EINVAL;
+        }
+        n = fread(cfg->token, 1, sizeof(cfg->token) - 1, f);
+        fclose(f);
+        cfg->token[n] = '\0';
+        while (n > 0 && isspace((unsigned char)cfg->token[n - 1]))
+            cfg->token[--n] = '\0';
+        if (n == 0) {
+            fprintf(err, "kvrelay: --token-file %s is empty\n", cfg->token_file);
+            return KVR_EINVAL;
+        }
+        snprintf(cfg->token_source, sizeof(cfg->token_source), "token-file");
+    }
+    return KVR_OK;
+}
+
+int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
+{
+    char ev[96];
+    const char *v;
+
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
+        if (set_opt(cfg, &opts[i], opts[i].def, "default", err) != KVR_OK)
+            return KVR_EINVAL;
+
+    /* The reference server's environment, where our twins are unset. */
+    if (getenv("KVRELAY_HTTP_BIND") == NULL && (v = getenv("EPISTEMIC_GRAPH_KVCACHE_ADDR")) != NULL && *v) {
+        if (epistemic_addr(v, cfg->http_bind, sizeof(cfg->http_bind)) != KVR_OK) {
+            fprintf(err, "kvrelay: invalid EPISTEMIC_GRAPH_KVCACHE_ADDR\n");
+            return KVR_EINVAL;
+        }
+    }
+    if (getenv("KVRELAY_TOKEN") == NULL && (v = getenv("EPISTEMIC_GRAPH_KVCACHE_TOKEN")) != NULL && *v) {
+        if (strlen(v) >= sizeof(cfg->token)) {
+            fprintf(err, "kvrelay: EPISTEMIC_GRAPH_KVCACHE_TOKEN is too long\n");
+            return KVR_EINVAL;
+        }
+        snprintf(cfg->token, sizeof(cfg->token), "%s", v);
+        snprintf(cfg->token_source, sizeof(cfg->token_source), "EPISTEMIC_GRAPH_KVCACHE_TOKEN");
+    }
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++) {
+        env_name(&opts[i], ev, sizeof(ev));
+        if ((v = getenv(ev)) != NULL) {
+            if (set_opt(cfg, &opts[i], v, ev, err) != KVR_OK)
+                return KVR_EINVAL;
+            if (opts[i].off == offsetof(kvr_config_t, token))
+                snprintf(cfg->token_source, sizeof(cfg->token_source), "KVRELAY_TOKEN");
+        }
+    }
+
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a], *val = NULL, *eq;
+        const opt_t *o = NULL;
+        size_t nl;
+
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            cfg->help = 1;
+            continue;
+        }
+        if (!strcmp(arg, "--print-config")) {
+            cfg->print_config = 1;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            fprintf(err, "kvrelay: unexpected argument '%s' (see --help)\n", arg);
+            return KVR_EINVAL;
+        }
+        arg += 2;
+        eq = strchr(arg, '=');
+        nl = eq ? (size_t)(eq - arg) : strlen(arg);
+        for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
+            if (strlen(opts[i].name) == nl && !strncmp(opts[i].name, arg, nl))
+                o = &opts[i];
+        if (o == NULL) {
+            fprintf(err, "kvrelay: unknown option '--%.*s' (see --help)\n", (int)nl, arg);
+            return KVR_EINVAL;
+        }
+        if (eq != NULL)
+            val = eq + 1;
+        else if (o->type == T_BOOL)
+            val = "true";
+        else if (a + 1 < argc)
+            val = argv[++a];
+        else {
+            fprintf(err, "kvrelay: --%s needs a value\n", o->name);
+            return KVR_EINVAL;
+        }
+        if (set_opt(cfg, o, val, "command line", err) != KVR_OK)
+            return KVR_EINVAL;
+        if (o->off == offsetof(kvr_config_t, token))
+            snprintf(cfg->token_source, sizeof(cfg->token_source), "--token");
+    }
+    return validate(cfg, err);
+}
+
+void kvr_config_usage(FILE *out, const char *prog)
+{
+    char ev[96];
+
+    fprintf(out, "usage: %s [options]\n\nkvrelay: shared KV-cache block store with a Dynamo KV relay filter.\n\n"
+                 "Every option also reads from its environment twin; the command line wins.\n"
+                 "EPISTEMIC_GRAPH_KVCACHE_ADDR / _TOKEN are honoured where KVRELAY_HTTP_BIND / KVRELAY_TOKEN are unset.\n\n",
+            prog);
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++) {
+        env_name(&opts[i], ev, sizeof(ev));
+        fprintf(out, "  --%-30s %s\n  %-32s env %s, default '%s'\n", opts[i].name, opts[i].help, "", ev, opts[i].def);
+    }
+    fprintf(out, "  --%-30s %s\n  --%-30s %s\n", "print-config", "print the effective configuration and exit",
+            "help", "this text");
+}
+
+void kvr_config_print(const kvr_config_t *cfg, FILE *out)
+{
+    const char *base = (const char *)cfg;
+
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++) {
+        const opt_t *o = &opts[i];
+        fprintf(out, "%s=", o->name);
+        if (o->off == offsetof(kvr_config_t, token)) {
+            fprintf(out, "%s\n", cfg->token[0] ? "<set>" : "");
+            continue;
+        }
+        switch (o->type) {
+        case T_STR:
+            fprintf(out, "%s\n", base + o->off);
+            break;
+        case T_BOOL:
+            fprintf(out, "%s\n", *(const int *)(base + o->off) ? "true" : "false");
+            break;
+        case T_DURATION:
+            if (o->off == offsetof(kvr_config_t, publication_delay_us))
+                fprintf(out, "%lluus\n", (unsigned long long)*(const uint64_t *)(base + o->off));
+            else
+                fprintf(out, "%llums\n", (unsigned long long)*(const uint64_t *)(base + o->off));
+            break;
+        default:
+            fprintf(out, "%llu\n", (unsigned long long)*(const uint64_t *)(base + o->off));
+        }
+    }
+    fprintf(out, "token-source=%s\n", cfg->token[0] ? (cfg->token_source[0] ? cfg->token_source : "--token") : "none");
+}

@@ -1,0 +1,74 @@
+/*
+ * config.h — kvrelay's configuration: one table drives parsing, validation, --help and
+ * --print-config (STYLE.md §11).
+ *
+ * Precedence, lowest first: built-in default, the reference server's environment
+ * (EPISTEMIC_GRAPH_KVCACHE_ADDR / _TOKEN, only where the KVRELAY_* twin is unset), the
+ * KVRELAY_* environment twin of each flag, the command line.
+ */
+#ifndef KVR_CORE_CONFIG_H
+#define KVR_CORE_CONFIG_H
+
+#include "common.h"
+
+#include <stdio.h>
+
+#define KVR_CFG_STR_MAX 512
+
+typedef struct {
+    char http_bind[KVR_CFG_STR_MAX];
+    char grpc_bind[KVR_CFG_STR_MAX];
+    uint64_t memory;
+    uint64_t page_size;
+    uint64_t max_blocks;
+    uint64_t workers;
+    int no_evict;
+    uint64_t max_block_size;
+    char token[KVR_CFG_STR_MAX];
+    char token_file[KVR_CFG_STR_MAX];
+    char tls_cert[KVR_CFG_STR_MAX];
+    char tls_key[KVR_CFG_STR_MAX];
+    uint64_t shutdown_grace_ms;
+    uint64_t idle_timeout_ms;
+    uint64_t io_timeout_ms;
+    char hugepages[16];
+    char log_level[16];
+    char port_file[KVR_CFG_STR_MAX];
+    /* relay (spec/dynamo-relay.md, "kvrelay's profile") */
+    char model[KVR_CFG_STR_MAX];
+    uint64_t kv_block_size;
+    char hash_format[16];
+    char endpoint[KVR_CFG_STR_MAX];
+    char dc_id[KVR_CFG_STR_MAX];
+    uint64_t expected_unique_blocks;
+    uint64_t pool_heartbeat_ms;
+    uint64_t snapshot_progress_timeout_ms;
+    uint64_t load_window_ms;
+    uint64_t readiness_heartbeat_ms;
+    uint64_t max_streams;
+    uint64_t publication_threshold;
+    uint64_t publication_delay_us;
+
+    /* derived, not in the table */
+    int print_config;
+    int help;
+    char token_source[32]; /* where the token came from, for --print-config */
+} kvr_config_t;
+
+/*
+ * Fills *cfg from defaults, environment and argv. Returns KVR_OK, or KVR_EINVAL after
+ * printing the problem to `err`. --help and --print-config set the fields of those names.
+ */
+int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err);
+
+void kvr_config_usage(FILE *out, const char *prog);
+void kvr_config_print(const kvr_config_t *cfg, FILE *out);
+
+/* Parses "1G", "64M", "4096", "512K" into bytes. Returns KVR_OK or KVR_EINVAL. */
+int kvr_config_parse_size(const char *s, uint64_t *out);
+/* Parses "10s", "500ms", "2m", "3" (seconds) into milliseconds. */
+int kvr_config_parse_duration(const char *s, uint64_t *out_ms);
+/* Splits "host:port" / "[v6]:port" into host and port. Returns KVR_OK or KVR_EINVAL. */
+int kvr_config_split_hostport(const char *s, char *host, size_t hostlen, uint16_t *port);
+
+#endif

@@ -1,0 +1,297 @@
+/*
+ * supervisor.c — kvrelay-supervisor: maps the segment, binds the listeners, forks the
+ * workers, and keeps them running. It never serves traffic.
+ *
+ * Signals are never handled asynchronously: they stay blocked and the main loop takes them
+ * with sigtimedwait, so all work (reaping, repairing the store, respawning) happens in
+ * plain code. Children sit in a table with their slot, pid and respawn state.
+ *
+ *  - A child that dies is reaped (waitpid), its process slot repaired in the store
+ *    (kvr_store_reap_slot: its locks, pins and half-written blocks), and it is replaced
+ *    after a back-off that grows while it keeps dying young (100 ms doubling to 10 s).
+ *  - SIGTERM/SIGINT: mark draining (readiness fails), close our copies of the listeners,
+ *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
+ *    second after the grace. Exit 0.
+ *
+ * Each worker owns one SO_REUSEPORT listening socket of the group; the supervisor keeps the
+ * socket of a dead worker open for its replacement so no queued connection is reset.
+ */
+#include "core/supervisor.h"
+
+#include "core/log.h"
+#include "core/store.h"
+#include "core/worker.h"
+#include "io/listen.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CHILDREN (KVR_MAX_PROCS - 2)
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 10000
+#define YOUNG_MS 5000
+
+enum { CH_EMPTY, CH_RUNNING, CH_WAITING }; /* WAITING: dead, respawn at respawn_at */
+
+typedef struct {
+    int state;
+    int role;
+    int index; /* worker number */
+    int slot;  /* process slot in the segment */
+    pid_t pid;
+    int listen_fd;
+    uint64_t started_ms;
+    uint64_t respawn_at;
+    unsigned young_deaths;
+} child_t;
+
+typedef struct {
+    const kvr_config_t *cfg;
+    kvr_seg_t seg;
+    kvr_store_t store;
+    child_t ch[MAX_CHILDREN];
+    int nch;
+    int draining;
+    uint64_t drain_deadline;
+    sigset_t sigs, oldmask;
+} sup_t;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int spawn(sup_t *s, child_t *c)
+{
+    pid_t pid = fork();
+
+    if (pid < 0) {
+        kvr_error("fork: %s", strerror(errno));
+        return KVR_ERR;
+    }
+    if (pid == 0) {
+        /* Close the other children's listeners: only ours may accept here. */
+        for (int i = 0; i < s->nch; i++)
+            if (&s->ch[i] != c && s->ch[i].listen_fd >= 0)
+                close(s->ch[i].listen_fd);
+        sigprocmask(SIG_SETMASK, &s->oldmask, NULL);
+        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd);
+    }
+    c->pid = pid;
+    c->state = CH_RUNNING;
+    c->started_ms = now_ms();
+    kvr_info("worker %d started (pid %d, slot %d)", c->index, (int)pid, c->slot);
+    return KVR_OK;
+}
+
+static child_t *find_child(sup_t *s, pid_t pid)
+{
+    for (int i = 0; i < s->nch; i++)
+        if (s->ch[i].state == CH_RUNNING && s->ch[i].pid == pid)
+            return &s->ch[i];
+    return NULL;
+}
+
+static void reap_children(sup_t *s)
+{
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        child_t *c = find_child(s, pid);
+        uint64_t t = now_ms(), delay;
+        if (c == NULL)
+            continue;
+        if (atomic_exchange(&s->seg.procs[c->slot].ready, 0))
+            atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+        kvr_store_reap_slot(&s->store, c->slot);
+        if (WIFSIGNALED(status))
+            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "worker %d (pid %d) killed by signal %d", c->index,
+                    (int)pid, WTERMSIG(status));
+        else
+            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "worker %d (pid %d) exited with status %d", c->index,
+                    (int)pid, WEXITSTATUS(status));
+        c->state = CH_WAITING;
+        c->pid = 0;
+        if (s->draining) {
+            c->state = CH_EMPTY;
+            continue;
+        }
+        c->young_deaths = t - c->started_ms < YOUNG_MS ? c->young_deaths + 1 : 0;
+        delay = c->young_deaths == 0 ? 0 : BACKOFF_MIN_MS << (c->young_deaths > 7 ? 7 : c->young_deaths - 1);
+        if (delay > BACKOFF_MAX_MS)
+            delay = BACKOFF_MAX_MS;
+        c->respawn_at = t + delay;
+        atomic_fetch_add(&s->seg.hdr->ctl.worker_restarts, 1);
+        if (delay > 0)
+            kvr_warn("worker %d keeps dying young: respawn in %llu ms", c->index, (unsigned long long)delay);
+    }
+}
+
+static void start_drain(sup_t *s)
+{
+    if (s->draining)
+        return;
+    s->draining = 1;
+    s->drain_deadline = now_ms() + s->cfg->shutdown_grace_ms + 1000;
+    atomic_store(&s->seg.hdr->ctl.draining, 1);
+    kvr_info("draining: stopping %d workers (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
+    for (int i = 0; i < s->nch; i++) {
+        child_t *c = &s->ch[i];
+        if (c->listen_fd >= 0) {
+            close(c->listen_fd);
+            c->listen_fd = -1;
+        }
+        if (c->state == CH_RUNNING)
+            kill(c->pid, SIGTERM);
+        else
+            c->state = CH_EMPTY;
+    }
+}
+
+static int any_running(sup_t *s)
+{
+    for (int i = 0; i < s->nch; i++)
+        if (s->ch[i].state == CH_RUNNING)
+            return 1;
+    return 0;
+}
+
+static int write_port_file(const char *path, const char *http, const char *grpc)
+{
+    char tmp[KVR_CFG_STR_MAX + 8];
+    FILE *f;
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    if ((f = fopen(tmp, "w")) == NULL) {
+        kvr_error("port file %s: %s", tmp, strerror(errno));
+        return KVR_ERR;
+    }
+    fprintf(f, "http=%s\ngrpc=%s\n", http, grpc);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        kvr_error("port file %s: %s", path, strerror(errno));
+        return KVR_ERR;
+    }
+    return KVR_OK;
+}
+
+int kvr_supervisor_run(const kvr_config_t *cfg)
+{
+    static sup_t sup;
+    sup_t *s = &sup;
+    kvr_seg_config_t sc = {0};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nworkers = cfg->workers ? (int)cfg->workers : (ncpu > 0 ? (int)ncpu : 1);
+    uint16_t http_port = 0;
+    char http_name[300];
+    struct sigaction ign;
+
+    kvr_log_set_role("supervisor");
+    s->cfg = cfg;
+    if (nworkers > MAX_CHILDREN - 1)
+        nworkers = MAX_CHILDREN - 1;
+
+    sc.memory = cfg->memory;
+    sc.page_size = (uint32_t)cfg->page_size;
+    sc.max_blocks = cfg->max_blocks;
+    sc.hugepages = !strcmp(cfg->hugepages, "off") ? KVR_HUGEPAGES_OFF
+                 : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
+                                                      : KVR_HUGEPAGES_AUTO;
+    if (kvr_seg_create(&s->seg, &sc) != KVR_OK || kvr_store_format(&s->seg, cfg->no_evict) != KVR_OK)
+        return 1;
+    if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
+        return 1;
+
+    /* One SO_REUSEPORT listener per worker; the first fixes an ephemeral port for the rest. */
+    for (int i = 0; i < nworkers; i++) {
+        child_t *c = &s->ch[s->nch++];
+        memset(c, 0, sizeof(*c));
+        c->role = KVR_ROLE_WORKER;
+        c->index = i;
+        c->slot = 1 + i;
+        c->listen_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
+        if (c->listen_fd < 0)
+            return 1;
+    }
+    kvr_listen_name(s->ch[0].listen_fd, http_name, sizeof(http_name));
+    kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
+             nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
+    if (strcmp(cfg->grpc_bind, "off") != 0)
+        kvr_warn("--grpc-bind %s: the relay service is not part of this build yet", cfg->grpc_bind);
+    if (cfg->port_file[0] && write_port_file(cfg->port_file, http_name, "off") != KVR_OK)
+        return 1;
+
+    atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        atomic_store(&s->seg.hdr->ctl.started_unix_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    }
+
+    memset(&ign, 0, sizeof(ign));
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, NULL);
+    sigemptyset(&s->sigs);
+    sigaddset(&s->sigs, SIGCHLD);
+    sigaddset(&s->sigs, SIGTERM);
+    sigaddset(&s->sigs, SIGINT);
+    sigaddset(&s->sigs, SIGHUP);
+    sigprocmask(SIG_BLOCK, &s->sigs, &s->oldmask);
+
+    for (int i = 0; i < s->nch; i++)
+        if (spawn(s, &s->ch[i]) != KVR_OK)
+            return 1;
+
+    for (;;) {
+        uint64_t t = now_ms(), wait_ms = 1000;
+        struct timespec to;
+        siginfo_t si;
+        int sig;
+
+        for (int i = 0; i < s->nch && !s->draining; i++) {
+            child_t *c = &s->ch[i];
+            if (c->state != CH_WAITING)
+                continue;
+            if (c->respawn_at <= t)
+                spawn(s, c);
+            else if (c->respawn_at - t < wait_ms)
+                wait_ms = c->respawn_at - t;
+        }
+        if (s->draining) {
+            if (!any_running(s))
+                break;
+            if (t >= s->drain_deadline) {
+                for (int i = 0; i < s->nch; i++)
+                    if (s->ch[i].state == CH_RUNNING) {
+                        kvr_warn("worker %d (pid %d) did not drain in time: killing it", s->ch[i].index,
+                                 (int)s->ch[i].pid);
+                        kill(s->ch[i].pid, SIGKILL);
+                    }
+                s->drain_deadline = t + 1000;
+            }
+            wait_ms = 100;
+        }
+        to.tv_sec = (time_t)(wait_ms / 1000);
+        to.tv_nsec = (long)(wait_ms % 1000) * 1000000L;
+        sig = sigtimedwait(&s->sigs, &si, &to);
+        if (sig == SIGTERM || sig == SIGINT) {
+            kvr_info("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            start_drain(s);
+        } else if (sig == SIGHUP) {
+            kvr_info("SIGHUP: nothing to reload");
+        }
+        /* SIGCHLD, a timeout or an interrupt: reap whatever is there. */
+        reap_children(s);
+    }
+    kvr_info("all workers stopped; exiting");
+    kvr_seg_destroy(&s->seg);
+    return 0;
+}

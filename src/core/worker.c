@@ -1,0 +1,73 @@
+/* worker.c — see worker.h. */
+#include "core/worker.h"
+
+#include "core/log.h"
+#include "core/store.h"
+#include "io/http.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t term_requested;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    term_requested = 1;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd)
+{
+    char role[32];
+    kvr_store_t store;
+    kvr_http_t *http;
+    struct sigaction sa;
+    sigset_t none;
+    uint64_t deadline = 0;
+
+    snprintf(role, sizeof(role), "worker %d", index);
+    kvr_log_set_role(role);
+    /* The supervisor is our lifeline: if it goes, drain and go too. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGINT, &sa, NULL); /* a terminal's ^C reaches the supervisor, which drains us */
+    sigaction(SIGPIPE, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+
+    if (kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_WORKER) < 0 || kvr_store_open(&store, seg) != KVR_OK)
+        _exit(70);
+    http = kvr_http_create(cfg, seg, &store, listen_fd);
+    if (http == NULL)
+        _exit(70);
+    atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
+    atomic_fetch_add(&seg->hdr->ctl.workers_running, 1);
+    kvr_info("serving HTTP on fd %d", listen_fd);
+
+    for (;;) {
+        kvr_http_run_once(http, 100);
+        if (term_requested && deadline == 0) {
+            kvr_info("draining (grace %llu ms)", (unsigned long long)cfg->shutdown_grace_ms);
+            deadline = now_ms() + cfg->shutdown_grace_ms;
+            kvr_http_start_drain(http);
+        }
+        if (deadline != 0 && (kvr_http_drained(http) || now_ms() >= deadline))
+            break;
+    }
+    kvr_info("drained; exiting");
+    exit(0);
+}

@@ -1,0 +1,16 @@
+/*
+ * worker.h — a worker process: one h2o event loop serving HTTP (and, later, gRPC) over the
+ * shared store. Forked by the supervisor, which owns its process slot number and its
+ * listening socket.
+ */
+#ifndef KVR_CORE_WORKER_H
+#define KVR_CORE_WORKER_H
+
+#include "core/config.h"
+#include "shm/segment.h"
+
+/* Runs worker `index` in process slot `slot` on listen_fd; never returns. */
+void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd)
+    __attribute__((noreturn));
+
+#endif

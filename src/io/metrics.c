@@ -1,0 +1,139 @@
+/* metrics.c — see metrics.h. */
+#include "io/metrics.h"
+
+#include "io/http.h"
+#include "shm/stats.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int oom;
+} out_t;
+
+static void emit(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (o->oom)
+        return;
+    for (;;) {
+        va_start(ap, fmt);
+        n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            o->oom = 1;
+            return;
+        }
+        if ((size_t)n < o->cap - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        char *nb = realloc(o->buf, o->cap * 2);
+        if (nb == NULL) {
+            o->oom = 1;
+            return;
+        }
+        o->buf = nb;
+        o->cap *= 2;
+    }
+}
+
+static uint64_t sum(kvr_store_t *st, unsigned i)
+{
+    return kvr_stats_sum(st->sh->stats, KVR_MAX_PROCS + 1, i);
+}
+
+static void family(out_t *o, const char *name, const char *type, const char *help)
+{
+    emit(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void scalar(out_t *o, const char *name, const char *type, const char *help, uint64_t v)
+{
+    family(o, name, type, help);
+    emit(o, "%s %llu\n", name, (unsigned long long)v);
+}
+
+char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
+{
+    out_t o = {malloc(16384), 0, 16384, 0};
+    kvr_store_stats_t s;
+    const kvr_ctl_sh_t *ctl = &seg->hdr->ctl;
+
+    if (o.buf == NULL)
+        return NULL;
+    kvr_store_stats(st, &s);
+
+    family(&o, "kvrelay_http_requests_total", "counter", "HTTP requests served, by method and status.");
+    for (unsigned m = 0; m < KVR_HTTP_METHODS; m++)
+        for (unsigned k = 0; k < KVR_HTTP_STATUSES - 1; k++) {
+            uint64_t v = sum(st, KVR_ST_HTTP_REQ + m * KVR_HTTP_STATUSES + k);
+            if (v == 0 && !(m == 0 && k == 0))
+                continue;
+            if (kvr_http_status_codes[k] > 0)
+                emit(&o, "kvrelay_http_requests_total{method=\"%s\",status=\"%d\"} %llu\n", kvr_http_method_names[m],
+                     kvr_http_status_codes[k], (unsigned long long)v);
+            else
+                emit(&o, "kvrelay_http_requests_total{method=\"%s\",status=\"other\"} %llu\n", kvr_http_method_names[m],
+                     (unsigned long long)v);
+        }
+
+    family(&o, "kvrelay_http_request_duration_seconds", "histogram",
+           "Time from the request's arrival at the handler to its disposal, by method.");
+    for (unsigned m = 0; m < KVR_HTTP_METHODS; m++) {
+        unsigned base = KVR_ST_HTTP_HIST + m * (KVR_HTTP_BUCKETS + 2);
+        uint64_t cum = 0, count = sum(st, base + KVR_HTTP_BUCKETS + 1);
+        for (unsigned b = 0; b < KVR_HTTP_BUCKETS; b++) {
+            cum += sum(st, base + b);
+            emit(&o, "kvrelay_http_request_duration_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n",
+                 kvr_http_method_names[m], kvr_http_bucket_bounds[b], (unsigned long long)cum);
+        }
+        emit(&o, "kvrelay_http_request_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
+             kvr_http_method_names[m], (unsigned long long)count);
+        emit(&o, "kvrelay_http_request_duration_seconds_sum{method=\"%s\"} %.6f\n", kvr_http_method_names[m],
+             (double)sum(st, base + KVR_HTTP_BUCKETS) / 1e6);
+        emit(&o, "kvrelay_http_request_duration_seconds_count{method=\"%s\"} %llu\n", kvr_http_method_names[m],
+             (unsigned long long)count);
+    }
+
+    scalar(&o, "kvrelay_http_received_bytes_total", "counter", "Request body bytes received.",
+           sum(st, KVR_ST_HTTP_BYTES_IN));
+    scalar(&o, "kvrelay_http_sent_bytes_total", "counter", "Response bytes sent.", sum(st, KVR_ST_HTTP_BYTES_OUT));
+    scalar(&o, "kvrelay_blocks", "gauge", "Resident blocks.", s.unique_blocks);
+    scalar(&o, "kvrelay_refs", "gauge", "Sum of the resident blocks' reference counts.", s.total_refs);
+    scalar(&o, "kvrelay_resident_bytes", "gauge", "Payload bytes of resident blocks.", s.resident_bytes);
+    scalar(&o, "kvrelay_logical_bytes", "gauge", "Payload bytes times references.", s.logical_bytes);
+    scalar(&o, "kvrelay_capacity_bytes", "gauge", "Block arena capacity (--memory).", s.capacity_bytes);
+    scalar(&o, "kvrelay_free_bytes", "gauge", "Arena bytes not held by any block.", s.free_pages * (s.capacity_bytes / (s.total_pages ? s.total_pages : 1)));
+    scalar(&o, "kvrelay_pinned_blocks", "gauge", "Blocks pinned by GETs in flight.", s.pinned_blocks);
+    scalar(&o, "kvrelay_put_new_total", "counter", "PUTs that stored a new block.", s.put_new);
+    scalar(&o, "kvrelay_dedup_hits_total", "counter", "PUTs that found the block resident.", s.dedup_hits);
+    scalar(&o, "kvrelay_put_conflicts_total", "counter", "PUTs refused: another length under the key.", s.put_conflicts);
+    scalar(&o, "kvrelay_put_nospace_total", "counter", "PUTs refused: no room even after eviction.", s.put_nospace);
+    scalar(&o, "kvrelay_get_hits_total", "counter", "GETs that found the block.", s.get_hits);
+    scalar(&o, "kvrelay_get_misses_total", "counter", "GETs that did not.", s.get_misses);
+    scalar(&o, "kvrelay_deletes_total", "counter", "DELETEs of resident blocks.", s.deletes);
+    scalar(&o, "kvrelay_evictions_total", "counter", "Blocks evicted to make room.", s.evictions);
+    scalar(&o, "kvrelay_evicted_bytes_total", "counter", "Payload bytes evicted.", s.evicted_bytes);
+    scalar(&o, "kvrelay_store_repairs_total", "counter", "Store repairs after a process died.", s.repairs);
+    scalar(&o, "kvrelay_change_log_dropped_total", "counter", "Change-log events dropped on overflow (then resynced).",
+           s.log_dropped);
+    scalar(&o, "kvrelay_workers", "gauge", "Worker processes running.",
+           atomic_load_explicit(&ctl->workers_running, memory_order_relaxed));
+    scalar(&o, "kvrelay_worker_restarts_total", "counter", "Workers replaced after they died.",
+           atomic_load_explicit(&ctl->worker_restarts, memory_order_relaxed));
+    scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
+           seg->hdr->backing == KVR_BACKING_HUGETLB);
+    if (o.oom) {
+        free(o.buf);
+        return NULL;
+    }
+    *len = o.len;
+    return o.buf;
+}

@@ -1,0 +1,36 @@
+/*
+ * keys.h — decoding what arrives in a /kv/ request line and its headers (pure functions).
+ *
+ * Keys: the path segment after /kv/ is percent-decoded (clients send quote(key, safe='')).
+ * '+' stays '+' (a path, not a form). A '%' not followed by two hex digits is an error.
+ * The decoded key must be 1..1024 bytes with no NUL (spec/kvcache-http.md §3).
+ *
+ * X-KV-Sequence-Hash: a u64 in decimal or 0x-prefixed hex, nothing else (no sign, no
+ * spaces inside, no overflow).
+ */
+#ifndef KVR_WIRE_KEYS_H
+#define KVR_WIRE_KEYS_H
+
+#include "common.h"
+
+enum {
+    KVR_KEY_OK = 0,
+    KVR_KEY_EMPTY = -1,
+    KVR_KEY_TOO_LONG = -2,
+    KVR_KEY_BAD_ESCAPE = -3,
+    KVR_KEY_NUL = -4,
+};
+
+/*
+ * Decodes in[0..n) into out (capacity cap, at least KVR_KEY_MAX). Returns KVR_KEY_OK with
+ * *outlen set, or one of the KVR_KEY_* errors. Never writes past cap.
+ */
+int kvr_key_decode(const char *in, size_t n, uint8_t *out, size_t cap, size_t *outlen);
+
+/* Human-readable reason for a KVR_KEY_* error. */
+const char *kvr_key_error(int rc);
+
+/* Parses a sequence hash header value. Returns KVR_OK or KVR_EINVAL. */
+int kvr_parse_u64(const char *s, size_t n, uint64_t *out);
+
+#endif
