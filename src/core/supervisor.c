@@ -8,7 +8,8 @@
  *
  *  - A child that dies is reaped (waitpid), its process slot repaired in the store
  *    (kvr_store_reap_slot: its locks, pins and half-written blocks), and it is replaced
- *    after a back-off that grows while it keeps dying young (100 ms doubling to 10 s).
+ *    at once, or after a back-off that grows while it keeps dying young (100 ms doubling
+ *    to 10 s).
  *  - SIGTERM/SIGINT: mark draining (readiness fails), close our copies of the listeners,
  *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
  *    second after the grace. Exit 0.
@@ -126,7 +127,8 @@ static void reap_children(sup_t *s)
             continue;
         }
         c->young_deaths = t - c->started_ms < YOUNG_MS ? c->young_deaths + 1 : 0;
-        delay = c->young_deaths == 0 ? 0 : BACKOFF_MIN_MS << (c->young_deaths > 7 ? 7 : c->young_deaths - 1);
+        /* The first death is replaced at once; repeated young deaths back off. */
+        delay = c->young_deaths <= 1 ? 0 : BACKOFF_MIN_MS << (c->young_deaths > 8 ? 7 : c->young_deaths - 2);
         if (delay > BACKOFF_MAX_MS)
             delay = BACKOFF_MAX_MS;
         c->respawn_at = t + delay;
