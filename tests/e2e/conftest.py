@@ -296,7 +296,8 @@ def curl_request(
             with open(hfile, encoding="latin-1") as f:
                 hdrs = _parse_curl_headers(f.read())
         data = b""
-        if os.path.exists(bfile):
+        # with -I curl writes the header block to -o and never reads a body
+        if method != "HEAD" and os.path.exists(bfile):
             with open(bfile, "rb") as f:
                 data = f.read()
         code = int(out[0]) if out and out[0].isdigit() else 0
