@@ -78,6 +78,8 @@ int kvr_parse_u64(const char *s, size_t n, uint64_t *out)
         *out = v;
         return KVR_OK;
     }
+    if (n > 20) /* u64 max has 20 digits; longer (even with leading zeros) is refused */
+        return KVR_EINVAL;
     for (; i < n; i++) {
         unsigned d;
         if (s[i] < '0' || s[i] > '9')

@@ -1,0 +1,159 @@
+/* Unit tests of the request decoders: percent-decoded keys, sequence-hash values, JSON out. */
+#include "core/config.h"
+#include "shm/segment.h"
+#include "wire/json.h"
+#include "wire/keys.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+
+static int dec(const char *in, char *out, size_t *n)
+{
+    return kvr_key_decode(in, strlen(in), (uint8_t *)out, KVR_KEY_MAX, n);
+}
+
+Test(keys, percent_decoding_as_the_reference_driver_encodes)
+{
+    char out[KVR_KEY_MAX];
+    size_t n;
+
+    cr_assert_eq(dec("meta-llama%2FLlama-3%40000000ff%400%4000010203", out, &n), KVR_KEY_OK);
+    cr_assert_eq(n, strlen("meta-llama/Llama-3@000000ff@0@00010203"));
+    cr_assert_eq(memcmp(out, "meta-llama/Llama-3@000000ff@0@00010203", n), 0);
+    cr_assert_eq(dec("a%20b%2Bc%3Dd+e", out, &n), KVR_KEY_OK);
+    cr_assert_eq(memcmp(out, "a b+c=d+e", n), 0, "'+' is not a space in a path");
+    cr_assert_eq(dec("raw/slash", out, &n), KVR_KEY_OK);
+    cr_assert_eq(n, 9);
+    cr_assert_eq(dec("%e2%82%ac", out, &n), KVR_KEY_OK);
+    cr_assert_eq(n, 3);
+}
+
+Test(keys, each_limit_has_its_error)
+{
+    char out[KVR_KEY_MAX];
+    char big[3 * KVR_KEY_MAX + 8];
+    size_t n;
+
+    cr_assert_eq(dec("", out, &n), KVR_KEY_EMPTY);
+    cr_assert_eq(dec("%", out, &n), KVR_KEY_BAD_ESCAPE);
+    cr_assert_eq(dec("a%4", out, &n), KVR_KEY_BAD_ESCAPE);
+    cr_assert_eq(dec("a%zz", out, &n), KVR_KEY_BAD_ESCAPE);
+    cr_assert_eq(dec("a%00b", out, &n), KVR_KEY_NUL);
+    memset(big, 'k', KVR_KEY_MAX);
+    big[KVR_KEY_MAX] = '\0';
+    cr_assert_eq(dec(big, out, &n), KVR_KEY_OK);
+    cr_assert_eq(n, KVR_KEY_MAX);
+    big[KVR_KEY_MAX] = 'k';
+    big[KVR_KEY_MAX + 1] = '\0';
+    cr_assert_eq(dec(big, out, &n), KVR_KEY_TOO_LONG);
+    /* 1024 decoded bytes from 3072 encoded ones is fine; 1025 is not */
+    for (int i = 0; i < KVR_KEY_MAX; i++)
+        memcpy(big + 3 * i, "%41", 3);
+    big[3 * KVR_KEY_MAX] = '\0';
+    cr_assert_eq(dec(big, out, &n), KVR_KEY_OK);
+    memcpy(big + 3 * KVR_KEY_MAX, "%41", 4);
+    cr_assert_eq(dec(big, out, &n), KVR_KEY_TOO_LONG);
+    cr_assert_str_eq(kvr_key_error(KVR_KEY_NUL), "NUL byte in key");
+}
+
+Test(keys, sequence_hash_values)
+{
+    uint64_t v;
+
+    cr_assert_eq(kvr_parse_u64("12345", 5, &v), KVR_OK);
+    cr_assert_eq(v, 12345);
+    cr_assert_eq(kvr_parse_u64("0x7ee2cbedc694ab46", 18, &v), KVR_OK);
+    cr_assert_eq(v, 0x7ee2cbedc694ab46ull);
+    cr_assert_eq(kvr_parse_u64("18446744073709551615", 20, &v), KVR_OK);
+    cr_assert_eq(v, UINT64_MAX);
+    cr_assert_eq(kvr_parse_u64("18446744073709551616", 20, &v), KVR_EINVAL, "overflow");
+    cr_assert_eq(kvr_parse_u64("0x10000000000000000", 19, &v), KVR_EINVAL, "17 hex digits");
+    cr_assert_eq(kvr_parse_u64("000000000000000000001", 21, &v), KVR_EINVAL, "21 decimal digits");
+    cr_assert_eq(kvr_parse_u64("", 0, &v), KVR_EINVAL);
+    cr_assert_eq(kvr_parse_u64("0x", 2, &v), KVR_EINVAL);
+    cr_assert_eq(kvr_parse_u64("-1", 2, &v), KVR_EINVAL);
+    cr_assert_eq(kvr_parse_u64(" 1", 2, &v), KVR_EINVAL);
+    cr_assert_eq(kvr_parse_u64("0xg1", 4, &v), KVR_EINVAL);
+}
+
+Test(json, escapes_and_overflow)
+{
+    char buf[64];
+    kvr_json_t j;
+
+    kvr_json_init(&j, buf, sizeof(buf));
+    kvr_json_raw(&j, "{");
+    kvr_json_key(&j, "hash", 1);
+    kvr_json_str(&j, "a\"b\\c\n\x01\xe2\x82\xac\xff", 11);
+    kvr_json_raw(&j, "}");
+    cr_assert_not(j.overflow);
+    cr_assert_str_eq(buf, "{\"hash\":\"a\\\"b\\\\c\\u000a\\u0001\xe2\x82\xac\\u00ff\"}");
+    kvr_json_init(&j, buf, 8);
+    kvr_json_raw(&j, "0123456789");
+    cr_assert(j.overflow);
+}
+
+Test(config, sizes_durations_and_addresses)
+{
+    uint64_t v;
+    char host[64];
+    uint16_t port;
+
+    cr_assert_eq(kvr_config_parse_size("64M", &v), KVR_OK);
+    cr_assert_eq(v, 64ull << 20);
+    cr_assert_eq(kvr_config_parse_size("1GiB", &v), KVR_OK);
+    cr_assert_eq(v, 1ull << 30);
+    cr_assert_eq(kvr_config_parse_size("12x", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_size("", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_size("99999999999999999999", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_duration("500ms", &v), KVR_OK);
+    cr_assert_eq(v, 500);
+    cr_assert_eq(kvr_config_parse_duration("10s", &v), KVR_OK);
+    cr_assert_eq(v, 10000);
+    cr_assert_eq(kvr_config_parse_duration("3", &v), KVR_OK);
+    cr_assert_eq(v, 3000);
+    cr_assert_eq(kvr_config_parse_duration("1h", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_split_hostport("127.0.0.1:9130", host, sizeof(host), &port), KVR_OK);
+    cr_assert_str_eq(host, "127.0.0.1");
+    cr_assert_eq(port, 9130);
+    cr_assert_eq(kvr_config_split_hostport("[::1]:0", host, sizeof(host), &port), KVR_OK);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(kvr_config_split_hostport("nohost", host, sizeof(host), &port), KVR_EINVAL);
+    cr_assert_eq(kvr_config_split_hostport("h:70000", host, sizeof(host), &port), KVR_EINVAL);
+}
+
+Test(config, precedence_flag_over_env_over_reference_env)
+{
+    kvr_config_t c;
+    char *argv[] = {"kvrelay", "--memory", "64M", "--no-evict", "--workers=3", NULL};
+    FILE *devnull = fopen("/dev/null", "w");
+
+    setenv("EPISTEMIC_GRAPH_KVCACHE_ADDR", "7777", 1);
+    setenv("EPISTEMIC_GRAPH_KVCACHE_TOKEN", "ref-token", 1);
+    setenv("KVRELAY_MEMORY", "2G", 1);
+    cr_assert_eq(kvr_config_load(&c, 5, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "127.0.0.1:7777");
+    cr_assert_str_eq(c.token, "ref-token");
+    cr_assert_eq(c.memory, 64ull << 20, "the flag wins over KVRELAY_MEMORY");
+    cr_assert_eq(c.no_evict, 1);
+    cr_assert_eq(c.workers, 3);
+    setenv("KVRELAY_HTTP_BIND", "0.0.0.0:1", 1);
+    setenv("KVRELAY_TOKEN", "ours", 1);
+    cr_assert_eq(kvr_config_load(&c, 1, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "0.0.0.0:1", "our twin wins over the reference variable");
+    cr_assert_str_eq(c.token, "ours");
+    cr_assert_eq(c.memory, 2ull << 30);
+    setenv("EPISTEMIC_GRAPH_KVCACHE_ADDR", "yes", 1);
+    unsetenv("KVRELAY_HTTP_BIND");
+    cr_assert_eq(kvr_config_load(&c, 1, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "127.0.0.1:9130");
+    {
+        char *bad[] = {"kvrelay", "--memory", "lots", NULL};
+        char *unknown[] = {"kvrelay", "--frobnicate", NULL};
+        char *range[] = {"kvrelay", "--workers", "1000", NULL};
+        cr_assert_eq(kvr_config_load(&c, 3, bad, devnull), KVR_EINVAL);
+        cr_assert_eq(kvr_config_load(&c, 2, unknown, devnull), KVR_EINVAL);
+        cr_assert_eq(kvr_config_load(&c, 3, range, devnull), KVR_EINVAL);
+    }
+    fclose(devnull);
+}
