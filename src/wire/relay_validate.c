@@ -305,12 +305,14 @@ int kvr_relay_rpc_from_path(const char *path, size_t len)
     return -1;
 }
 
-/* Reads a varint at *pos; 0 on truncation or a varint longer than 10 bytes. */
+/* Reads a varint at *pos; 0 on truncation or a value that does not fit 64 bits. */
 static int read_varint(const uint8_t *buf, size_t len, size_t *pos, uint64_t *v)
 {
     uint64_t r = 0;
     for (unsigned shift = 0; shift < 70 && *pos < len; shift += 7) {
         uint8_t b = buf[(*pos)++];
+        if (shift == 63 && b > 1)
+            return 0;
         r |= (uint64_t)(b & 0x7F) << shift;
         if (!(b & 0x80)) {
             *v = r;
@@ -361,6 +363,60 @@ static int raw_len_field(const uint8_t *buf, size_t len, uint32_t field, const u
         }
     }
     return found;
+}
+
+/*
+ * Walks the wire bytes of a message of descriptor d, recursing into known sub-message
+ * fields, and rejects what protobuf-c lets through but a conforming decoder (prost, as
+ * used by the reference) refuses: a field number 0 (protobuf-c only checks the first key
+ * byte, so an over-long key such as 80 00 slips through), group wire types and keys or
+ * varints longer than 10 bytes. Unknown fields are skipped as opaque, as prost does.
+ */
+static int wire_ok(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, int depth)
+{
+    size_t pos = 0;
+    if (depth > 32)
+        return 0;
+    while (pos < len) {
+        uint64_t key, v;
+        if (!read_varint(buf, len, &pos, &key) || (key >> 3) == 0 || (key >> 3) > 0x1FFFFFFF)
+            return 0;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(buf, len, &pos, &v))
+                return 0;
+            break;
+        case 1:
+            if (len - pos < 8)
+                return 0;
+            pos += 8;
+            break;
+        case 5:
+            if (len - pos < 4)
+                return 0;
+            pos += 4;
+            break;
+        case 2: {
+            if (!read_varint(buf, len, &pos, &v) || v > len - pos)
+                return 0;
+            const ProtobufCFieldDescriptor *f =
+                d ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+                !wire_ok(f->descriptor, buf + pos, (size_t)v, depth + 1))
+                return 0;
+            pos += (size_t)v;
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int kvr_relay_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len)
+{
+    return wire_ok(d, buf, len, 0);
 }
 
 static kvr_relay_verdict_t verdict(kvr_relay_reason_t reason, int detail, const char *message)
@@ -434,7 +490,9 @@ kvr_relay_verdict_t kvr_relay_validate_request(kvr_relay_rpc_t rpc, const uint8_
         v.grpc_status = KVR_GRPC_INTERNAL;
         return v;
     }
-    ProtobufCMessage *m = protobuf_c_message_unpack(rpcs[rpc].desc, NULL, len, buf);
+    ProtobufCMessage *m = NULL;
+    if (kvr_relay_wire_check(rpcs[rpc].desc, buf, len))
+        m = protobuf_c_message_unpack(rpcs[rpc].desc, NULL, len, buf);
     if (!m) {
         kvr_relay_verdict_t v = verdict(KVR_RELAY_REASON_NONE, 0, "failed to decode request");
         v.grpc_status = KVR_GRPC_INTERNAL;

@@ -135,16 +135,26 @@ typedef struct kvr_relay_verdict {
 } kvr_relay_verdict_t;
 
 /*
+ * 1 when buf[0..len) is well-formed wire data for descriptor d by the rules of a strict
+ * decoder: no field number 0, no group wire types, no over-long varints (recursing into
+ * known sub-messages). protobuf-c alone accepts some of these; call this before
+ * protobuf_c_message_unpack() on bytes from a peer.
+ */
+int kvr_relay_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len);
+
+/*
  * Decodes one request message of `rpc` from buf[0..len) and validates it as §2.5 steps
  * 1-3. On success *msg (when msg is non-NULL) receives the unpacked message, to be freed
  * with protobuf_c_message_free_unpacked(*msg, NULL); on failure *msg is NULL. A message
- * that does not decode yields INTERNAL without a reason, as tonic does.
+ * that does not decode (including kvr_relay_wire_check() failures) yields INTERNAL
+ * without a reason, as tonic does.
  */
 kvr_relay_verdict_t kvr_relay_validate_request(kvr_relay_rpc_t rpc, const uint8_t *buf,
                                                size_t len, ProtobufCMessage **msg);
 
 /*
- * Consumer side of a FilterUpdate (§6.1): envelope (marker, protocol_version, relay
+ * Consumer side of a FilterUpdate (§6.1), after kvr_relay_wire_check() and unpacking:
+ * envelope (marker, protocol_version, relay
  * present), producer present and valid; then fills *out for kvr_mirror_apply(). Returns
  * KVR_RELAY_IERR_OK or the first failure. The caller also compares u->producer with its
  * subscribed key (kvr_relay_producer_equal).

@@ -45,6 +45,8 @@ static void fuzz_request(kvr_relay_rpc_t rpc, const uint8_t *data, size_t size)
 
 static void fuzz_filter_update(const uint8_t *data, size_t size)
 {
+    if (!kvr_relay_wire_check(&dynamo__kvrelay__v1__filter_update__descriptor, data, size))
+        return;
     Dynamo__Kvrelay__V1__FilterUpdate *u =
         dynamo__kvrelay__v1__filter_update__unpack(NULL, size, data);
     if (!u)

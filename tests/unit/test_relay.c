@@ -582,3 +582,31 @@ Test(relay_validate, filter_update_to_mirror)
     free(wire);
     free(s1);
 }
+
+/* fuzz_relay_req finding: field number 0 behind an over-long key. */
+Test(relay_validate, field_number_zero_is_undecodable)
+{
+    size_t len;
+    uint8_t *b = td_load_hex("tests/data/relay/fuzz_field0_request.hex", &len);
+    kvr_relay_verdict_t v =
+        kvr_relay_validate_request(KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG, b, len, NULL);
+    cr_expect_eq(v.grpc_status, KVR_GRPC_INTERNAL);
+    cr_expect_eq(v.reason, KVR_RELAY_REASON_NONE);
+    cr_expect(!kvr_relay_wire_check(&dynamo__kvrelay__v1__watch_kv_pool_catalog_request__descriptor,
+                                    b, len));
+    free(b);
+    /* minimal cases: key 00, key 80 00, group wire type, 11-byte varint; nested field 0 */
+    const uint8_t k0[] = {0x00, 0x00}, k0long[] = {0x80, 0x00, 0x00}, group[] = {0x0b, 0x0c};
+    const uint8_t longv[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02};
+    const ProtobufCMessageDescriptor *d = &dynamo__kvrelay__v1__subscribe_kv_pool_request__descriptor;
+    cr_expect(!kvr_relay_wire_check(d, k0, sizeof(k0)));
+    cr_expect(!kvr_relay_wire_check(d, k0long, sizeof(k0long)));
+    cr_expect(!kvr_relay_wire_check(d, group, sizeof(group)));
+    cr_expect(!kvr_relay_wire_check(d, longv, sizeof(longv)));
+    const uint8_t nested[] = {0x12, 0x03, 0x80, 0x00, 0x00}; /* expected_producer { field 0 } */
+    cr_expect(!kvr_relay_wire_check(d, nested, sizeof(nested)));
+    const uint8_t unknown_opaque[] = {0x1a, 0x02, 0x00, 0x00}; /* unknown field 3: opaque */
+    cr_expect(kvr_relay_wire_check(d, unknown_opaque, sizeof(unknown_opaque)));
+    const uint8_t max_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    cr_expect(kvr_relay_wire_check(d, max_varint, sizeof(max_varint)));
+}
