@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i) & 7)))
@@ -38,7 +39,21 @@ static int store_lock(kvr_store_t *st)
 
 static inline void store_unlock(kvr_store_t *st)
 {
+    int wake = st->log_wakeup;
+
+    st->log_wakeup = 0;
     kvr_shlock_unlock(&st->sh->lock);
+    if (wake && st->notify_fd >= 0) {
+        uint64_t one = 1;
+        (void)!write(st->notify_fd, &one, sizeof(one));
+    }
+}
+
+/* Appends to the change log and remembers to wake its consumer after unlocking. Locked. */
+static void log_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
+{
+    if (kvr_log_append_locked(st->log, op, canon, entry, gen) == 1)
+        st->log_wakeup = 1;
 }
 
 /* ------------------------------------------------------------------ setup */
@@ -64,6 +79,7 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->page_size = h->page_size;
     st->scratch = kvr_seg_at(seg, h->off_scratch);
     st->slot = seg->slot;
+    st->notify_fd = -1;
     st->my_stats = seg->slot >= 0 ? &st->sh->stats[seg->slot] : &st->sh->stats[KVR_STATS_RETIRED];
 }
 
@@ -240,7 +256,7 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     sh->resident_bytes -= e->length;
     sh->logical_bytes -= e->length * e->refs;
     if (e->meta & KVR_ENT_ANNOUNCED) {
-        kvr_log_append_locked(st->log, KVR_EV_REMOVE, e->canon, i, e->gen);
+        log_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
         e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
     }
     if (e->pins > 0) {
@@ -426,7 +442,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     sh->total_refs++;
     sh->resident_bytes += e->length;
     sh->logical_bytes += e->length;
-    kvr_log_append_locked(st->log, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
+    log_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
     e->meta |= KVR_ENT_ANNOUNCED;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
@@ -655,7 +671,7 @@ static void drop_duplicate(void *ctx, uint32_t i)
     kvr_entry_t *e = &st->ix.ent[i];
 
     if (e->meta & KVR_ENT_ANNOUNCED)
-        kvr_log_append_locked(st->log, KVR_EV_REMOVE, e->canon, i, e->gen);
+        log_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
     e->meta = 0;
     e->state = KVR_ENT_FREE;
 }
@@ -706,7 +722,7 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             e->state = KVR_ENT_FREE;
         } else if (e->state == KVR_ENT_DYING) {
             if (e->meta & KVR_ENT_ANNOUNCED)
-                kvr_log_append_locked(st->log, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                log_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
             e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
             e->state = KVR_ENT_ZOMBIE;
         }
@@ -730,7 +746,7 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
         if (e->state == KVR_ENT_ZOMBIE && e->pins == 0)
             e->state = KVR_ENT_FREE;
         else if (e->state == KVR_ENT_LIVE && !(e->meta & KVR_ENT_ANNOUNCED)) {
-            kvr_log_append_locked(st->log, KVR_EV_INSERT, e->canon, (uint32_t)i, e->gen);
+            log_event_locked(st, KVR_EV_INSERT, e->canon, (uint32_t)i, e->gen);
             e->meta |= KVR_ENT_ANNOUNCED;
         }
     }
@@ -745,7 +761,7 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             !kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm)) {
             kvr_warn("store repair: entry %llu has a broken chain; dropped", (unsigned long long)i);
             if (e->state == KVR_ENT_LIVE && (e->meta & KVR_ENT_ANNOUNCED))
-                kvr_log_append_locked(st->log, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                log_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
             e->meta = 0;
             e->state = KVR_ENT_FREE;
         }

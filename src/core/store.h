@@ -75,6 +75,8 @@ struct kvr_store_s {
     int slot;
     kvr_stats_block_t *my_stats;
     uint8_t *scratch;
+    int notify_fd;   /* eventfd of the change log's consumer, or -1 */
+    int log_wakeup;  /* set under the lock when an append found the log empty */
 };
 
 /* Initialises the store's regions of a freshly created segment (the supervisor, once). */

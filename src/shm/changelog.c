@@ -26,21 +26,21 @@ int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32
     e->canon = canon;
     e->entry = entry;
     e->gen_op = (gen << 2) | op;
-    atomic_store_explicit(&log->head, h + 1, memory_order_release);
+    atomic_store_explicit(&log->head, h + 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&log->appended, 1, memory_order_relaxed);
-    return KVR_OK;
+    return atomic_load_explicit(&log->tail, memory_order_seq_cst) == h ? 1 : KVR_OK;
 }
 
 size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max)
 {
     uint64_t t = atomic_load_explicit(&log->tail, memory_order_relaxed);
-    uint64_t h = atomic_load_explicit(&log->head, memory_order_acquire);
+    uint64_t h = atomic_load_explicit(&log->head, memory_order_seq_cst);
     size_t n = 0;
 
     while (t + n < h && n < max) {
         out[n] = log->ev[(t + n) & (log->capacity - 1)];
         n++;
     }
-    atomic_store_explicit(&log->tail, t + n, memory_order_release);
+    atomic_store_explicit(&log->tail, t + n, memory_order_seq_cst);
     return n;
 }

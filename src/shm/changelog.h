@@ -52,7 +52,13 @@ static inline uint32_t kvr_log_gen(const kvr_log_event_t *e) { return e->gen_op 
 
 void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
 
-/* Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Store lock held. */
+/*
+ * Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Returns 1 when
+ * the ring was empty (the consumer may be asleep: wake it), KVR_OK otherwise. The head
+ * store and the tail load are sequentially consistent, as are the consumer's tail store
+ * and head load, so an append is either seen by the consumer's last check or reported
+ * here as "was empty". Store lock held.
+ */
 int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
 
 /*

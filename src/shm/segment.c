@@ -5,6 +5,7 @@
 #include "shm/arena.h"
 #include "shm/changelog.h"
 #include "shm/index.h"
+#include "shm/relay_sh.h"
 #include "shm/stats.h"
 #include "shm/store_sh.h"
 
@@ -83,6 +84,19 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     off += KVR_ALIGN_UP((uint64_t)KVR_MAX_PROCS * h->pin_slots * sizeof(kvr_pin_t), 64);
     h->off_log = off;
     off += KVR_ALIGN_UP(sizeof(kvr_log_sh_t) + h->log_capacity * sizeof(kvr_log_event_t), 64);
+    if (cfg.ckf_buckets != 0) {
+        if (cfg.ckf_buckets < 2 || cfg.ckf_buckets > (1u << 24) || (cfg.ckf_buckets & (cfg.ckf_buckets - 1)))
+            return KVR_EINVAL;
+        h->ckf_buckets = cfg.ckf_buckets;
+        h->off_relay = off;
+        off += KVR_ALIGN_UP(sizeof(kvr_relay_sh_t), 4096);
+        h->off_filter = off;
+        off += KVR_ALIGN_UP(h->ckf_buckets * 8, 4096);
+        h->off_snap = off;
+        off += KVR_RELAY_SNAPSHOTS * KVR_ALIGN_UP(h->ckf_buckets * 8, 4096);
+        h->off_ring = off;
+        off += KVR_RELAY_RING_BYTES;
+    }
     off = KVR_ALIGN_UP(off, (uint64_t)KVR_HUGE_PAGE);
     h->off_arena = off;
     h->arena_bytes = h->npages << h->page_shift;

@@ -8,7 +8,8 @@
  * Layout (offsets in the header; every region 64-byte aligned, the arena 2 MiB aligned):
  *
  *   header | proc table | store shared state | entries | buckets | page map | scratch bitmap
- *          | pin tables | change log | arena pages
+ *          | pin tables | change log | relay state | filter | snapshot copies | frame ring
+ *          | arena pages
  *
  * Backing: memfd_create(MFD_HUGETLB | MFD_HUGE_2MB) first. It succeeds even with no huge
  * pages reserved, but mmap then fails with ENOMEM; that is the trigger to fall back to a
@@ -41,6 +42,7 @@ typedef struct {
     uint64_t log_capacity; /* change-log events, power of two */
     uint32_t pin_slots;    /* per-process pin table slots, power of two */
     int hugepages;         /* enum kvr_hugepage_mode */
+    uint64_t ckf_buckets;  /* relay filter buckets (power of two, 2..2^24); 0: no relay regions */
 } kvr_seg_config_t;
 
 /* Process slot states. */
@@ -105,7 +107,12 @@ typedef struct {
     uint64_t off_log;
     uint64_t off_arena;
     uint64_t arena_bytes;
-    uint64_t off_reserved_[8]; /* regions added by later layout versions */
+    uint64_t off_relay;   /* kvr_relay_sh_t */
+    uint64_t off_filter;  /* the publisher's Cuckoo filter: ckf_buckets words */
+    uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
+    uint64_t off_ring;    /* the delta frame ring */
+    uint64_t ckf_buckets;
+    uint64_t off_reserved_[3]; /* regions added by later layout versions */
     kvr_ctl_sh_t ctl;
     uint8_t pad_[4096 - 20 * 8 - 8 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;

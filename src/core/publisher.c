@@ -1,0 +1,441 @@
+/*
+ * publisher.c — the relay's single writer (spec/dynamo-relay.md §1.5-§1.7, §4.5).
+ *
+ * One process, forked and supervised like the workers. It:
+ *  1. drains the store's change log (insert/remove of a canonical hash, with the entry and
+ *     its generation so that events a crash repair appended twice count once), applies
+ *     owner counting (the first resident block of a hash inserts its fingerprint, the last
+ *     one to leave removes it) to its Cuckoo filter, which tracks dirty buckets;
+ *  2. at a publication boundary (--publication-threshold events, or --publication-delay
+ *     after the first pending one) drains the dirty set into one CBI1 delta N -> N+1 with
+ *     absolute images, encodes the whole gRPC FilterUpdate message once into the shared
+ *     frame ring, and bumps the published sequence;
+ *  3. admits new pool subscribers at a sequence N with an exact copy of the filter at N
+ *     (one of two snapshot copies, shared by subscribers admitted at the same N; when both
+ *     are in use, new subscribers wait, like the reference's encoding permits);
+ *  4. cuts subscribers whose unread frames exceed 16 frames or 16 MiB (SUBSCRIBER_LAGGED)
+ *     and wakes the workers that stream to live subscribers.
+ *
+ * A new publisher (start, or replacement after a crash) always begins a new generation:
+ * layout_generation + 1, filter rebuilt from a scan of the index, sequence 0, catalog
+ * revision + 1; subscribers of the old generation are closed (PUBLICATION_UNAVAILABLE).
+ * A change-log overflow does the same without a restart.
+ */
+#include "core/publisher.h"
+
+#include "core/ckf.h"
+#include "core/log.h"
+#include "core/owners.h"
+#include "core/store.h"
+#include "shm/changelog.h"
+#include "wire/cbi1.h"
+#include "wire/relay_validate.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#define LOG_BATCH 4096
+/* (4194368 - 48 - 12) / 12, §3.1 */
+#define KVR_CBI1_MAX_DELTA_IMAGES_ 349525u
+
+typedef struct {
+    const kvr_config_t *cfg;
+    kvr_seg_t *seg;
+    kvr_store_t store;
+    kvr_relay_t relay;
+    kvr_ckf_t ckf;
+    kvr_owners_t owners;
+    uint32_t *ann_gen;  /* per index entry: the generation whose insert was applied */
+    uint8_t *ann_live;  /* per index entry: 1 while that insert is in effect */
+    uint64_t *ann_canon;
+    kvr_ckf_image_t *images;
+    size_t images_cap;
+    uint8_t *msg;       /* encode buffer for one delta message */
+    size_t msg_cap;
+    uint64_t generation;
+    uint64_t seq;
+    uint64_t pending;
+    uint64_t first_pending_ns;
+    uint64_t max_blocks;
+} pub_t;
+
+static volatile sig_atomic_t pub_term;
+static void on_term(int sig)
+{
+    (void)sig;
+    pub_term = 1;
+}
+
+/* ------------------------------------------------------------------ events */
+
+static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon)
+{
+    if (e >= p->max_blocks)
+        return;
+    if (p->ann_live[e] && p->ann_gen[e] == gen)
+        return; /* a repair's duplicate */
+    if (p->ann_live[e]) /* never expected: the older incarnation's remove was lost */
+        kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]);
+    p->ann_live[e] = 1;
+    p->ann_gen[e] = gen;
+    p->ann_canon[e] = canon;
+    if (kvr_owners_add(&p->owners, &p->ckf, canon) == KVR_ENOSPACE)
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "publisher: filter full, a hash is not published (false negative)");
+}
+
+static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
+{
+    if (e >= p->max_blocks || !p->ann_live[e] || p->ann_gen[e] != gen)
+        return;
+    p->ann_live[e] = 0;
+    kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]);
+}
+
+static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
+{
+    apply_insert(ctx, e, gen, canon);
+}
+
+/* ------------------------------------------------------------------ subscribers */
+
+static void close_sub(pub_t *p, kvr_relay_sub_t *s, int reason)
+{
+    uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+    if (st != KVR_SUB_LIVE && st != KVR_SUB_REQUESTED)
+        return;
+    atomic_store(&s->close_reason, (uint32_t)reason);
+    if (st == KVR_SUB_LIVE && !atomic_load(&s->snap_done)) {
+        int k = atomic_load(&s->snap_index);
+        if (k >= 0 && p->relay.sh->snap[k].refs > 0)
+            p->relay.sh->snap[k].refs--;
+        atomic_store(&s->snap_done, 1);
+    }
+    atomic_store_explicit(&s->state, KVR_SUB_CLOSED, memory_order_release);
+    if (s->owner_slot >= 0 && s->owner_slot < KVR_MAX_PROCS)
+        kvr_relay_wake(p->relay.fds->worker[s->owner_slot]);
+}
+
+static int owner_alive(pub_t *p, const kvr_relay_sub_t *s)
+{
+    const kvr_proc_sh_t *pr;
+    if (s->owner_slot < 0 || s->owner_slot >= KVR_MAX_PROCS)
+        return 0;
+    pr = &p->seg->procs[s->owner_slot];
+    return atomic_load(&pr->state) == KVR_PROC_ACTIVE && atomic_load(&pr->pid) == s->owner_pid;
+}
+
+/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued (§1.7), or
+ * UINT64_MAX when the frame before its cursor is no longer indexed (far behind). */
+static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t top;
+    const kvr_relay_frame_t *b;
+
+    if (cursor > p->seq)
+        return 0;
+    top = sh->frame[p->seq % KVR_RELAY_FRAMES].queue_cum;
+    if (cursor <= 1)
+        return top;
+    b = &sh->frame[(cursor - 1) % KVR_RELAY_FRAMES];
+    if (atomic_load(&b->seq) != cursor - 1)
+        return UINT64_MAX;
+    return top - b->queue_cum;
+}
+
+static void check_lag(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &sh->sub[i];
+        uint64_t cursor, frames;
+        if (atomic_load_explicit(&s->state, memory_order_acquire) != KVR_SUB_LIVE)
+            continue;
+        cursor = atomic_load_explicit(&s->cursor, memory_order_acquire);
+        frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
+        if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
+            kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
+            close_sub(p, s, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
+        }
+    }
+}
+
+static void wake_live_workers(pub_t *p)
+{
+    uint64_t mask = 0;
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &sh->sub[i];
+        if (atomic_load(&s->state) == KVR_SUB_LIVE && s->owner_slot >= 0 && s->owner_slot < 64)
+            mask |= 1ull << s->owner_slot;
+    }
+    for (int w = 0; w < 64; w++)
+        if (mask & (1ull << w))
+            kvr_relay_wake(p->relay.fds->worker[w]);
+}
+
+/* ------------------------------------------------------------------ publication */
+
+/* Places len bytes at the ring head, never wrapping a frame; returns its cumulative offset. */
+static uint64_t ring_reserve(pub_t *p, size_t len)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t head = atomic_load(&sh->ring_head), pos = head % KVR_RELAY_RING_BYTES;
+
+    if (pos + len > KVR_RELAY_RING_BYTES)
+        head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
+    /* Everything below head + len - RING was overwritten: readers must see that first. */
+    if (head + len > KVR_RELAY_RING_BYTES)
+        atomic_store_explicit(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    atomic_store(&sh->ring_head, head + len);
+    return head;
+}
+
+static void publish(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, need;
+    kvr_cbi1_hdr_t hdr;
+    uint8_t *payload;
+    uint64_t off, seq;
+    kvr_relay_frame_t *f, *prev;
+
+    p->pending = 0;
+    if (dirty > p->images_cap) {
+        kvr_ckf_image_t *ni = realloc(p->images, dirty * sizeof(*ni));
+        if (ni == NULL) {
+            kvr_error("publisher: out of memory for %zu images", dirty);
+            return;
+        }
+        p->images = ni;
+        p->images_cap = dirty;
+    }
+    n = kvr_ckf_drain(&p->ckf, p->images);
+    if (n == 0)
+        return; /* net reversion: nothing changed since the last publication */
+    if (n > KVR_CBI1_MAX_DELTA_IMAGES_) {
+        /* The reference hub re-snapshots: close every subscriber; they resubscribe. */
+        kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);
+        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+            close_sub(p, &sh->sub[i], KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+        for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+            atomic_store(&sh->snap[k].valid, 0);
+        return;
+    }
+    seq = p->seq + 1;
+    need = kvr_cbi1_delta_size(n) + KVR_RELAY_ENVELOPE_MAX;
+    if (need > p->msg_cap) {
+        uint8_t *nm = realloc(p->msg, need);
+        if (nm == NULL)
+            return;
+        p->msg = nm;
+        p->msg_cap = need;
+    }
+    hdr.seed = sh->seed;
+    hdr.bucket_count = sh->bucket_count;
+    hdr.dc_id = sh->dc_id;
+    hdr.epoch = seq;
+    len = kvr_relay_filter_update(&p->relay, p->generation, p->seq, seq,
+                                  DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_DELTA,
+                                  kvr_cbi1_delta_size(n), p->msg, p->msg_cap, &payload);
+    if (len == 0 || kvr_cbi1_encode_delta(payload, kvr_cbi1_delta_size(n), &hdr, p->seq, p->images, n) == NULL) {
+        kvr_error("publisher: cannot encode delta %llu", (unsigned long long)seq);
+        return;
+    }
+    off = ring_reserve(p, len);
+    memcpy(p->relay.ring + off % KVR_RELAY_RING_BYTES, p->msg, len);
+    f = &sh->frame[seq % KVR_RELAY_FRAMES];
+    prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
+    atomic_store_explicit(&f->seq, 0, memory_order_release); /* the old occupant is gone */
+    f->cum_off = off;
+    f->len = (uint32_t)len;
+    f->queue_cum = (seq > 1 && atomic_load(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
+                   kvr_cbi1_delta_size(n) + KVR_RELAY_FRAME_OVERHEAD;
+    atomic_store_explicit(&f->seq, seq, memory_order_release);
+    p->seq = seq;
+    atomic_store_explicit(&sh->published_seq, seq, memory_order_release);
+    atomic_store(&sh->publish_ns, kvr_relay_mono_ns());
+    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + 0, 1);
+    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + 1, len);
+    check_lag(p);
+    wake_live_workers(p);
+}
+
+/* Admits waiting subscribers at the current sequence, sharing or taking snapshot copies. */
+static void admit_subscribers(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &sh->sub[i];
+        uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+        int k, use = -1;
+
+        if (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
+            if (!owner_alive(p, s)) { /* its worker died: the slot is ours to free */
+                close_sub(p, s, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+                atomic_store(&s->state, KVR_SUB_FREE);
+                continue;
+            }
+        }
+        if (st == KVR_SUB_LIVE && atomic_load_explicit(&s->snap_done, memory_order_acquire) == 1) {
+            k = atomic_load(&s->snap_index);
+            if (k >= 0 && sh->snap[k].refs > 0)
+                sh->snap[k].refs--;
+            atomic_store(&s->snap_done, 2); /* released */
+            continue;
+        }
+        if (st != KVR_SUB_REQUESTED)
+            continue;
+        if (s->generation != p->generation) {
+            close_sub(p, s, KVR_RELAY_REASON_PRODUCER_CHANGED);
+            continue;
+        }
+        if (p->pending > 0 || kvr_ckf_dirty_count(&p->ckf) > 0)
+            publish(p); /* the copy must be exact at a published sequence */
+        for (k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+            if (atomic_load(&sh->snap[k].valid) && atomic_load(&sh->snap[k].generation) == p->generation &&
+                atomic_load(&sh->snap[k].seq) == p->seq)
+                use = k;
+        for (k = 0; use < 0 && k < KVR_RELAY_SNAPSHOTS; k++)
+            if (sh->snap[k].refs == 0) {
+                atomic_store(&sh->snap[k].valid, 0);
+                memcpy(p->relay.snap[k], p->relay.filter, sh->bucket_count * 8);
+                atomic_store(&sh->snap[k].seq, p->seq);
+                atomic_store(&sh->snap[k].generation, p->generation);
+                atomic_store_explicit(&sh->snap[k].valid, 1, memory_order_release);
+                use = k;
+            }
+        if (use < 0)
+            continue; /* both copies are being streamed: wait for one */
+        sh->snap[use].refs++;
+        atomic_store(&s->snap_index, use);
+        atomic_store(&s->snap_seq, p->seq);
+        atomic_store(&s->cursor, p->seq + 1);
+        atomic_store(&s->snap_done, 0);
+        atomic_store_explicit(&s->state, KVR_SUB_LIVE, memory_order_release);
+        kvr_relay_wake(p->relay.fds->worker[s->owner_slot]);
+    }
+}
+
+/* ------------------------------------------------------------------ generations */
+
+static void new_generation(pub_t *p, const char *why)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    p->generation = atomic_load(&sh->generation) + 1;
+    /* Old-generation streams end; new subscribers must present the new producer. */
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        close_sub(p, &sh->sub[i], KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++) {
+        atomic_store(&sh->snap[k].valid, 0);
+        sh->snap[k].refs = 0;
+    }
+    atomic_store(&sh->published_seq, 0);
+    for (int f = 0; f < KVR_RELAY_FRAMES; f++)
+        atomic_store(&sh->frame[f].seq, 0);
+    atomic_store(&sh->ring_tail, atomic_load(&sh->ring_head));
+
+    kvr_ckf_clear(&p->ckf);
+    kvr_owners_destroy(&p->owners);
+    kvr_owners_init(&p->owners, p->max_blocks);
+    memset(p->ann_live, 0, p->max_blocks);
+    kvr_store_resync(&p->store, scan_cb, p);
+    kvr_ckf_dirty_reset(&p->ckf); /* a new generation starts from a snapshot at 0 */
+    p->seq = 0;
+    p->pending = 0;
+    atomic_store(&sh->generation, p->generation);
+    atomic_fetch_add(&sh->catalog_revision, 1);
+    atomic_store(&sh->publisher_pid, (uint32_t)getpid());
+    kvr_info("publisher: generation %llu (%s): %zu hashes in the filter", (unsigned long long)p->generation, why,
+             p->owners.n);
+}
+
+/* ------------------------------------------------------------------ main */
+
+void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)
+{
+    static pub_t pub;
+    pub_t *p = &pub;
+    kvr_log_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
+    struct sigaction sa;
+    sigset_t none;
+    uint64_t delay_ns = cfg->publication_delay_us * 1000;
+
+    kvr_log_set_role("publisher");
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+
+    p->cfg = cfg;
+    p->seg = seg;
+    if (ev == NULL || kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_PUBLISHER) < 0 ||
+        kvr_store_open(&p->store, seg) != KVR_OK)
+        _exit(70);
+    kvr_relay_attach(&p->relay, seg, cfg, fds);
+    p->max_blocks = seg->hdr->max_blocks;
+    p->ann_gen = calloc(p->max_blocks, sizeof(uint32_t));
+    p->ann_live = calloc(p->max_blocks, 1);
+    p->ann_canon = calloc(p->max_blocks, sizeof(uint64_t));
+    if (p->ann_gen == NULL || p->ann_live == NULL || p->ann_canon == NULL ||
+        kvr_ckf_init(&p->ckf, p->relay.filter, p->relay.sh->bucket_count, p->relay.sh->seed, 0, 1) != KVR_OK ||
+        kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK)
+        _exit(70);
+    new_generation(p, "start");
+    atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
+    atomic_store(&seg->hdr->ctl.publisher_running, 1);
+
+    while (!pub_term) {
+        struct pollfd pfd = {fds->publisher, POLLIN, 0};
+        uint64_t now = kvr_relay_mono_ns();
+        int timeout_ms = 100;
+        size_t n;
+
+        if (p->pending > 0) {
+            uint64_t due = p->first_pending_ns + delay_ns;
+            timeout_ms = due > now ? (int)((due - now + 999999) / 1000000) : 0;
+        }
+        if (poll(&pfd, 1, timeout_ms) > 0) {
+            uint64_t v;
+            (void)!read(fds->publisher, &v, sizeof(v));
+        }
+        if (atomic_load_explicit(&p->store.log->overflow, memory_order_acquire)) {
+            kvr_warn("publisher: change log overflowed; rebuilding from the index");
+            new_generation(p, "change-log overflow");
+        }
+        while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+            for (size_t i = 0; i < n; i++) {
+                if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
+                    apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
+                else
+                    apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
+            }
+            if (p->pending == 0)
+                p->first_pending_ns = kvr_relay_mono_ns();
+            p->pending += n;
+            if (p->pending >= cfg->publication_threshold)
+                publish(p);
+        }
+        if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + delay_ns)
+            publish(p);
+        admit_subscribers(p);
+    }
+    kvr_info("publisher: stopping");
+    exit(0);
+}

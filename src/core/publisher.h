@@ -1,0 +1,15 @@
+/*
+ * publisher.h — the relay publisher process (see publisher.c for the design).
+ */
+#ifndef KVR_CORE_PUBLISHER_H
+#define KVR_CORE_PUBLISHER_H
+
+#include "core/config.h"
+#include "core/relay.h"
+#include "shm/segment.h"
+
+/* Runs the publisher in process slot `slot`; never returns. */
+void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)
+    __attribute__((noreturn));
+
+#endif

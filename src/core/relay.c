@@ -1,0 +1,321 @@
+/* relay.c — see relay.h and shm/relay_sh.h. */
+#include "core/relay.h"
+
+#include "core/ckf.h"
+#include "core/log.h"
+#include "wire/cbi1.h"
+#include "wire/identity.h"
+#include "wire/relay_validate.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t kvr_relay_wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+uint64_t kvr_relay_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kvr_relay_bucket_count(const kvr_config_t *cfg, uint64_t max_blocks)
+{
+    uint64_t n = cfg->expected_unique_blocks ? cfg->expected_unique_blocks : max_blocks;
+    uint64_t b = kvr_ckf_bucket_count(n ? n : 1);
+    return b > (1u << 24) ? (1u << 24) : b;
+}
+
+static void bind_regions(kvr_relay_t *r, kvr_seg_t *seg)
+{
+    kvr_seg_hdr_t *h = seg->hdr;
+
+    r->seg = seg;
+    r->sh = kvr_seg_at(seg, h->off_relay);
+    r->filter = kvr_seg_at(seg, h->off_filter);
+    for (int i = 0; i < KVR_RELAY_SNAPSHOTS; i++)
+        r->snap[i] = kvr_seg_at(seg, h->off_snap + (uint64_t)i * KVR_ALIGN_UP(h->ckf_buckets * 8, 4096));
+    r->ring = kvr_seg_at(seg, h->off_ring);
+}
+
+/* "ns/component/endpoint" -> its three parts. */
+static int split_endpoint(const char *s, kvr_bytes_t parts[3])
+{
+    const char *p = s;
+    for (int i = 0; i < 3; i++) {
+        const char *slash = i < 2 ? strchr(p, '/') : p + strlen(p);
+        if (slash == NULL || slash == p)
+            return KVR_EINVAL;
+        parts[i].ptr = p;
+        parts[i].len = (size_t)(slash - p);
+        p = slash + 1;
+    }
+    return KVR_OK;
+}
+
+int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
+{
+    kvr_relay_sh_t *sh;
+    kvr_bytes_t model, parts[3], dc;
+    uint64_t inc = 0;
+
+    bind_regions(r, seg);
+    r->cfg = cfg;
+    sh = r->sh;
+    memset(sh, 0, sizeof(*sh));
+    if (getrandom(&inc, sizeof(inc), 0) != sizeof(inc))
+        inc = kvr_relay_mono_ns() ^ ((uint64_t)getpid() << 32);
+    inc &= 0x7FFFFFFFFFFFFFFFull;
+    sh->incarnation = inc ? inc : 1;
+    sh->seed = KVR_RELAY_SEED;
+    sh->bucket_count = seg->hdr->ckf_buckets;
+    model.ptr = cfg->model;
+    model.len = strlen(cfg->model);
+    kvr_identity_cache_default(&model, 1, (uint32_t)cfg->kv_block_size,
+                               !strcmp(cfg->hash_format, "eagle") ? 2 : 1, sh->cache_digest);
+    if (split_endpoint(cfg->endpoint, parts) != KVR_OK) {
+        kvr_error("relay: --endpoint must be namespace/component/endpoint, got '%s'", cfg->endpoint);
+        return KVR_EINVAL;
+    }
+    kvr_identity_routing_default(parts[0], parts[1], parts[2], sh->routing_digest);
+    dc.ptr = cfg->dc_id;
+    dc.len = strlen(cfg->dc_id);
+    sh->dc_id = kvr_identity_dc_id(dc);
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        atomic_store(&sh->sub[i].state, KVR_SUB_FREE);
+    memset(r->filter, 0, sh->bucket_count * 8);
+    kvr_info("relay: pool of %llu buckets, incarnation %016llx, dc_id %016llx",
+             (unsigned long long)sh->bucket_count, (unsigned long long)sh->incarnation,
+             (unsigned long long)sh->dc_id);
+    return KVR_OK;
+}
+
+void kvr_relay_attach(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg, const kvr_relay_fds_t *fds)
+{
+    bind_regions(r, seg);
+    r->cfg = cfg;
+    r->fds = fds;
+}
+
+void kvr_relay_wake(int fd)
+{
+    uint64_t one = 1;
+    if (fd >= 0)
+        (void)!write(fd, &one, sizeof(one));
+}
+
+/* ------------------------------------------------------------------ admission */
+
+int kvr_relay_admit(kvr_relay_t *r, int type, int slot, uint32_t limit)
+{
+    _Atomic uint32_t *a = &r->sh->active[type];
+    uint32_t cur = atomic_load(a);
+
+    do {
+        if (cur >= limit)
+            return 0;
+    } while (!atomic_compare_exchange_weak(a, &cur, cur + 1));
+    atomic_fetch_add(&r->sh->per_proc[slot][type], 1);
+    return 1;
+}
+
+void kvr_relay_release(kvr_relay_t *r, int type, int slot)
+{
+    atomic_fetch_sub(&r->sh->per_proc[slot][type], 1);
+    atomic_fetch_sub(&r->sh->active[type], 1);
+}
+
+void kvr_relay_release_all(kvr_relay_t *r, int slot)
+{
+    for (int t = 0; t < KVR_STREAM_TYPES; t++) {
+        uint32_t n = atomic_exchange(&r->sh->per_proc[slot][t], 0);
+        if (n)
+            atomic_fetch_sub(&r->sh->active[t], n);
+    }
+}
+
+/* ------------------------------------------------------------------ subscribers */
+
+int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
+{
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &r->sh->sub[i];
+        uint32_t expect = KVR_SUB_FREE;
+        if (!atomic_compare_exchange_strong(&s->state, &expect, KVR_SUB_CLAIMED))
+            continue;
+        s->owner_slot = owner_slot;
+        s->owner_pid = (int32_t)getpid();
+        s->generation = generation;
+        atomic_store(&s->close_reason, 0);
+        atomic_store(&s->snap_seq, 0);
+        atomic_store(&s->snap_index, -1);
+        atomic_store(&s->snap_done, 0);
+        atomic_store(&s->cursor, 0);
+        atomic_store_explicit(&s->state, KVR_SUB_REQUESTED, memory_order_release);
+        if (r->fds != NULL)
+            kvr_relay_wake(r->fds->publisher);
+        return i;
+    }
+    return -1;
+}
+
+void kvr_relay_sub_close(kvr_relay_t *r, int idx)
+{
+    kvr_relay_sub_t *s = &r->sh->sub[idx];
+
+    /* An admitted subscriber that never finished its snapshot still holds a copy: the
+     * publisher releases it when it sees the slot CLOSED with snap_done unset. Mark done
+     * so the release happens exactly once, then free the slot. */
+    atomic_store_explicit(&s->snap_done, 1, memory_order_release);
+    atomic_store_explicit(&s->state, KVR_SUB_FREE, memory_order_release);
+    if (r->fds != NULL)
+        kvr_relay_wake(r->fds->publisher);
+}
+
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap)
+{
+    kvr_relay_sh_t *sh = r->sh;
+    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES];
+    uint64_t off, len, pos;
+
+    if (atomic_load_explicit(&sh->published_seq, memory_order_acquire) < seq)
+        return 0;
+    if (atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
+        return -1;
+    off = f->cum_off;
+    len = f->len;
+    if (len > cap)
+        return -1;
+    pos = off % KVR_RELAY_RING_BYTES;
+    if (pos + len > KVR_RELAY_RING_BYTES)
+        return -1; /* frames never wrap (the publisher skips the tail); a torn index entry */
+    memcpy(dst, r->ring + pos, len);
+    /* The bytes are good only if nothing overwrote them while we copied. */
+    if (atomic_load_explicit(&sh->ring_tail, memory_order_acquire) > off ||
+        atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
+        return -1;
+    return (ssize_t)len;
+}
+
+/* ------------------------------------------------------------------ messages */
+
+void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_t *id)
+{
+    const kvr_relay_sh_t *sh = r->sh;
+
+    dynamo__kvrelay__v1__digest_identity__init(&id->cache);
+    id->cache.digest.data = (uint8_t *)sh->cache_digest;
+    id->cache.digest.len = 16;
+    id->cache.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
+    dynamo__kvrelay__v1__digest_identity__init(&id->routing);
+    id->routing.digest.data = (uint8_t *)sh->routing_digest;
+    id->routing.digest.len = 16;
+    id->routing.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
+    dynamo__kvrelay__v1__indexer_domain_id__init(&id->domain);
+    id->domain.cache_semantics = &id->cache;
+    id->domain.routing_scope = &id->routing;
+    dynamo__kvrelay__v1__kv_pool_id__init(&id->pool);
+    id->pool.identity_version = KVR_RELAY_POOL_IDENTITY_VERSION;
+    id->pool.indexer_domain = &id->domain;
+    id->pool.dc_id = sh->dc_id;
+    dynamo__kvrelay__v1__ckf_format__init(&id->format);
+    id->format.format_version = 1;
+    id->format.seed = sh->seed;
+    id->format.bucket_count = sh->bucket_count;
+    id->format.fingerprint_bits = 16;
+    id->format.slots_per_bucket = 4;
+    dynamo__kvrelay__v1__producer_identity__init(&id->producer);
+    id->producer.pool_id = &id->pool;
+    id->producer.producer_incarnation = sh->incarnation;
+    id->producer.layout_generation = generation;
+    id->producer.ckf_format = &id->format;
+    dynamo__kvrelay__v1__relay_identity__init(&id->relay);
+    id->relay.drt_instance_id = 0;
+    id->relay.relay_incarnation = sh->incarnation;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64_t base_seq, uint64_t seq, int kind,
+                               size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload)
+{
+    Dynamo__Kvrelay__V1__FilterUpdate fu = DYNAMO__KVRELAY__V1__FILTER_UPDATE__INIT;
+    kvr_relay_ident_t id;
+    size_t env, total;
+    uint8_t *p;
+
+    kvr_relay_ident(r, generation, &id);
+    fu.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    fu.relay = &id.relay;
+    fu.producer = &id.producer;
+    fu.base_sequence = base_seq;
+    fu.sequence = seq;
+    fu.send_ts_us = kvr_relay_wall_us();
+    fu.kind = (Dynamo__Kvrelay__V1__FilterUpdateKind)kind;
+    fu.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    env = dynamo__kvrelay__v1__filter_update__get_packed_size(&fu);
+    /* Field 8 (payload) follows the packed envelope; decoders accept fields in any order. */
+    total = env + (payload_len > 0 ? 1 + varint_len(payload_len) + payload_len : 0);
+    if (KVR_GRPC_PREFIX + total > cap || total > UINT32_MAX)
+        return 0;
+    dst[0] = 0;
+    kvr_put_be32(dst + 1, (uint32_t)total);
+    p = dst + KVR_GRPC_PREFIX;
+    p += dynamo__kvrelay__v1__filter_update__pack(&fu, p);
+    if (payload_len > 0) {
+        *p++ = (8 << 3) | 2;
+        p = put_varint(p, payload_len);
+    }
+    *payload = p;
+    return KVR_GRPC_PREFIX + total;
+}
+
+size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r)
+{
+    return kvr_cbi1_chunk_size(r->sh->bucket_count, 0) + KVR_RELAY_ENVELOPE_MAX;
+}
+
+size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation, uint64_t seq, uint32_t chunk,
+                                uint8_t *dst, size_t cap)
+{
+    const kvr_relay_sh_t *sh = r->sh;
+    size_t plen = kvr_cbi1_chunk_size(sh->bucket_count, chunk), len;
+    kvr_cbi1_hdr_t hdr = {sh->seed, sh->bucket_count, sh->dc_id, seq};
+    uint8_t *payload;
+
+    if (plen == 0 || k < 0 || k >= KVR_RELAY_SNAPSHOTS)
+        return 0;
+    len = kvr_relay_filter_update(r, generation, seq, seq, DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_SNAPSHOT_CHUNK,
+                                  plen, dst, cap, &payload);
+    if (len == 0 || kvr_cbi1_encode_chunk(payload, plen, &hdr, r->snap[k], chunk) == NULL)
+        return 0;
+    return len;
+}

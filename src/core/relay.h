@@ -1,0 +1,110 @@
+/*
+ * relay.h — the process-local side of the relay's shared state (shm/relay_sh.h): attach,
+ * admission counting, subscriber slots, reading published frames, and building the
+ * dynamo.kvrelay.v1 messages every process needs (FilterUpdate, ProducerIdentity).
+ *
+ * The publisher (core/publisher.c) is the only writer of the filter, the frame ring and
+ * the snapshot copies; workers only claim and read.
+ */
+#ifndef KVR_CORE_RELAY_H
+#define KVR_CORE_RELAY_H
+
+#include "common.h"
+#include "core/config.h"
+#include "shm/relay_sh.h"
+#include "shm/segment.h"
+#include "wire/relay.pb-c.h"
+
+#define KVR_RELAY_SEED 0x5DEECE66D1B54A33ull
+#define KVR_GRPC_PREFIX 5 /* compressed flag + u32 BE length */
+
+/* Wake-up eventfds, created by the supervisor before any fork. */
+typedef struct {
+    int publisher;
+    int worker[KVR_MAX_PROCS]; /* by process slot; -1 where none */
+} kvr_relay_fds_t;
+
+typedef struct {
+    kvr_seg_t *seg;
+    kvr_relay_sh_t *sh;
+    uint64_t *filter;                      /* the publisher's working filter */
+    uint64_t *snap[KVR_RELAY_SNAPSHOTS];   /* snapshot copies */
+    uint8_t *ring;                         /* KVR_RELAY_RING_BYTES */
+    const kvr_relay_fds_t *fds;
+    const kvr_config_t *cfg;
+} kvr_relay_t;
+
+/* Bucket count for a segment sized by cfg (§4.3 sizing of expected_unique_blocks or the
+ * index capacity). */
+uint64_t kvr_relay_bucket_count(const kvr_config_t *cfg, uint64_t max_blocks);
+
+/* Supervisor: fills the identity (fresh incarnation, digests, DcId) of a new segment. */
+int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg);
+
+/* Any process: binds the handle. */
+void kvr_relay_attach(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg, const kvr_relay_fds_t *fds);
+
+/* Signals an eventfd (no-op on -1). */
+void kvr_relay_wake(int fd);
+
+/* ---- admission (§2.8) */
+
+/* Takes a stream permit of `type` for process slot `slot`. 1 if admitted, 0 at the limit. */
+int kvr_relay_admit(kvr_relay_t *r, int type, int slot, uint32_t limit);
+void kvr_relay_release(kvr_relay_t *r, int type, int slot);
+/* Supervisor: gives back every permit a dead process held. */
+void kvr_relay_release_all(kvr_relay_t *r, int slot);
+
+/* ---- pool subscribers */
+
+/* Claims a subscriber slot for generation and asks the publisher to admit it. Returns the
+ * slot index or -1 when none is free. */
+int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation);
+/* Gives the slot back (the worker, when its stream ends). */
+void kvr_relay_sub_close(kvr_relay_t *r, int idx);
+
+/*
+ * Copies published delta `seq` (a complete gRPC message) into dst. Returns its length,
+ * 0 when seq is not published yet, or -1 when it is gone (overwritten: the subscriber
+ * lagged) or does not fit.
+ */
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap);
+
+/* ---- messages */
+
+/* Fills pid/producer structs (caller-owned storage) for the current identity. */
+typedef struct {
+    Dynamo__Kvrelay__V1__DigestIdentity cache, routing;
+    Dynamo__Kvrelay__V1__IndexerDomainId domain;
+    Dynamo__Kvrelay__V1__KvPoolId pool;
+    Dynamo__Kvrelay__V1__CkfFormat format;
+    Dynamo__Kvrelay__V1__ProducerIdentity producer;
+    Dynamo__Kvrelay__V1__RelayIdentity relay;
+} kvr_relay_ident_t;
+void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_t *id);
+
+/*
+ * Writes a gRPC-framed FilterUpdate into dst: the envelope (fields 1-7 and 127) and then
+ * field 8 with payload_len bytes, whose start is returned in *payload for the caller to
+ * fill (CBI1). Returns the total message length, or 0 if cap is too small.
+ */
+size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64_t base_seq, uint64_t seq, int kind,
+                               size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload);
+
+/*
+ * Writes snapshot chunk `chunk` of snapshot copy k (exact at sequence seq of generation)
+ * as a gRPC-framed FilterUpdate into dst. Returns its length, or 0 on error.
+ */
+size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation, uint64_t seq, uint32_t chunk,
+                                uint8_t *dst, size_t cap);
+
+/* Size of the largest snapshot chunk message for this filter. */
+size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r);
+
+/* Upper bound of the envelope kvr_relay_filter_update adds around a payload. */
+#define KVR_RELAY_ENVELOPE_MAX 512
+
+uint64_t kvr_relay_wall_us(void);
+uint64_t kvr_relay_mono_ns(void);
+
+#endif
