@@ -1,0 +1,274 @@
+/*
+ * The publisher process against real subscribers, without gRPC: this process plays the
+ * workers (PUT/DELETE through the store, subscriber slots read like a stream would) and
+ * the consumer (every frame goes through the CBI1 mirror with its sequencing checks).
+ */
+#include "core/config.h"
+#include "core/log.h"
+#include "core/publisher.h"
+#include "core/relay.h"
+#include "core/store.h"
+#include "wire/cbi1.h"
+#include "wire/mirror.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    kvr_config_t cfg;
+    kvr_seg_t seg;
+    kvr_store_t st;
+    kvr_relay_t relay;
+    kvr_relay_fds_t fds;
+    pid_t pub;
+    uint8_t *buf;
+    size_t cap;
+} rx_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void start_publisher(rx_t *x)
+{
+    x->pub = fork();
+    cr_assert_geq(x->pub, 0);
+    if (x->pub == 0)
+        kvr_publisher_main(&x->cfg, &x->seg, 2, &x->fds);
+}
+
+static uint64_t wait_generation(rx_t *x, uint64_t above)
+{
+    double end = now_s() + 10;
+    uint64_t g;
+    while ((g = atomic_load(&x->relay.sh->generation)) <= above && now_s() < end)
+        usleep(1000);
+    cr_assert_gt(g, above, "publisher did not start a new generation");
+    return g;
+}
+
+static void rx_open(rx_t *x)
+{
+    char *argv[] = {"t", NULL};
+    kvr_seg_config_t sc = {.memory = 8 << 20, .page_size = 4096, .max_blocks = 512, .hugepages = KVR_HUGEPAGES_OFF};
+
+    kvr_log_level = KVR_LOG_ERROR;
+    cr_assert_eq(kvr_config_load(&x->cfg, 1, argv, stderr), KVR_OK);
+    sc.ckf_buckets = kvr_relay_bucket_count(&x->cfg, 512);
+    cr_assert_eq(kvr_seg_create(&x->seg, &sc), KVR_OK);
+    cr_assert_eq(kvr_store_format(&x->seg, 0), KVR_OK);
+    cr_assert_eq(kvr_seg_proc_claim_at(&x->seg, 0, 0), 0);
+    cr_assert_eq(kvr_store_open(&x->st, &x->seg), KVR_OK);
+    cr_assert_eq(kvr_relay_format(&x->relay, &x->seg, &x->cfg), KVR_OK);
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        x->fds.worker[i] = -1;
+    x->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    x->fds.worker[0] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    kvr_relay_attach(&x->relay, &x->seg, &x->cfg, &x->fds);
+    x->st.notify_fd = x->fds.publisher;
+    x->cap = kvr_relay_chunk_msg_max(&x->relay) + (5u << 20);
+    x->buf = malloc(x->cap);
+    start_publisher(x);
+    wait_generation(x, 0);
+}
+
+static void rx_close(rx_t *x)
+{
+    int status;
+    kill(x->pub, SIGKILL);
+    waitpid(x->pub, &status, 0);
+    kvr_seg_destroy(&x->seg);
+    free(x->buf);
+}
+
+/* Unpacks a gRPC-framed FilterUpdate and feeds it to the mirror. */
+static int feed(kvr_mirror_t *m, const uint8_t *msg, size_t len)
+{
+    Dynamo__Kvrelay__V1__FilterUpdate *fu;
+    kvr_mirror_update_t u;
+    int rc;
+
+    cr_assert_geq(len, 5);
+    cr_assert_eq(kvr_be32(msg + 1), len - 5);
+    fu = dynamo__kvrelay__v1__filter_update__unpack(NULL, len - 5, msg + 5);
+    cr_assert_not_null(fu);
+    cr_assert_eq(fu->contract_marker, 0x4B565231u);
+    cr_assert_eq(fu->protocol_version, 1);
+    u.seed = fu->producer->ckf_format->seed;
+    u.bucket_count = fu->producer->ckf_format->bucket_count;
+    u.dc_id = fu->producer->pool_id->dc_id;
+    u.base_sequence = fu->base_sequence;
+    u.sequence = fu->sequence;
+    u.kind = fu->kind;
+    u.payload = fu->payload.data;
+    u.payload_len = fu->payload.len;
+    rc = kvr_mirror_apply(m, &u);
+    dynamo__kvrelay__v1__filter_update__free_unpacked(fu, NULL);
+    return rc;
+}
+
+/* Waits until the subscriber is admitted or closed; returns its state. */
+static uint32_t wait_admitted(rx_t *x, int sub)
+{
+    double end = now_s() + 10;
+    uint32_t st;
+    while ((st = atomic_load(&x->relay.sh->sub[sub].state)) == KVR_SUB_REQUESTED && now_s() < end)
+        usleep(500);
+    return st;
+}
+
+static void read_snapshot(rx_t *x, int sub, kvr_mirror_t *m, uint64_t gen)
+{
+    kvr_relay_sub_t *s = &x->relay.sh->sub[sub];
+    uint32_t chunks = kvr_cbi1_chunk_count(x->relay.sh->bucket_count);
+
+    for (uint32_t c = 0; c < chunks; c++) {
+        size_t len = kvr_relay_snapshot_chunk(&x->relay, atomic_load(&s->snap_index), gen, atomic_load(&s->snap_seq), c,
+                                              x->buf, x->cap);
+        cr_assert_gt(len, 0);
+        cr_assert_eq(feed(m, x->buf, len), KVR_MIRROR_OK);
+    }
+    atomic_store(&s->snap_done, 1);
+    kvr_relay_wake(x->fds.publisher);
+}
+
+/* Reads every published frame after the cursor; returns -1 if one is gone (lagged). */
+static int drain_frames(rx_t *x, int sub, kvr_mirror_t *m)
+{
+    kvr_relay_sub_t *s = &x->relay.sh->sub[sub];
+    for (;;) {
+        uint64_t c = atomic_load(&s->cursor);
+        ssize_t n = kvr_relay_read_frame(&x->relay, c, x->buf, x->cap);
+        if (n == 0)
+            return 0;
+        if (n < 0)
+            return -1;
+        cr_assert_eq(feed(m, x->buf, (size_t)n), KVR_MIRROR_OK, "frame %llu", (unsigned long long)c);
+        atomic_store(&s->cursor, c + 1);
+    }
+}
+
+/* Waits until the publisher has consumed the log and published everything. */
+static void quiesce(rx_t *x)
+{
+    double end = now_s() + 10;
+    uint64_t last = ~0ull;
+    while (now_s() < end) {
+        uint64_t h = atomic_load(&x->st.log->head), t = atomic_load(&x->st.log->tail);
+        uint64_t seq = atomic_load(&x->relay.sh->published_seq);
+        if (h == t && seq == last)
+            return;
+        last = seq;
+        usleep(20000);
+    }
+    cr_assert_fail("publisher did not quiesce");
+}
+
+static void put_n(rx_t *x, int from, int to, uint64_t salt)
+{
+    char key[32];
+    for (int i = from; i < to; i++) {
+        snprintf(key, sizeof(key), "blk-%d", i);
+        cr_assert_geq(kvr_store_put(&x->st, key, strlen(key), "x", 1, (uint64_t)i * 0x9E3779B97F4A7C15ull + salt), 0);
+    }
+}
+
+static void assert_replica_exact(rx_t *x, kvr_mirror_t *m)
+{
+    /* every resident block's canonical hash is in the replica ... */
+    for (uint64_t e = 0; e < x->seg.hdr->max_blocks; e++)
+        if (x->st.ix.ent[e].state == KVR_ENT_LIVE)
+            cr_assert(kvr_mirror_contains(m, x->st.ix.ent[e].canon), "entry %llu missing", (unsigned long long)e);
+    /* ... and the replica equals the publisher's filter bucket for bucket */
+    cr_assert_eq(memcmp(m->buckets, x->relay.filter, x->relay.sh->bucket_count * 8), 0, "replica differs");
+}
+
+Test(relay, subscriber_converges_and_laggard_is_cut, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, lazy;
+    uint64_t gen;
+
+    rx_open(&x);
+    gen = atomic_load(&x.relay.sh->generation);
+    put_n(&x, 0, 50, 0);
+    quiesce(&x);
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    sub = kvr_relay_sub_open(&x.relay, 0, gen);
+    cr_assert_geq(sub, 0);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    read_snapshot(&x, sub, &m, gen);
+    lazy = kvr_relay_sub_open(&x.relay, 0, gen);
+    cr_assert_eq(wait_admitted(&x, lazy), KVR_SUB_LIVE);
+    /* traffic: inserts, dedups, deletes, with the reader keeping up */
+    for (int round = 0; round < 40; round++) {
+        char key[32];
+        put_n(&x, 50 + round * 5, 55 + round * 5, 0);
+        snprintf(key, sizeof(key), "blk-%d", round);
+        kvr_store_release(&x.st, key, strlen(key), NULL);
+        usleep(3000);
+        cr_assert_eq(drain_frames(&x, sub, &m), 0);
+    }
+    quiesce(&x);
+    cr_assert_eq(drain_frames(&x, sub, &m), 0);
+    cr_assert_gt(atomic_load(&x.relay.sh->published_seq), 16, "too few deltas to lag anyone");
+    assert_replica_exact(&x, &m);
+    /* the subscriber that never read was cut for lag; the reader was not */
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[lazy].state), KVR_SUB_CLOSED);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[lazy].close_reason), 7 /* SUBSCRIBER_LAGGED */);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].state), KVR_SUB_LIVE);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
+
+Test(relay, publisher_crash_starts_a_new_generation, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, stale, fresh, status;
+    uint64_t g1, g2, rev;
+
+    rx_open(&x);
+    g1 = atomic_load(&x.relay.sh->generation);
+    rev = atomic_load(&x.relay.sh->catalog_revision);
+    put_n(&x, 0, 100, 7);
+    quiesce(&x);
+    sub = kvr_relay_sub_open(&x.relay, 0, g1);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    kill(x.pub, SIGKILL);
+    waitpid(x.pub, &status, 0);
+    cr_assert_eq(kvr_store_reap_slot(&x.st, 2), KVR_OK);
+    put_n(&x, 100, 120, 7); /* while no publisher runs */
+    start_publisher(&x);
+    g2 = wait_generation(&x, g1);
+    cr_assert_gt(atomic_load(&x.relay.sh->catalog_revision), rev, "the catalog revision moves");
+    /* the old generation's stream is ended */
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].state), KVR_SUB_CLOSED);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].close_reason), 9 /* PUBLICATION_UNAVAILABLE */);
+    kvr_relay_sub_close(&x.relay, sub);
+    /* a subscription to the old producer is refused; the new one converges */
+    stale = kvr_relay_sub_open(&x.relay, 0, g1);
+    cr_assert_eq(wait_admitted(&x, stale), KVR_SUB_CLOSED);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[stale].close_reason), 5 /* PRODUCER_CHANGED */);
+    kvr_relay_sub_close(&x.relay, stale);
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    fresh = kvr_relay_sub_open(&x.relay, 0, g2);
+    cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
+    read_snapshot(&x, fresh, &m, g2);
+    put_n(&x, 120, 130, 7);
+    quiesce(&x);
+    cr_assert_eq(drain_frames(&x, fresh, &m), 0);
+    assert_replica_exact(&x, &m);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
