@@ -20,6 +20,8 @@
 #include "core/supervisor.h"
 
 #include "core/log.h"
+#include "core/publisher.h"
+#include "core/relay.h"
 #include "core/store.h"
 #include "core/worker.h"
 #include "io/listen.h"
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +59,8 @@ typedef struct {
     const kvr_config_t *cfg;
     kvr_seg_t seg;
     kvr_store_t store;
+    kvr_relay_t relay;
+    kvr_relay_fds_t fds;
     child_t ch[MAX_CHILDREN];
     int nch;
     int draining;
@@ -84,12 +89,17 @@ static int spawn(sup_t *s, child_t *c)
             if (&s->ch[i] != c && s->ch[i].listen_fd >= 0)
                 close(s->ch[i].listen_fd);
         sigprocmask(SIG_SETMASK, &s->oldmask, NULL);
-        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd);
+        if (c->role == KVR_ROLE_PUBLISHER)
+            kvr_publisher_main(s->cfg, &s->seg, c->slot, &s->fds);
+        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd, &s->fds);
     }
     c->pid = pid;
     c->state = CH_RUNNING;
     c->started_ms = now_ms();
-    kvr_info("worker %d started (pid %d, slot %d)", c->index, (int)pid, c->slot);
+    if (c->role == KVR_ROLE_PUBLISHER)
+        kvr_info("publisher started (pid %d, slot %d)", (int)pid, c->slot);
+    else
+        kvr_info("worker %d started (pid %d, slot %d)", c->index, (int)pid, c->slot);
     return KVR_OK;
 }
 
@@ -111,15 +121,21 @@ static void reap_children(sup_t *s)
         uint64_t t = now_ms(), delay;
         if (c == NULL)
             continue;
-        if (atomic_exchange(&s->seg.procs[c->slot].ready, 0))
-            atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+        if (atomic_exchange(&s->seg.procs[c->slot].ready, 0)) {
+            if (c->role == KVR_ROLE_PUBLISHER)
+                atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
+            else
+                atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+        }
         kvr_store_reap_slot(&s->store, c->slot);
+        if (s->seg.hdr->ckf_buckets)
+            kvr_relay_release_all(&s->relay, c->slot);
         if (WIFSIGNALED(status))
-            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "worker %d (pid %d) killed by signal %d", c->index,
-                    (int)pid, WTERMSIG(status));
+            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "%s %d (pid %d) killed by signal %d",
+                    c->role == KVR_ROLE_PUBLISHER ? "publisher" : "worker", c->index, (int)pid, WTERMSIG(status));
         else
-            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "worker %d (pid %d) exited with status %d", c->index,
-                    (int)pid, WEXITSTATUS(status));
+            kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "%s %d (pid %d) exited with status %d",
+                    c->role == KVR_ROLE_PUBLISHER ? "publisher" : "worker", c->index, (int)pid, WEXITSTATUS(status));
         c->state = CH_WAITING;
         c->pid = 0;
         if (s->draining) {
@@ -132,7 +148,8 @@ static void reap_children(sup_t *s)
         if (delay > BACKOFF_MAX_MS)
             delay = BACKOFF_MAX_MS;
         c->respawn_at = t + delay;
-        atomic_fetch_add(&s->seg.hdr->ctl.worker_restarts, 1);
+        atomic_fetch_add(c->role == KVR_ROLE_PUBLISHER ? &s->seg.hdr->ctl.publisher_restarts
+                                                        : &s->seg.hdr->ctl.worker_restarts, 1);
         if (delay > 0)
             kvr_warn("worker %d keeps dying young: respawn in %llu ms", c->index, (unsigned long long)delay);
     }
@@ -145,7 +162,7 @@ static void start_drain(sup_t *s)
     s->draining = 1;
     s->drain_deadline = now_ms() + s->cfg->shutdown_grace_ms + 1000;
     atomic_store(&s->seg.hdr->ctl.draining, 1);
-    kvr_info("draining: stopping %d workers (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
+    kvr_info("draining: stopping %d processes (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
     for (int i = 0; i < s->nch; i++) {
         child_t *c = &s->ch[i];
         if (c->listen_fd >= 0) {
@@ -207,10 +224,28 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     sc.hugepages = !strcmp(cfg->hugepages, "off") ? KVR_HUGEPAGES_OFF
                  : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
                                                       : KVR_HUGEPAGES_AUTO;
+    {
+        kvr_seg_hdr_t probe;
+        kvr_seg_config_t c0 = sc;
+        if (kvr_seg_layout(&c0, &probe) != KVR_OK) {
+            kvr_error("invalid sizing: --memory %llu, --page-size %llu, --max-blocks %llu",
+                      (unsigned long long)cfg->memory, (unsigned long long)cfg->page_size,
+                      (unsigned long long)cfg->max_blocks);
+            return 1;
+        }
+        sc.ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
+    }
     if (kvr_seg_create(&s->seg, &sc) != KVR_OK || kvr_store_format(&s->seg, cfg->no_evict) != KVR_OK)
         return 1;
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
         return 1;
+    if (kvr_relay_format(&s->relay, &s->seg, cfg) != KVR_OK)
+        return 1;
+    /* Wake-up eventfds for every process slot, made before any fork. */
+    s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        s->fds.worker[i] = -1;
+    kvr_relay_attach(&s->relay, &s->seg, cfg, &s->fds);
 
     /* One SO_REUSEPORT listener per worker; the first fixes an ephemeral port for the rest. */
     for (int i = 0; i < nworkers; i++) {
@@ -222,7 +257,16 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         c->listen_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
         if (c->listen_fd < 0)
             return 1;
+        s->fds.worker[c->slot] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     }
+    {
+        child_t *c = &s->ch[s->nch++];
+        memset(c, 0, sizeof(*c));
+        c->role = KVR_ROLE_PUBLISHER;
+        c->slot = 1 + nworkers;
+        c->listen_fd = -1;
+    }
+    s->store.notify_fd = s->fds.publisher;
     kvr_listen_name(s->ch[0].listen_fd, http_name, sizeof(http_name));
     kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
              nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
@@ -232,6 +276,7 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         return 1;
 
     atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
+    atomic_store(&s->seg.hdr->ctl.publisher_expected, 1);
     {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -273,7 +318,7 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
             if (t >= s->drain_deadline) {
                 for (int i = 0; i < s->nch; i++)
                     if (s->ch[i].state == CH_RUNNING) {
-                        kvr_warn("worker %d (pid %d) did not drain in time: killing it", s->ch[i].index,
+                        kvr_warn("child in slot %d (pid %d) did not stop in time: killing it", s->ch[i].slot,
                                  (int)s->ch[i].pid);
                         kill(s->ch[i].pid, SIGKILL);
                     }

@@ -27,7 +27,8 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd)
+void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
+                     const kvr_relay_fds_t *fds)
 {
     char role[32];
     kvr_store_t store;
@@ -51,6 +52,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
 
     if (kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_WORKER) < 0 || kvr_store_open(&store, seg) != KVR_OK)
         _exit(70);
+    store.notify_fd = fds->publisher;
     http = kvr_http_create(cfg, seg, &store, listen_fd);
     if (http == NULL)
         _exit(70);

@@ -7,10 +7,11 @@
 #define KVR_CORE_WORKER_H
 
 #include "core/config.h"
+#include "core/relay.h"
 #include "shm/segment.h"
 
 /* Runs worker `index` in process slot `slot` on listen_fd; never returns. */
-void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd)
-    __attribute__((noreturn));
+void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
+                     const kvr_relay_fds_t *fds) __attribute__((noreturn));
 
 #endif
