@@ -509,14 +509,20 @@ class Server:
             return []
         return sorted(set(kids))
 
+    def publisher_pids(self):
+        """Pids the log names as the publisher ("publisher[pid]" / "publisher started (pid N")."""
+        text = self.log_text()
+        pids = {int(p) for p in re.findall(r"\bpublisher\[(\d+)\]", text)}
+        pids |= {int(p) for p in re.findall(r"\bpublisher\b[^\n]*?\bpid (\d+)", text)}
+        return pids
+
     def worker_pids(self):
         """Direct children of the supervisor, minus the publisher."""
-        out = []
-        for p in self.children():
-            if _proc_role(p) == "publisher":
-                continue
-            out.append(p)
-        return out
+        kids = self.children()
+        if not kids:
+            return []
+        pub = self.publisher_pids()
+        return [p for p in kids if p not in pub and _proc_role(p) != "publisher"]
 
     def wait_workers(self, n, exclude=(), limit=15.0):
         """Waits until exactly n workers run and none of `exclude` is among them."""

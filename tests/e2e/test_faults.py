@@ -664,3 +664,55 @@ def test_malformed_store_consistent(mal):
     d, s = mal.assert_consistent()
     assert s["unique_blocks"] == 2, f"malformed requests stored something: {s}"
     assert mal.worker_pids() == mal.initial_workers
+
+
+def test_concurrent_mixed_ops_never_torn(kvrelay):
+    """PUT / GET / DELETE from several threads on a few shared keys while a small arena keeps
+    evicting: every GET is one PUT's complete bytes or a 404, and the store stays consistent."""
+    srv = kvrelay("--memory", "16M", "--workers", "2")
+    keys = [f"mix{i}" for i in range(24)]
+    versions = {k: [make_block(256 * KiB * (v + 1) + i, f"{k}-v{v}") for v in range(3)] for i, k in enumerate(keys)}
+    violations = []
+    counts = {"put": 0, "get": 0, "del": 0, "hit": 0}
+    lock = threading.Lock()
+    deadline = time.monotonic() + 3.0 * SLOW
+
+    def worker(tid):
+        rng = random.Random(100 + tid)
+        conn = srv.connection()
+        try:
+            for _ in range(20000):
+                if time.monotonic() > deadline:
+                    break
+                k = rng.choice(keys)
+                op = rng.random()
+                if op < 0.4:
+                    r = srv.request("PUT", kv_path(k), body=rng.choice(versions[k]), conn=conn)
+                    ok = r.status in (200, 201, 409)
+                    name = "put"
+                elif op < 0.85:
+                    r = srv.request("GET", kv_path(k), conn=conn)
+                    ok = r.status == 404 or (r.status == 200 and r.body in versions[k])
+                    name = "get"
+                    if r.status == 200:
+                        with lock:
+                            counts["hit"] += 1
+                else:
+                    r = srv.request("DELETE", kv_path(k), conn=conn)
+                    ok = r.status in (200, 404)
+                    name = "del"
+                with lock:
+                    counts[name] += 1
+                    if not ok:
+                        violations.append((name, k, r.status, len(r.body), r.error))
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60 * SLOW)
+    assert not violations, violations[:10]
+    assert counts["hit"] > 50 and counts["put"] > 50, counts
+    srv.assert_consistent()

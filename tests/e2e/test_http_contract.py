@@ -6,6 +6,7 @@ TLS with ALPN http/1.1 and h2).
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -610,7 +611,7 @@ def test_insufficient_storage_block_larger_than_memory(kvrelay):
 def _stalled_get(srv, key):
     """Starts a GET of key on a raw socket with a tiny receive buffer and reads only the
     first bytes: the server is left holding the block (a pin) while it cannot send."""
-    s = raw_connect(srv, rcvbuf=4096, timeout=30)
+    s = raw_connect(srv, rcvbuf=65536, timeout=30)
     s.sendall(f"GET {kv_path(key)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     head = s.recv(1024)
     assert head.startswith(b"HTTP/1.1 200"), head
@@ -888,6 +889,40 @@ def test_print_config_token_redacted_and_env_twins():
         assert c.get(name) != base.get(name), f"{var}={value} did not change {name} ({base.get(name)!r})"
         flag = print_config([f"--{name}", value] if name != "no-evict" else ["--no-evict"])
         assert c.get(name) == flag.get(name), f"{var}={value} and --{name} disagree: {c.get(name)!r} vs {flag.get(name)!r}"
+
+
+def test_default_workers_one_per_core(kvrelay):
+    srv = kvrelay("--memory", "64M")
+    assert len(srv.worker_pids()) == len(os.sched_getaffinity(0)), srv.worker_pids()
+
+
+LOG_LINE = re.compile(r"\b(supervisor|worker|publisher)\b[^\[\]\n]*\[(\d+)\]")
+
+
+def test_log_lines_carry_role_and_pid(kvrelay):
+    srv = kvrelay("--memory", "64M", "--workers", "2", "--log-level", "debug")
+    pids = {srv.pid, *srv.children()}
+    for i in range(5):
+        srv.put(f"log{i}", b"x")
+        srv.get(f"nolog{i}")
+    srv.stop()
+    lines = [ln for ln in srv.log_text().splitlines() if ln.strip()]
+    assert len(lines) >= 4, lines
+    roles = set()
+    for ln in lines:
+        m = LOG_LINE.search(ln)
+        assert m, f"log line without role and pid: {ln!r}"
+        roles.add(m.group(1))
+        assert int(m.group(2)) in pids, f"log line with an unknown pid: {ln!r} (pids {pids})"
+    assert {"supervisor", "worker"} <= roles, roles
+
+
+def test_log_level_warn_is_quiet(kvrelay):
+    srv = kvrelay("--memory", "64M", "--workers", "1", "--log-level", "warn")
+    srv.put("q", b"x")
+    srv.stop()
+    noisy = [ln for ln in srv.log_text().splitlines() if re.search(r"\b(INFO|DEBUG)\b", ln)]
+    assert not noisy, noisy[:5]
 
 
 def test_epistemic_addr_binds(kvrelay):
