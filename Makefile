@@ -32,7 +32,7 @@ BUILD := $(BUILD)-ubsan
 endif
 
 # Every library the tree links against comes from a Debian package (scripts/install-deps.sh).
-PKGS    = libxxhash libh2o-evloop libssl libcrypto
+PKGS    = libxxhash libh2o-evloop libssl libcrypto liburing libnghttp2
 LIBS    = $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash) -lm
 # h2o's pkg-config file does not set H2O_USE_LIBUV=0 (DESIGN.md); http.c defines it itself.
 CFLAGS  = $(CFLAGS_BASE) $(SAN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)

@@ -50,6 +50,7 @@ typedef struct {
     int slot;  /* process slot in the segment */
     pid_t pid;
     int listen_fd;
+    int grpc_fd;
     uint64_t started_ms;
     uint64_t respawn_at;
     unsigned young_deaths;
@@ -86,12 +87,16 @@ static int spawn(sup_t *s, child_t *c)
     if (pid == 0) {
         /* Close the other children's listeners: only ours may accept here. */
         for (int i = 0; i < s->nch; i++)
-            if (&s->ch[i] != c && s->ch[i].listen_fd >= 0)
-                close(s->ch[i].listen_fd);
+            if (&s->ch[i] != c) {
+                if (s->ch[i].listen_fd >= 0)
+                    close(s->ch[i].listen_fd);
+                if (s->ch[i].grpc_fd >= 0)
+                    close(s->ch[i].grpc_fd);
+            }
         sigprocmask(SIG_SETMASK, &s->oldmask, NULL);
         if (c->role == KVR_ROLE_PUBLISHER)
             kvr_publisher_main(s->cfg, &s->seg, c->slot, &s->fds);
-        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd, &s->fds);
+        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd, c->grpc_fd, &s->fds);
     }
     c->pid = pid;
     c->state = CH_RUNNING;
@@ -169,6 +174,10 @@ static void start_drain(sup_t *s)
             close(c->listen_fd);
             c->listen_fd = -1;
         }
+        if (c->grpc_fd >= 0) {
+            close(c->grpc_fd);
+            c->grpc_fd = -1;
+        }
         if (c->state == CH_RUNNING)
             kill(c->pid, SIGTERM);
         else
@@ -209,8 +218,9 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     kvr_seg_config_t sc = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nworkers = cfg->workers ? (int)cfg->workers : (ncpu > 0 ? (int)ncpu : 1);
-    uint16_t http_port = 0;
-    char http_name[300];
+    uint16_t http_port = 0, grpc_port = 0;
+    int grpc_on = strcmp(cfg->grpc_bind, "off") != 0;
+    char http_name[300], grpc_name[300] = "off";
     struct sigaction ign;
 
     kvr_log_set_role("supervisor");
@@ -257,6 +267,9 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         c->listen_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
         if (c->listen_fd < 0)
             return 1;
+        c->grpc_fd = -1;
+        if (grpc_on && (c->grpc_fd = kvr_listen_tcp(cfg->grpc_bind, &grpc_port, 1024)) < 0)
+            return 1;
         s->fds.worker[c->slot] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     }
     {
@@ -265,14 +278,17 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         c->role = KVR_ROLE_PUBLISHER;
         c->slot = 1 + nworkers;
         c->listen_fd = -1;
+        c->grpc_fd = -1;
     }
     s->store.notify_fd = s->fds.publisher;
     kvr_listen_name(s->ch[0].listen_fd, http_name, sizeof(http_name));
     kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
              nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
-    if (strcmp(cfg->grpc_bind, "off") != 0)
-        kvr_warn("--grpc-bind %s: the relay service is not part of this build yet", cfg->grpc_bind);
-    if (cfg->port_file[0] && write_port_file(cfg->port_file, http_name, "off") != KVR_OK)
+    if (grpc_on) {
+        kvr_listen_name(s->ch[0].grpc_fd, grpc_name, sizeof(grpc_name));
+        kvr_info("gRPC relay (dynamo.kvrelay.v1) on %s", grpc_name);
+    }
+    if (cfg->port_file[0] && write_port_file(cfg->port_file, http_name, grpc_name) != KVR_OK)
         return 1;
 
     atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);

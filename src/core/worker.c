@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 #include "core/store.h"
+#include "io/grpc.h"
 #include "io/http.h"
 
 #include <signal.h>
@@ -28,8 +29,11 @@ static uint64_t now_ms(void)
 }
 
 void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
-                     const kvr_relay_fds_t *fds)
+                     int grpc_fd, const kvr_relay_fds_t *fds)
 {
+    static kvr_relay_t relay;
+    kvr_grpc_t *grpc = NULL;
+    uint64_t last_tick = 0;
     char role[32];
     kvr_store_t store;
     kvr_http_t *http;
@@ -56,18 +60,36 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     http = kvr_http_create(cfg, seg, &store, listen_fd);
     if (http == NULL)
         _exit(70);
+    if (grpc_fd >= 0) {
+        kvr_relay_attach(&relay, seg, cfg, fds);
+        grpc = kvr_grpc_create(cfg, seg, &store, &relay, kvr_http_loop(http), grpc_fd, fds->worker[slot]);
+        if (grpc == NULL)
+            _exit(70);
+    }
     atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
     atomic_fetch_add(&seg->hdr->ctl.workers_running, 1);
-    kvr_info("serving HTTP on fd %d", listen_fd);
+    kvr_info("serving HTTP%s", grpc != NULL ? " and gRPC" : "");
 
     for (;;) {
-        kvr_http_run_once(http, 100);
+        uint64_t t;
+        kvr_http_run_once(http, 50);
+        t = now_ms();
+        if (grpc != NULL) {
+            if (t - last_tick >= 50) {
+                last_tick = t;
+                kvr_grpc_tick(grpc);
+            }
+            kvr_grpc_flush(grpc);
+        }
         if (term_requested && deadline == 0) {
             kvr_info("draining (grace %llu ms)", (unsigned long long)cfg->shutdown_grace_ms);
-            deadline = now_ms() + cfg->shutdown_grace_ms;
+            deadline = t + cfg->shutdown_grace_ms;
             kvr_http_start_drain(http);
+            if (grpc != NULL)
+                kvr_grpc_start_drain(grpc);
         }
-        if (deadline != 0 && (kvr_http_drained(http) || now_ms() >= deadline))
+        if (deadline != 0 && ((kvr_http_drained(http) && (grpc == NULL || kvr_grpc_connections(grpc) == 0)) ||
+                              t >= deadline))
             break;
     }
     kvr_info("drained; exiting");

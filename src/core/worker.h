@@ -10,8 +10,9 @@
 #include "core/relay.h"
 #include "shm/segment.h"
 
-/* Runs worker `index` in process slot `slot` on listen_fd; never returns. */
+/* Runs worker `index` in process slot `slot` on listen_fd (HTTP) and grpc_fd (-1: no gRPC);
+ * never returns. */
 void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
-                     const kvr_relay_fds_t *fds) __attribute__((noreturn));
+                     int grpc_fd, const kvr_relay_fds_t *fds) __attribute__((noreturn));
 
 #endif
