@@ -57,11 +57,11 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     if (kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_WORKER) < 0 || kvr_store_open(&store, seg) != KVR_OK)
         _exit(70);
     store.notify_fd = fds->publisher;
-    http = kvr_http_create(cfg, seg, &store, listen_fd);
+    kvr_relay_attach(&relay, seg, cfg, fds);
+    http = kvr_http_create(cfg, seg, &store, &relay, listen_fd);
     if (http == NULL)
         _exit(70);
     if (grpc_fd >= 0) {
-        kvr_relay_attach(&relay, seg, cfg, fds);
         grpc = kvr_grpc_create(cfg, seg, &store, &relay, kvr_http_loop(http), grpc_fd, fds->worker[slot]);
         if (grpc == NULL)
             _exit(70);

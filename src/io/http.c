@@ -42,6 +42,7 @@ struct kvr_http_s {
     const kvr_config_t *cfg;
     kvr_seg_t *seg;
     kvr_store_t *store;
+    kvr_relay_t *relay;
     h2o_globalconf_t gconf;
     h2o_context_t ctx;
     h2o_accept_ctx_t accept_ctx;
@@ -421,6 +422,51 @@ static void handle_debug_store(kvr_http_t *h, h2o_req_t *req)
     send_json(req, ok ? 200 : 500, ok ? "OK" : "Internal Server Error", &j);
 }
 
+static void handle_debug_relay(kvr_http_t *h, h2o_req_t *req)
+{
+    char buf[JSON_MAX];
+    kvr_json_t j;
+    const kvr_relay_sh_t *sh = h->relay->sh;
+    uint64_t subs = 0;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        subs += atomic_load(&sh->sub[i].state) == KVR_SUB_LIVE;
+    kvr_json_init(&j, buf, sizeof(buf));
+    kvr_json_raw(&j, "{");
+    json_field(&j, "generation", atomic_load(&sh->generation), 1);
+    json_field(&j, "published_seq", atomic_load(&sh->published_seq), 0);
+    json_field(&j, "catalog_revision", atomic_load(&sh->catalog_revision), 0);
+    json_field(&j, "bucket_count", sh->bucket_count, 0);
+    json_field(&j, "seed", sh->seed, 0);
+    json_field(&j, "dc_id", sh->dc_id, 0);
+    json_field(&j, "incarnation", sh->incarnation, 0);
+    json_field(&j, "publisher_pid", atomic_load(&sh->publisher_pid), 0);
+    json_field(&j, "live_pool_subscribers", subs, 0);
+    json_field(&j, "log_head", atomic_load(&h->store->log->head), 0);
+    json_field(&j, "log_tail", atomic_load(&h->store->log->tail), 0);
+    kvr_json_raw(&j, "}");
+    send_json(req, 200, "OK", &j);
+}
+
+/* The publisher's working filter as bucket_count little-endian u64 words (x86: as stored). */
+static void handle_debug_filter(kvr_http_t *h, h2o_req_t *req)
+{
+    static h2o_generator_t nogen = {NULL, NULL};
+    size_t len = h->relay->sh->bucket_count * 8;
+    uint8_t *copy = h2o_mem_alloc_pool(&req->pool, len);
+    h2o_iovec_t body;
+
+    for (uint64_t i = 0; i < h->relay->sh->bucket_count; i++)
+        kvr_put_le64(copy + i * 8, __atomic_load_n(&h->relay->filter[i], __ATOMIC_RELAXED));
+    body = h2o_iovec_init(copy, len);
+    req->res.status = 200;
+    req->res.reason = "OK";
+    req->res.content_length = len;
+    add_header(req, H2O_TOKEN_CONTENT_TYPE, H2O_STRLIT("application/octet-stream"));
+    h2o_start_response(req, &nogen);
+    h2o_send(req, &body, 1, H2O_SEND_STATE_FINAL);
+}
+
 static void handle_metrics(kvr_http_t *h, h2o_req_t *req)
 {
     size_t len = 0;
@@ -528,6 +574,17 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
             send_405(req, "GET");
         else
             handle_debug_store(h, req);
+        return 0;
+    }
+    if (h2o_memis(path, plen, H2O_STRLIT("/debug/relay")) || h2o_memis(path, plen, H2O_STRLIT("/debug/filter"))) {
+        if (!is_method(req, "GET"))
+            send_405(req, "GET");
+        else if (h->relay == NULL || h->relay->sh == NULL)
+            send_error(req, 404, "Not Found", "NotFound", "the relay is not configured");
+        else if (path[7] == 'r')
+            handle_debug_relay(h, req);
+        else
+            handle_debug_filter(h, req);
         return 0;
     }
     if (plen < 4 || memcmp(path, "/kv/", 4) != 0) {
@@ -676,7 +733,8 @@ static SSL_CTX *make_ssl(const kvr_config_t *cfg)
     return ssl;
 }
 
-kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, int listen_fd)
+kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay,
+                            int listen_fd)
 {
     kvr_http_t *h = calloc(1, sizeof(*h));
     h2o_hostconf_t *host;
@@ -688,6 +746,7 @@ kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
     h->cfg = cfg;
     h->seg = seg;
     h->store = store;
+    h->relay = relay;
     h->listen_fd = listen_fd;
     h->conns.next = h->conns.prev = &h->conns;
     h->token_len = strlen(cfg->token);

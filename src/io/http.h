@@ -2,7 +2,9 @@
  * http.h — the worker's HTTP surface on h2o 2.2 (HTTP/1.1 keep-alive, h2c, TLS with ALPN).
  *
  * Endpoints (spec/kvcache-http.md §3): GET/PUT/HEAD/DELETE /kv/<key>, GET /kv/<key>/exists,
- * GET /kv/stats, GET /metrics, GET /healthz, GET /readyz, GET /debug/store.
+ * GET /kv/stats, GET /metrics, GET /healthz, GET /readyz, and the debug views GET /debug/store
+ * (a full consistency scan of the store), /debug/relay (publication state, JSON) and
+ * /debug/filter (the publisher's filter buckets, little-endian words).
  *
  * Routing is on the raw path (query stripped): exactly /kv/stats is the stats document;
  * /kv/<x>/exists is an existence probe of <x>; any other /kv/<x> is a block. <x> is then
@@ -22,6 +24,7 @@
 
 #include "common.h"
 #include "core/config.h"
+#include "core/relay.h"
 #include "core/store.h"
 
 #define KVR_HTTP_METHODS  5 /* GET PUT HEAD DELETE other */
@@ -34,7 +37,8 @@ typedef struct kvr_http_s kvr_http_t;
  * Creates the HTTP server of one worker on an h2o event loop it creates, serving the
  * listening socket listen_fd. Returns NULL on failure (logged).
  */
-kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, int listen_fd);
+kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay,
+                            int listen_fd);
 
 /* Runs the loop once for at most max_wait_ms; does periodic housekeeping. */
 void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms);
