@@ -716,3 +716,49 @@ def test_concurrent_mixed_ops_never_torn(kvrelay):
     assert not violations, violations[:10]
     assert counts["hit"] > 50 and counts["put"] > 50, counts
     srv.assert_consistent()
+
+
+def test_readyz_503_while_a_worker_is_down(kvrelay):
+    """A worker that keeps dying young is respawned after a back-off; while it is down,
+    /readyz (asked over connections held by the surviving worker) says 503, and 200 again
+    once the replacement runs."""
+    srv = kvrelay("--memory", "64M", "--workers", "2")
+    srv.kills_expected = True
+    victim = srv.worker_pids()[0]
+    saw = {"503": 0, "200-while-down": 0}
+    for _round in range(6):
+        conns = []
+        for _ in range(8):
+            c = srv.connection(timeout=5)
+            if srv.request("GET", "/healthz", conn=c).status == 200:
+                conns.append(c)
+        before = set(srv.worker_pids())
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 15 * SLOW
+        new = set()
+        down_since = None
+        while time.monotonic() < deadline:
+            now_pids = set(srv.worker_pids())
+            new = now_pids - before
+            if new and len(now_pids) == 2:
+                break
+            if victim not in now_pids and down_since is None:
+                down_since = time.monotonic()
+            for c in list(conns):
+                r = srv.request("GET", "/readyz", conn=c, timeout=2)
+                if r.status == 0:
+                    conns.remove(c)  # it was the victim's
+                elif r.status == 503:
+                    saw["503"] += 1
+                elif down_since is not None and time.monotonic() - down_since > 0.05 and not (set(srv.worker_pids()) - before):
+                    saw["200-while-down"] += 1
+            time.sleep(0.01)
+        for c in conns:
+            c.close()
+        assert new, f"worker {victim} was not replaced"
+        victim = new.pop()
+        if saw["503"]:
+            break
+    assert saw["200-while-down"] == 0, f"/readyz said 200 while a worker was down: {saw}"
+    assert saw["503"] > 0, f"/readyz never said 503 while a worker was down: {saw}"
+    assert srv.wait_ready(10 * SLOW), "/readyz did not return to 200"
