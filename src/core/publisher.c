@@ -41,6 +41,8 @@
 #include <unistd.h>
 
 #define LOG_BATCH 4096
+
+const uint64_t kvr_pub_bucket_us[KVR_PUB_BUCKETS] = {100, 250, 500, 1000, 2000, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
 /* (4194368 - 48 - 12) / 12, §3.1 */
 #define KVR_CBI1_MAX_DELTA_IMAGES_ 349525u
 
@@ -209,7 +211,7 @@ static void publish(pub_t *p)
     uint64_t off, seq;
     kvr_relay_frame_t *f, *prev;
 
-    p->pending = 0;
+    p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
     if (dirty > p->images_cap) {
         kvr_ckf_image_t *ni = realloc(p->images, dirty * sizeof(*ni));
         if (ni == NULL) {
@@ -264,8 +266,19 @@ static void publish(pub_t *p)
     p->seq = seq;
     atomic_store_explicit(&sh->published_seq, seq, memory_order_release);
     atomic_store(&sh->publish_ns, kvr_relay_mono_ns());
-    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + 0, 1);
-    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + 1, len);
+    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTAS, 1);
+    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTA_BYTES, len);
+    {
+        /* publication latency: first pending change-log event -> frame published */
+        uint64_t us = (kvr_relay_mono_ns() - p->first_pending_ns) / 1000;
+        unsigned b = 0;
+        while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
+            b++;
+        if (b < KVR_PUB_BUCKETS)
+            kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + b, 1);
+        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS, us);
+        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
+    }
     check_lag(p);
     wake_live_workers(p);
 }
@@ -357,6 +370,7 @@ static void new_generation(pub_t *p, const char *why)
     atomic_store(&sh->generation, p->generation);
     atomic_fetch_add(&sh->catalog_revision, 1);
     atomic_store(&sh->publisher_pid, (uint32_t)getpid());
+    kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_GENERATIONS, 1);
     kvr_info("publisher: generation %llu (%s): %zu hashes in the filter", (unsigned long long)p->generation, why,
              p->owners.n);
 }

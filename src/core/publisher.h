@@ -8,6 +8,9 @@
 #include "core/relay.h"
 #include "shm/segment.h"
 
+/* Upper bounds (microseconds) of the publication latency histogram's buckets. */
+extern const uint64_t kvr_pub_bucket_us[];
+
 /* Runs the publisher in process slot `slot`; never returns. */
 void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)
     __attribute__((noreturn));

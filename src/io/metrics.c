@@ -1,7 +1,9 @@
 /* metrics.c — see metrics.h. */
 #include "io/metrics.h"
 
+#include "core/publisher.h"
 #include "io/http.h"
+#include "shm/relay_sh.h"
 #include "shm/stats.h"
 
 #include <stdarg.h>
@@ -58,6 +60,80 @@ static void scalar(out_t *o, const char *name, const char *type, const char *hel
 {
     family(o, name, type, help);
     emit(o, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "readiness", "load", "serving_load"};
+
+/*
+ * The relay's families, under the names of spec/dynamo-relay.md §5.1, plus our own. The
+ * reference's gauges whose names end in _count are declared untyped: promtool refuses a
+ * typed gauge with that suffix, and untyped samples are scraped and queried alike, so
+ * existing dashboards and alerts keep working.
+ */
+static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
+{
+    const kvr_relay_sh_t *sh = kvr_seg_at(seg, seg->hdr->off_relay);
+    uint64_t gen = atomic_load(&sh->generation);
+    int pub_up = atomic_load(&seg->hdr->ctl.publisher_running) != 0;
+    uint64_t cum = 0, count;
+
+    family(o, "kv_dc_relay_subscribers", "gauge", "Current subscribers, by stream.");
+    for (int t = 0; t < KVR_STREAM_TYPES; t++)
+        emit(o, "kv_dc_relay_subscribers{stream=\"%s\"} %u\n", stream_names[t], atomic_load(&sh->active[t]));
+    scalar(o, "kv_dc_relay_subscriber_lagged_total", "counter", "Streams closed for queue lag.",
+           sum(st, KVR_ST_RELAY + KVR_RC_LAGGED));
+    family(o, "kv_dc_relay_subscriber_limit_rejected_total", "counter", "Admission rejections.");
+    emit(o, "kv_dc_relay_subscriber_limit_rejected_total{stream=\"all\",scope=\"total\"} %llu\n",
+         (unsigned long long)sum(st, KVR_ST_RELAY + KVR_RC_REJECTED));
+    scalar(o, "kv_dc_relay_pool_heartbeats_total", "counter", "Pool-stream heartbeats sent.",
+           sum(st, KVR_ST_RELAY + KVR_RC_HEARTBEATS));
+    scalar(o, "kv_dc_relay_load_updates_total", "counter", "Load windows emitted.",
+           sum(st, KVR_ST_RELAY + KVR_RC_LOAD_WINDOWS));
+    scalar(o, "kv_dc_relay_catalog_pool_count", "untyped", "Pools in the catalog.", gen != 0 && pub_up);
+    scalar(o, "kv_dc_relay_requested_publication_hub_count", "untyped", "Hubs requested by at least one subscriber.",
+           atomic_load(&sh->active[KVR_STREAM_POOL]) > 0);
+    scalar(o, "kv_dc_relay_initialized_publication_hub_count", "untyped", "Hubs holding a filter mirror.", gen != 0 && pub_up);
+    scalar(o, "kv_dc_relay_ready_publication_hub_count", "untyped", "Hubs with a contiguous ready mirror.", gen != 0 && pub_up);
+    scalar(o, "kv_dc_relay_idle_publication_hub_count", "untyped", "Ready hubs with no subscribers.",
+           gen != 0 && pub_up && atomic_load(&sh->active[KVR_STREAM_POOL]) == 0);
+    scalar(o, "kv_dc_relay_terminal_publication_failures_total", "counter",
+           "Generations fenced after a terminal publication failure.", 0);
+    family(o, "kv_dc_relay_serving_topology_count", "untyped", "Topology entries by state.");
+    emit(o, "kv_dc_relay_serving_topology_count{state=\"ready\"} 0\n"
+            "kv_dc_relay_serving_topology_count{state=\"unavailable\"} 0\n"
+            "kv_dc_relay_serving_topology_count{state=\"unknown\"} 0\n");
+    scalar(o, "kv_dc_relay_degraded_load_coverage_pool_count", "untyped", "Pools with observed < expected ranks.", 0);
+    family(o, "kv_dc_relay_tls_expiry_timestamp_seconds", "gauge", "Obsolete (TLS-era); 0 without TLS.");
+    emit(o, "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"server_cert\"} 0\n"
+            "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"client_ca\"} 0\n");
+
+    scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
+    scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
+           atomic_load(&sh->published_seq));
+    scalar(o, "kvrelay_relay_deltas_published_total", "counter", "Deltas published.",
+           sum(st, KVR_ST_RELAY + KVR_RC_DELTAS));
+    scalar(o, "kvrelay_relay_delta_bytes_published_total", "counter", "Bytes of the published delta messages.",
+           sum(st, KVR_ST_RELAY + KVR_RC_DELTA_BYTES));
+    scalar(o, "kvrelay_relay_frames_sent_total", "counter", "FilterUpdate frames sent to subscribers.",
+           sum(st, KVR_ST_RELAY + KVR_RC_FRAMES));
+    scalar(o, "kvrelay_relay_bytes_sent_total", "counter", "FilterUpdate bytes sent to subscribers.",
+           sum(st, KVR_ST_RELAY + KVR_RC_BYTES));
+    scalar(o, "kvrelay_relay_generations_total", "counter", "Generations started by publishers.",
+           sum(st, KVR_ST_RELAY + KVR_RC_GENERATIONS));
+    scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
+           atomic_load_explicit(&seg->hdr->ctl.publisher_restarts, memory_order_relaxed));
+    family(o, "kvrelay_relay_publication_latency_seconds", "histogram",
+           "From the first pending change-log event to the publication of its delta.");
+    count = sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1);
+    for (unsigned b = 0; b < KVR_PUB_BUCKETS; b++) {
+        cum += sum(st, KVR_ST_PUB_HIST + b);
+        emit(o, "kvrelay_relay_publication_latency_seconds_bucket{le=\"%g\"} %llu\n", (double)kvr_pub_bucket_us[b] / 1e6,
+             (unsigned long long)cum);
+    }
+    emit(o, "kvrelay_relay_publication_latency_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)count);
+    emit(o, "kvrelay_relay_publication_latency_seconds_sum %.6f\n",
+         (double)sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS) / 1e6);
+    emit(o, "kvrelay_relay_publication_latency_seconds_count %llu\n", (unsigned long long)count);
 }
 
 char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
@@ -130,6 +206,8 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
            atomic_load_explicit(&ctl->worker_restarts, memory_order_relaxed));
     scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
            seg->hdr->backing == KVR_BACKING_HUGETLB);
+    if (seg->hdr->ckf_buckets != 0)
+        render_relay(&o, seg, st);
     if (o.oom) {
         free(o.buf);
         return NULL;

@@ -29,9 +29,25 @@ enum {
     KVR_ST_HTTP_BYTES_OUT = 17,
     KVR_ST_HTTP_REQ = 20,   /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES counters */
     KVR_ST_HTTP_HIST = 100, /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */
-    KVR_ST_RELAY = 200,     /* the relay layer's counters */
+    KVR_ST_RELAY = 200,     /* the relay layer's counters (see io/grpc.c, core/publisher.c) */
+    KVR_ST_PUB_HIST = 220,  /* publication latency histogram: KVR_PUB_BUCKETS + sum (us) + count */
     KVR_ST_MAX = 256
 };
+
+/* Relay counters, KVR_ST_RELAY + i. */
+enum {
+    KVR_RC_DELTAS = 0,     /* publisher: deltas published */
+    KVR_RC_DELTA_BYTES,    /* publisher: their message bytes */
+    KVR_RC_FRAMES,         /* workers: FilterUpdate frames sent */
+    KVR_RC_BYTES,          /* workers: their bytes */
+    KVR_RC_HEARTBEATS,     /* workers: pool heartbeats sent */
+    KVR_RC_LAGGED,         /* workers: streams closed for lag */
+    KVR_RC_REJECTED,       /* workers: admission refusals */
+    KVR_RC_LOAD_WINDOWS,   /* workers: load windows sent */
+    KVR_RC_STREAMS_OPENED, /* workers: streams admitted */
+    KVR_RC_GENERATIONS,    /* publisher: generations started */
+};
+#define KVR_PUB_BUCKETS 12
 
 typedef struct {
     uint64_t c[KVR_ST_MAX];
