@@ -26,6 +26,7 @@ from conftest import (
     raw_connect,
     read_one_response,
     read_until_close,
+    send_while_reading,
     unique_key,
 )
 
@@ -469,49 +470,9 @@ def case_body_over_cap(srv):
     assert srv.get("overcap").status == 404
 
 
-def _send_while_reading(srv, head, chunks, limit=10.0):
-    """Sends head and then chunks while a reader thread collects the answer: a server that
-    answers early (413) and closes is heard even though the rest of the upload is refused."""
-    s = raw_connect(srv)
-    got = bytearray()
-    done = threading.Event()
-
-    def reader():
-        deadline = time.monotonic() + limit * SLOW
-        s2 = s
-        while time.monotonic() < deadline:
-            try:
-                c = s2.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                break
-            if not c:
-                break
-            got.extend(c)
-        done.set()
-
-    s.settimeout(1.0)
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    try:
-        s.sendall(head)
-        for c in chunks:
-            if done.is_set() or b"\r\n\r\n" in got:
-                break
-            try:
-                s.sendall(c)
-            except OSError:
-                break
-        t.join(limit * SLOW + 2)
-    finally:
-        s.close()
-    return bytes(got)
-
-
 def case_chunked_body_over_cap(srv):
     chunk = b"%x\r\n" % (256 * KiB) + b"z" * (256 * KiB) + b"\r\n"
-    got = _send_while_reading(
+    got = send_while_reading(
         srv,
         b"PUT /kv/overcapchunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
         [chunk] * 80,  # 20 MiB > 16M cap
