@@ -69,6 +69,16 @@ def server_env(extra=None):
     return env
 
 
+def _die_with_parent():
+    """preexec_fn: the server gets SIGTERM if the test process dies without stopping it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def require_binary():
     if not BINARY.is_file() or not os.access(BINARY, os.X_OK):
         pytest.fail(
@@ -395,6 +405,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=server_env(self.env),
+            preexec_fn=_die_with_parent,
         )
         LIVE_SERVERS.append(self)
         RECENT_SERVERS.append(self)
@@ -770,6 +781,12 @@ def _watch_servers():
             problems.append(f"{s.name}: sanitizer report in log: ...{new[max(0, m.start() - 200):m.start() + 2000]}")
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Safety net: no server outlives the session, whatever a fixture did."""
+    for srv in list(LIVE_SERVERS):
+        srv.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -363,11 +363,13 @@ def mal(tmp_path_factory):
         args=["--memory", "128M", "--workers", "2", "--io-timeout", "1s", "--idle-timeout", "1s",
               "--max-block-size", "16M"],
     )
-    assert srv.put("canary", CANARY).status == 201
-    assert srv.put("bigcanary", BIG).status == 201
-    srv.initial_workers = srv.worker_pids()
-    yield srv
-    srv.stop()
+    try:
+        assert srv.put("canary", CANARY).status == 201
+        assert srv.put("bigcanary", BIG).status == 201
+        srv.initial_workers = srv.worker_pids()
+        yield srv
+    finally:
+        srv.stop()
 
 
 def _send(srv, payload, limit=5.0, rcvbuf=None):
