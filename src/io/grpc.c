@@ -22,6 +22,7 @@
 #define WBUF_TARGET     (1u << 20)     /* nghttp2 output gathered per send */
 #define MAX_MESSAGE     (8u << 20)     /* §2.7 */
 #define DELTA_BATCH     (256u << 10)   /* delta bytes queued per refill */
+#define KICK_COALESCE_MS 1      /* deltas reach streams at most this often: fewer, fuller sends */
 #define PING_INTERVAL_MS 20000
 #define PING_TIMEOUT_MS  10000
 #define RPC_HEALTH_CHECK 100
@@ -108,6 +109,9 @@ struct kvr_grpc_s {
     unsigned nconns;
     int draining;
     nghttp2_session_callbacks *cbs;
+    h2o_timeout_t kick_timeout;
+    h2o_timeout_entry_t kick_entry;
+    uint64_t last_kick_ms;
 };
 
 static uint64_t now_ms(void)
@@ -1044,13 +1048,34 @@ static void on_uring_event(h2o_socket_t *sock, const char *err)
     kvr_uring_flush(&g->uring);
 }
 
+static void on_kick_timeout(h2o_timeout_entry_t *entry)
+{
+    kvr_grpc_t *g = (kvr_grpc_t *)((char *)entry - offsetof(kvr_grpc_t, kick_entry));
+    g->last_kick_ms = now_ms();
+    kick_pool_streams(g);
+    kvr_uring_flush(&g->uring);
+}
+
+/*
+ * The publisher published (or admitted a subscriber). Streams are kicked at most once per
+ * KICK_COALESCE_MS: under a heavy PUT load deltas come every few hundred microseconds, and
+ * sending each one to every subscriber separately costs a send per delta per stream.
+ */
 static void on_wake(h2o_socket_t *sock, const char *err)
 {
     kvr_grpc_t *g = sock->data;
-    uint64_t v;
+    uint64_t v, t = now_ms();
+
     (void)!read(g->wake_fd, &v, sizeof(v));
-    kick_pool_streams(g);
-    kvr_uring_flush(&g->uring);
+    if (h2o_timeout_is_linked(&g->kick_entry))
+        return;
+    if (t - g->last_kick_ms >= KICK_COALESCE_MS) {
+        g->last_kick_ms = t;
+        kick_pool_streams(g);
+        kvr_uring_flush(&g->uring);
+    } else {
+        h2o_timeout_link(g->loop, &g->kick_timeout, &g->kick_entry);
+    }
 }
 
 void kvr_grpc_flush(kvr_grpc_t *g)
@@ -1185,6 +1210,8 @@ kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
     nghttp2_session_callbacks_set_on_frame_recv_callback(g->cbs, on_frame_recv);
     nghttp2_session_callbacks_set_on_stream_close_callback(g->cbs, on_stream_close);
 
+    h2o_timeout_init(g->loop, &g->kick_timeout, KICK_COALESCE_MS);
+    g->kick_entry.cb = on_kick_timeout;
     g->uring_sock = h2o_evloop_socket_create(g->loop, g->uring.efd, H2O_SOCKET_FLAG_DONT_READ);
     g->uring_sock->data = g;
     h2o_socket_read_start(g->uring_sock, on_uring_event);
