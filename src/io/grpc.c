@@ -235,6 +235,11 @@ static void submit_trailers(gstream_t *s)
     nghttp2_submit_trailer(s->conn->session, s->id, t, n);
 }
 
+/*
+ * nghttp2 asks what the stream has to send. The bytes are not copied here: with
+ * NGHTTP2_DATA_FLAG_NO_COPY, send_data_cb writes the DATA frame straight from the
+ * stream's buffer into the connection's output, one copy instead of two.
+ */
 static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
                             uint32_t *data_flags, nghttp2_data_source *source, void *user_data)
 {
@@ -247,8 +252,11 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
         n = s->out_len - s->out_off;
         if (n > length)
             n = length;
-        memcpy(buf, s->out + s->out_off, n);
-        s->out_off += n;
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+        if (s->end_status >= 0 && s->out_off + n == s->out_len) {
+            *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+            submit_trailers(s);
+        }
         s->progress_ms = now_ms();
         return (ssize_t)n;
     }
@@ -259,6 +267,43 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
     }
     s->deferred = 1;
     return NGHTTP2_ERR_DEFERRED;
+}
+
+static int pbuf_reserve(gconn_t *c, size_t add);
+
+static int send_data_cb(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+                        nghttp2_data_source *source, void *user_data)
+{
+    gconn_t *c = user_data;
+    gstream_t *s = source->ptr;
+    size_t pad = frame->data.padlen;
+
+    if (pbuf_reserve(c, 9 + pad + length) != KVR_OK)
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
+    memcpy(c->pbuf + c->plen, framehd, 9);
+    c->plen += 9;
+    if (pad > 0)
+        c->pbuf[c->plen++] = (uint8_t)(pad - 1);
+    memcpy(c->pbuf + c->plen, s->out + s->out_off, length);
+    c->plen += length;
+    s->out_off += length;
+    if (pad > 1) {
+        memset(c->pbuf + c->plen, 0, pad - 1);
+        c->plen += pad - 1;
+    }
+    return 0;
+}
+
+/* Lets DATA frames be as large as the peer allows (up to 256 KiB): fewer frames per chunk. */
+static ssize_t read_length_cb(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
+                              int32_t session_window, int32_t stream_window, uint32_t max_frame, void *user_data)
+{
+    ssize_t n = session_window < stream_window ? session_window : stream_window;
+    if ((ssize_t)max_frame < n)
+        n = (ssize_t)max_frame;
+    if (n > 256 * 1024)
+        n = 256 * 1024;
+    return n > 0 ? n : 1;
 }
 
 /* New output for a stream: make nghttp2 ask for it. */
@@ -891,32 +936,44 @@ static void conn_read(gconn_t *c)
         conn_close(c);
 }
 
-/* Gathers nghttp2's output and sends it, one send in flight per connection. */
+static int pbuf_reserve(gconn_t *c, size_t add)
+{
+    if (c->plen + add > c->pcap) {
+        size_t cap = c->pcap ? c->pcap : 65536;
+        uint8_t *nb;
+        while (cap < c->plen + add)
+            cap *= 2;
+        nb = realloc(c->pbuf, cap);
+        if (nb == NULL)
+            return KVR_ERR;
+        c->pbuf = nb;
+        c->pcap = cap;
+    }
+    return KVR_OK;
+}
+
+/* Gathers nghttp2's output and sends it, one send in flight per connection. DATA frames
+ * arrive through send_data_cb during nghttp2_session_mem_send, in order. */
 static void conn_pump(gconn_t *c)
 {
     if (c->dead || c->writing)
         return;
     while (c->plen < WBUF_TARGET) {
         const uint8_t *data;
+        size_t before = c->plen;
         ssize_t n = nghttp2_session_mem_send(c->session, &data);
         if (n < 0) {
             conn_close(c);
             return;
         }
-        if (n == 0)
-            break;
-        if (c->plen + (size_t)n > c->pcap) {
-            size_t cap = c->pcap ? c->pcap : 65536;
-            uint8_t *nb;
-            while (cap < c->plen + (size_t)n)
-                cap *= 2;
-            nb = realloc(c->pbuf, cap);
-            if (nb == NULL) {
-                conn_close(c);
-                return;
-            }
-            c->pbuf = nb;
-            c->pcap = cap;
+        if (n == 0) {
+            if (c->plen == before)
+                break;
+            continue;
+        }
+        if (pbuf_reserve(c, (size_t)n) != KVR_OK) {
+            conn_close(c);
+            return;
         }
         memcpy(c->pbuf + c->plen, data, (size_t)n); /* the pointer dies at the next call */
         c->plen += (size_t)n;
@@ -1209,6 +1266,8 @@ kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(g->cbs, on_data_chunk);
     nghttp2_session_callbacks_set_on_frame_recv_callback(g->cbs, on_frame_recv);
     nghttp2_session_callbacks_set_on_stream_close_callback(g->cbs, on_stream_close);
+    nghttp2_session_callbacks_set_send_data_callback(g->cbs, send_data_cb);
+    nghttp2_session_callbacks_set_data_source_read_length_callback(g->cbs, read_length_cb);
 
     h2o_timeout_init(g->loop, &g->kick_timeout, KICK_COALESCE_MS);
     g->kick_entry.cb = on_kick_timeout;
