@@ -21,9 +21,10 @@
 #define IOV_BATCH    64  /* arena spans handed to h2o per send */
 #define JSON_MAX     4096
 #define ACCEPT_BATCH 64
+#define MAX_HEADER_BYTES (16u << 10) /* names + values of one request (h2o's own cap is ~400 KB) */
 
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
-const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 413, 500, 503, 507, 0, -1};
+const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 413, 431, 500, 503, 507, 0, -1};
 const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                           0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 
@@ -546,6 +547,17 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     if (rec->conn != NULL)
         rec->conn->inflight++;
 
+    {
+        size_t hb = req->path.len;
+        for (size_t i = 0; i < req->headers.size; i++)
+            hb += req->headers.entries[i].name->len + req->headers.entries[i].value.len;
+        if (hb > MAX_HEADER_BYTES) {
+            req->http1_is_persistent = 0;
+            send_error(req, 431, "Request Header Fields Too Large", "InvalidRequest",
+                       "request headers larger than 16 KiB");
+            return 0;
+        }
+    }
     if (h2o_memis(path, plen, H2O_STRLIT("/healthz"))) {
         send_text(req, 200, "OK", "ok\n");
         return 0;
@@ -600,7 +612,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
             handle_stats(h, req);
         return 0;
     }
-    if (plen > 7 && memcmp(path + plen - 7, "/exists", 7) == 0) {
+    if (plen >= 7 && memcmp(path + plen - 7, "/exists", 7) == 0) { /* §3: the rest is the key */
         if (!is_method(req, "GET") && !is_method(req, "HEAD")) {
             send_405(req, "GET, HEAD");
             return 0;

@@ -26,10 +26,14 @@
 #include "core/config.h"
 #include "core/relay.h"
 #include "core/store.h"
+#include "shm/stats.h"
 
 #define KVR_HTTP_METHODS  5 /* GET PUT HEAD DELETE other */
-#define KVR_HTTP_STATUSES 13
+#define KVR_HTTP_STATUSES 14
 #define KVR_HTTP_BUCKETS  16
+/* the counters must fit between KVR_ST_HTTP_REQ and KVR_ST_HTTP_HIST, and so on */
+static_assert(KVR_ST_HTTP_REQ + KVR_HTTP_METHODS * KVR_HTTP_STATUSES <= KVR_ST_HTTP_HIST, "HTTP counters");
+static_assert(KVR_ST_HTTP_HIST + KVR_HTTP_METHODS * (KVR_HTTP_BUCKETS + 2) <= KVR_ST_RELAY, "HTTP histograms");
 
 typedef struct kvr_http_s kvr_http_t;
 
