@@ -36,7 +36,6 @@ import os
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
 from typing import Optional
 

@@ -12,13 +12,11 @@ Everything here is bounded: every wait has a deadline, every loop a count.
 import http.client
 import json
 import os
-import random
 import re
 import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time

@@ -4,7 +4,6 @@ Nothing acknowledged may be lost, nothing accepted may be cut short, no worker m
 bad input, and no pin may leak.
 """
 
-import http.client
 import os
 import random
 import signal
