@@ -37,6 +37,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 16 << 20),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.enable_retries", 0),
+    # every channel its own connection (grpcio otherwise shares one subchannel per target)
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 MiB = 1 << 20
 

@@ -1,0 +1,459 @@
+"""
+Relay faults against the real server (spec/dynamo-relay.md §1.4, §1.6-§1.8, §2.5, §2.6, §6.2.6):
+a subscriber that stops reading is cut with SUBSCRIBER_LAGGED while another keeps receiving in
+order; SIGKILL of the publisher ends the generation's streams and a resubscription converges to
+the new generation; SIGKILL of a worker ends only the streams it served; a stalled snapshot hits
+SNAPSHOT_PROGRESS_TIMEOUT; 64 streams of a type are admitted and the 65th refused.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+
+from .conftest import (
+    SLOW,
+    STREAM_DEADLINE,
+    assert_rpc_error,
+    describe_end,
+    hex_hash,
+    rpc_status,
+)
+from .kvrelay_consumer import (
+    CONTRACT_MARKER,
+    KIND_DELTA,
+    KIND_SNAPSHOT_CHUNK,
+    PoolReplica,
+    bucket_count_for,
+    check_envelope,
+    occupied_slots,
+    producer_key,
+)
+from .test_relay_contract import converge, drain_replica
+
+# A client that buffers as little as possible: no BDP probing, so its HTTP/2 stream window
+# stays at the 64 KiB default and a stalled reader stalls the server's sends quickly.
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0)]
+
+
+def wait_for(cond, limit, what, step=0.05):
+    deadline = time.monotonic() + limit * SLOW
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"{what}: not within {limit}s"
+        time.sleep(step)
+
+
+def put_blocks(r, hashes, prefix, size=256, conn=None):
+    own = conn is None
+    conn = conn or r.srv.connection()
+    try:
+        for i, h in enumerate(hashes):
+            resp = r.put(f"{prefix}-{i}", b"b" * size, seqhash=hex_hash(h), conn=conn)
+            assert resp.status in (200, 201), f"PUT {prefix}-{i}: {resp!r}"
+    finally:
+        if own:
+            conn.close()
+
+
+def subscribe_replica(r, producer, name, inc=None, stub=None, limit=10.0):
+    rep = PoolReplica(producer, inc, name=name)
+    rd = r.reader(r.subscribe(producer, name, stub=stub or r.new_stub()), name)
+    drain_replica(rd, rep, lambda x: x.ready, limit, f"{name} snapshot")
+    return rep, rd
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lagging_subscriber_cut_other_in_order(relay):
+    r = relay("--workers", "2", "--publication-threshold", "1", "--publication-delay", "1ms",
+              "--max-blocks", "65536", "--memory", "64M")
+    inc = check_envelope(r.relay_info())
+    producer = r.producer()
+    r.quiesce()
+
+    # the reader: applies every frame as it arrives (violations recorded by the reader thread)
+    good = PoolReplica(producer, inc, name="reader")
+    good_rd = r.reader(r.subscribe(producer, "reader", stub=r.new_stub()), "reader",
+                       on_msg=good.apply)
+    # the laggard: reads its snapshot, then stops reading
+    lag = PoolReplica(producer, inc, name="laggard")
+    lag_call = r.subscribe(producer, "laggard", stub=r.new_stub(SMALL_WINDOW))
+    lag_it = iter(lag_call)
+    while not lag.ready:
+        lag.apply(next(lag_it))
+    wait_for(lambda: good.ready, 5, "reader snapshot")
+    wait_for(lambda: r.debug_relay()["live_pool_subscribers"] == 2, 5, "two live subscribers")
+
+    # Each PUT of a new canonical hash is one delta (threshold 1). Generate until the relay
+    # drops the laggard (bounded in count and time).
+    conn = r.srv.connection()
+    n = 0
+    deadline = time.monotonic() + 60 * SLOW
+    try:
+        while n < 30000 and time.monotonic() < deadline:
+            resp = r.put(f"lag-{n}", b"z" * 64, seqhash=0x1000000 + n, conn=conn)
+            assert resp.status in (200, 201), resp
+            n += 1
+            if n % 25 == 0 and r.debug_relay()["live_pool_subscribers"] < 2:
+                break
+    finally:
+        conn.close()
+    live = r.debug_relay()["live_pool_subscribers"]
+    assert live == 1, f"the laggard was never dropped after {n} deltas (live subscribers {live})"
+    assert n > 16, f"cut after only {n} deltas: the queue bound is 16 frames"
+    # a few more deltas after the cut: the reader still gets them all
+    put_blocks(r, [0x2000000 + i for i in range(20)], "after-cut")
+
+    # The laggard now reads: deltas in order from its snapshot, then the lag error.
+    got = 0
+    try:
+        for m in lag_it:
+            assert lag.apply(m) == KIND_DELTA or m.kind != KIND_SNAPSHOT_CHUNK
+            got += 1
+            assert got <= n + 40, "the laggard keeps receiving after it was dropped"
+        pytest.fail(f"the laggard's stream ended cleanly after {got} frames; expected "
+                    f"RESOURCE_EXHAUSTED/SUBSCRIBER_LAGGED")
+    except Exception as e:
+        import grpc
+
+        if not isinstance(e, grpc.RpcError):
+            raise
+        code, reason, details = rpc_status(e)
+        assert (code, reason) == ("RESOURCE_EXHAUSTED", "RELAY_ERROR_REASON_SUBSCRIBER_LAGGED"), (
+            f"laggard ended with {code}/{reason} ({details!r}) after {got} frames")
+    assert lag.seq < n + 20, "the laggard cannot have received every delta"
+
+    # The reader received every delta, contiguously, and equals the published filter.
+    d = r.quiesce()
+    wait_for(lambda: good.seq == d["published_seq"] or good_rd.callback_error or good_rd.end,
+             10, "reader catches up")
+    assert good_rd.callback_error is None, f"reader saw a violation: {good_rd.callback_error}"
+    assert good_rd.end is None, f"reader's stream ended: {describe_end(good_rd.end)}"
+    assert good.seq == d["published_seq"], (good.seq, d)
+    assert good.deltas == good.seq - good.snapshot_seq, (good.deltas, good.snapshot_seq, good.seq)
+    words = r.debug_filter()
+    assert words == good.words, "the reader's replica differs from /debug/filter"
+    assert all(good.contains(0x1000000 + i) for i in range(n))
+    assert all(good.contains(0x2000000 + i) for i in range(20))
+    assert occupied_slots(good.words) == n + 20
+
+
+def test_publication_threshold_one_is_one_delta_per_event(relay):
+    """§4.5: a publication boundary is pending_events >= threshold; with threshold 1 every
+    event (a PUT of a new canonical hash) is its own delta N -> N+1 adding one fingerprint,
+    however fast the events come (two writers here)."""
+    r = relay("--workers", "2", "--publication-threshold", "1", "--max-blocks", "8192")
+    inc = check_envelope(r.relay_info())
+    producer = r.producer()
+    r.quiesce()
+    rep, rd = subscribe_replica(r, producer, "per-event", inc)
+    base_seq = rep.seq
+    per_delta = []
+    prev = occupied_slots(rep.words)
+
+    def on_delta_count():
+        nonlocal prev
+        while True:
+            ev = rd.get(0.01)
+            if ev is None:
+                return
+            assert ev[0] == "msg", describe_end(ev)
+            if rep.apply(ev[2]) == KIND_DELTA:
+                now = occupied_slots(rep.words)
+                per_delta.append(now - prev)
+                prev = now
+
+    import threading
+
+    def writer(t):
+        put_blocks(r, [0x3000000 + 1000 * t + i for i in range(150)], f"pe{t}", size=32)
+
+    ths = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(2)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+        assert not th.is_alive()
+    d = r.quiesce()
+    deadline = time.monotonic() + 10 * SLOW
+    while rep.seq < d["published_seq"] and time.monotonic() < deadline:
+        on_delta_count()
+    on_delta_count()
+    assert occupied_slots(rep.words) == 300
+    merged = [i for i, k in enumerate(per_delta) if k != 1]
+    assert d["published_seq"] - base_seq == 300 and not merged, (
+        f"300 PUTs of new hashes with --publication-threshold 1 gave "
+        f"{d['published_seq'] - base_seq} deltas; {len(merged)} deltas carried "
+        f"{sorted(set(per_delta[i] for i in merged))} fingerprints each instead of 1")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_publisher_sigkill_new_generation(relay):
+    r = relay("--workers", "2", "--max-blocks", "4096", "--pool-heartbeat-interval", "500ms")
+    srv = r.srv
+    srv.kills_expected = True
+    inc = check_envelope(r.relay_info())
+    hashes = [0x5000 + 7 * i for i in range(200)]
+    put_blocks(r, hashes, "pub")
+    d0 = r.quiesce()
+    assert d0["generation"] == 1
+
+    cat_rd = r.reader(r.watch_catalog(r.new_stub(), sid="cat"), "catalog")
+    cat0 = cat_rd.next_msg(5 * SLOW, "catalog")
+    check_envelope(cat0, inc)
+    old = cat0.snapshot.pools[0].producer
+    assert old.layout_generation == 1
+    streams = [subscribe_replica(r, old, f"gen1-{i}", inc) for i in range(3)]
+    for rep, _rd in streams:
+        assert all(rep.contains(h) for h in hashes)
+
+    pub = d0["publisher_pid"]
+    assert pub in srv.children(), f"publisher pid {pub} is not a child of the supervisor"
+    os.kill(pub, signal.SIGKILL)
+
+    # every stream of generation 1 ends with UNAVAILABLE / PUBLICATION_UNAVAILABLE
+    for rep, rd in streams:
+        deadline = time.monotonic() + 10 * SLOW
+        while True:
+            ev = rd.get(max(0.01, deadline - time.monotonic()))
+            assert ev is not None, f"{rep.name}: still open 10s after the publisher died"
+            if ev[0] == "msg":
+                rep.apply(ev[2])  # frames of generation 1 until the end, still contiguous
+                continue
+            assert ev[0] == "err", f"{rep.name}: {describe_end(ev)}"
+            code, reason, details = rpc_status(ev[2])
+            assert (code, reason) == ("UNAVAILABLE", "RELAY_ERROR_REASON_PUBLICATION_UNAVAILABLE"), (
+                f"{rep.name} ended with {code}/{reason} ({details!r})")
+            break
+
+    # the catalog moves to a new revision carrying layout_generation 2 (same pool, same format)
+    new = None
+    last_rev = cat0.revision
+    deadline = time.monotonic() + 15 * SLOW
+    while new is None:
+        m = cat_rd.next_msg(max(0.1, deadline - time.monotonic()), "a catalog with generation 2")
+        check_envelope(m, inc)
+        assert m.revision >= last_rev, f"catalog revision went back {last_rev} -> {m.revision}"
+        assert len(m.snapshot.pools) <= 1, m
+        last_rev = m.revision
+        if m.snapshot.pools and m.snapshot.pools[0].producer.layout_generation != 1:
+            assert m.revision > cat0.revision, "a new generation must change the catalog revision"
+            new = m.snapshot.pools[0].producer
+    assert new.layout_generation == 2, new
+    assert new.producer_incarnation == inc == old.producer_incarnation
+    assert new.pool_id == old.pool_id and new.ckf_format == old.ckf_format
+    d1 = r.debug_relay()
+    assert (d1["generation"], d1["incarnation"]) == (2, inc), d1
+    assert d1["publisher_pid"] != pub and d1["publisher_pid"] in srv.children(), d1
+    assert check_envelope(r.relay_info()) == inc, "relay_incarnation must not change"
+
+    # the old producer is refused, the new one converges to the whole resident set
+    assert_rpc_error(lambda: next(iter(r.subscribe(old, "stale", timeout=10))),
+                     "FAILED_PRECONDITION", "RELAY_ERROR_REASON_PRODUCER_CHANGED",
+                     "SubscribeKvPool with the generation-1 producer")
+    rep, rd = subscribe_replica(r, new, "gen2", inc)
+    more = [0x9000 + i for i in range(30)]
+    put_blocks(r, more, "pub-after")
+    converge(r, rep, rd, "gen2")
+    missing = [hex_hash(h) for h in hashes + more if not rep.contains(h)]
+    assert not missing, f"resident hashes missing from generation 2: {missing[:5]}"
+    assert occupied_slots(rep.words) == len(hashes) + len(more)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_worker_sigkill_ends_only_its_streams(relay):
+    r = relay("--workers", "2", "--max-blocks", "4096", "--pool-heartbeat-interval", "500ms")
+    srv = r.srv
+    srv.kills_expected = True
+    inc = check_envelope(r.relay_info())
+    put_blocks(r, [0x7000 + i for i in range(50)], "w")
+    r.quiesce()
+    producer = r.producer()
+    gen = r.debug_relay()["generation"]
+    pub = r.debug_relay()["publisher_pid"]
+
+    streams = []
+    victims, survivors = [], []
+    for attempt in range(3):
+        for i in range(8):
+            streams.append(subscribe_replica(r, producer, f"s{attempt}-{i}", inc))
+        workers = r.worker_pids()
+        assert len(workers) == 2, f"workers {workers}"
+        victim = workers[attempt % 2]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(2.0 * SLOW)  # streams of the dead worker end at once (connection gone)
+        victims = [(rep, rd) for rep, rd in streams if rd.end is not None]
+        survivors = [(rep, rd) for rep, rd in streams if rd.end is None]
+        srv.wait_workers(2, exclude=[victim])
+        if victims and survivors:
+            break
+        streams = survivors
+    assert victims and survivors, (
+        f"after 3 rounds the streams never split between two workers "
+        f"({len(victims)} ended, {len(survivors)} alive)")
+
+    for rep, rd in victims:
+        assert rd.end[0] == "err", f"{rep.name}: {describe_end(rd.end)}"
+        assert rpc_status(rd.end[2])[0] == "UNAVAILABLE", f"{rep.name}: {describe_end(rd.end)}"
+
+    d = r.debug_relay()
+    assert (d["generation"], d["publisher_pid"], d["incarnation"]) == (gen, pub, inc), (
+        f"a worker's death must not touch the publisher or the generation: {d}")
+    # the dead worker's subscriber slots are released
+    wait_for(lambda: r.debug_relay()["live_pool_subscribers"] == len(survivors), 10,
+             f"live_pool_subscribers == {len(survivors)} survivors")
+
+    # the survivors keep receiving, in order, and converge
+    more = [0xA000 + i for i in range(40)]
+    put_blocks(r, more, "w-after")
+    for rep, rd in survivors:
+        converge(r, rep, rd, rep.name)
+        assert all(rep.contains(h) for h in more)
+    # and a new subscription is served
+    rep, rd = subscribe_replica(r, producer, "after-kill", inc)
+    converge(r, rep, rd, "after-kill")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_stalled_snapshot_times_out(relay):
+    expected = 4194304
+    bc = bucket_count_for(expected)  # 2097152 buckets: a 16 MiB snapshot in 4 chunks
+    r = relay("--workers", "1", "--expected-unique-blocks", str(expected),
+              "--snapshot-progress-timeout", "1s", "--max-blocks", "4096")
+    inc = check_envelope(r.relay_info())
+    put_blocks(r, [0xB000 + i for i in range(100)], "snap")
+    d0 = r.quiesce()
+    producer = r.producer()
+    assert producer.ckf_format.bucket_count == bc == d0["bucket_count"]
+
+    stalled = PoolReplica(producer, inc, name="stalled")
+    call = r.subscribe(producer, "stalled", stub=r.new_stub(SMALL_WINDOW))
+    time.sleep(3.0)  # opened, never read
+    got = 0
+    import grpc
+
+    try:
+        for m in call:
+            stalled.apply(m)
+            got += 1
+            assert not stalled.ready, (
+                f"the stalled subscriber received the whole snapshot ({got} chunks): it was "
+                f"never cut after 3 s without reading (timeout 1 s)")
+        pytest.fail(f"stalled snapshot ended cleanly after {got} chunks")
+    except grpc.RpcError as e:
+        code, reason, details = rpc_status(e)
+        assert (code, reason) == ("RESOURCE_EXHAUSTED",
+                                  "RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT"), (
+            f"stalled snapshot ended with {code}/{reason} ({details!r}) after {got} chunks")
+
+    # the generation is not fenced; a subscriber that reads gets the whole snapshot
+    d1 = r.debug_relay()
+    assert d1["generation"] == d0["generation"], f"a stalled snapshot must not fence: {d1}"
+    rep, rd = subscribe_replica(r, producer, "reading", inc, limit=30)
+    assert rep.chunks == 4
+    converge(r, rep, rd, "reading", limit=30)
+    wait_for(lambda: r.debug_relay()["live_pool_subscribers"] == 1, 5, "one live subscriber")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _open_many(r, kind, n, channels, producer):
+    pb = r.s.pb
+    readers = []
+    for i in range(n):
+        stub = r.stub_for(channels[i % len(channels)])
+        readers.append(r.reader(_start(stub, pb, kind, f"{kind}-{i}", producer), f"{kind}-{i}"))
+    for rd in readers:
+        rd.next_msg(10 * SLOW, f"first message of {rd.name}")
+    return readers
+
+
+def _start(stub, pb, kind, sid, producer, timeout=STREAM_DEADLINE):
+    m = CONTRACT_MARKER
+    if kind == "pool":
+        req = pb.SubscribeKvPoolRequest(subscriber_id=sid, contract_marker=m)
+        req.expected_producer.CopyFrom(producer)
+        return stub.SubscribeKvPool(req, timeout=timeout)
+    if kind == "catalog":
+        return stub.WatchKvPoolCatalog(
+            pb.WatchKvPoolCatalogRequest(subscriber_id=sid, contract_marker=m), timeout=timeout)
+    if kind == "readiness":
+        return stub.SubscribeServingReadiness(
+            pb.SubscribeServingReadinessRequest(subscriber_id=sid, contract_marker=m),
+            timeout=timeout)
+    if kind == "kvload":
+        return stub.SubscribeKvPoolLoad(
+            pb.SubscribeKvPoolLoadRequest(subscriber_id=sid, contract_marker=m), timeout=timeout)
+    if kind == "servingload":
+        return stub.SubscribeServingLoad(
+            pb.SubscribeServingLoadRequest(subscriber_id=sid, contract_marker=m), timeout=timeout)
+    raise ValueError(kind)
+
+
+def test_admission_limit_64_per_stream_type(relay):
+    r = relay("--workers", "2", "--max-blocks", "4096")
+    producer = r.producer()
+    pb = r.s.pb
+    channels = [r.channel() for _ in range(8)]
+    extra = r.new_stub()
+    limit = "RELAY_ERROR_REASON_RESOURCE_LIMIT"
+
+    pool = _open_many(r, "pool", 64, channels, producer)
+    assert r.debug_relay()["live_pool_subscribers"] == 64
+    assert_rpc_error(lambda: next(iter(_start(extra, pb, "pool", "pool-65", producer, 10))),
+                     "RESOURCE_EXHAUSTED", limit, "the 65th SubscribeKvPool")
+    # validation comes before admission, admission before the pool lookup (§2.5 order)
+    bad = type(producer)()
+    bad.CopyFrom(producer)
+    bad.layout_generation = 0
+    assert_rpc_error(lambda: next(iter(_start(extra, pb, "pool", "bad-65", bad, 10))),
+                     "INVALID_ARGUMENT", "RELAY_ERROR_REASON_INVALID_REQUEST",
+                     "a malformed SubscribeKvPool while the limit is reached")
+    other = type(producer)()
+    other.CopyFrom(producer)
+    other.pool_id.dc_id ^= 1
+    assert_rpc_error(lambda: next(iter(_start(extra, pb, "pool", "other-65", other, 10))),
+                     "RESOURCE_EXHAUSTED", limit, "an unknown pool while the limit is reached")
+    # closing one stream frees one permit
+    pool[0].cancel()
+
+    def admitted():
+        import grpc
+
+        call = _start(extra, pb, "pool", "pool-again", producer, 10)
+        try:
+            m = next(iter(call))
+            assert m.kind == KIND_SNAPSHOT_CHUNK
+            return call
+        except grpc.RpcError as e:
+            code, reason, _ = rpc_status(e)
+            assert (code, reason) == ("RESOURCE_EXHAUSTED", limit), (code, reason)
+            return None
+
+    again = wait_for(admitted, 5, "a pool stream admitted after one was closed", step=0.1)
+    again.cancel()
+
+    # every other stream type has its own limit of 64, independent of the 63 pool streams
+    for kind in ("catalog", "readiness", "kvload", "servingload"):
+        readers = _open_many(r, kind, 64, channels, producer)
+        assert_rpc_error(lambda: next(iter(_start(extra, pb, kind, f"{kind}-65", producer, 10))),
+                         "RESOURCE_EXHAUSTED", limit, f"the 65th {kind} stream")
+        for rd in readers:
+            rd.cancel()
+            assert rd.end is not None and rd.end[0] == "err" and (
+                rpc_status(rd.end[2])[0] == "CANCELLED"), f"{rd.name}: {describe_end(rd.end)}"
+    for rd in pool[1:]:
+        assert rd.end is None, f"{rd.name} ended: {describe_end(rd.end)}"
+        rd.cancel()
