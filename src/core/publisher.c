@@ -434,17 +434,18 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
             new_generation(p, "change-log overflow");
         }
         while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+            /* One event at a time, as the reference producer: a boundary every
+             * --publication-threshold events, whatever the batch the log handed over. */
             for (size_t i = 0; i < n; i++) {
+                if (p->pending == 0)
+                    p->first_pending_ns = kvr_relay_mono_ns();
                 if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
                     apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
                 else
                     apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
+                if (++p->pending >= cfg->publication_threshold)
+                    publish(p);
             }
-            if (p->pending == 0)
-                p->first_pending_ns = kvr_relay_mono_ns();
-            p->pending += n;
-            if (p->pending >= cfg->publication_threshold)
-                publish(p);
         }
         if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + delay_ns)
             publish(p);
