@@ -11,8 +11,6 @@ Every wait has a deadline, every loop a count, every stream a gRPC deadline.
 import json
 import os
 import queue
-import random
-import re
 import subprocess
 import sys
 import threading
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .kvrelay_consumer import CONTRACT_MARKER, ERROR_REASON_KEY, check_envelope
+from .kvrelay_consumer import CONTRACT_MARKER, ERROR_REASON_KEY
 
 REPO = Path(__file__).resolve().parents[3]
 _BUILD = os.environ.get("KVRELAY_BUILD", "build")
@@ -356,18 +354,6 @@ def relay(kvrelay, stubs):
     yield start
     for rs in started:
         rs.close()
-
-
-def random_hashes(n, rng=None):
-    """n distinct nonzero u64 canonical hashes."""
-    rng = rng or random.Random()
-    out = set()
-    for _ in range(n * 4):
-        if len(out) == n:
-            break
-        out.add(rng.getrandbits(64) or 1)
-    assert len(out) == n
-    return list(out)
 
 
 def hex_hash(h):
