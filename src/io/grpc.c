@@ -112,6 +112,7 @@ struct kvr_grpc_s {
     h2o_timeout_t kick_timeout;
     h2o_timeout_entry_t kick_entry;
     uint64_t last_kick_ms;
+    int detached; /* no socket I/O: output is discarded (fuzzing) */
 };
 
 static uint64_t now_ms(void)
@@ -905,7 +906,8 @@ static void conn_maybe_free(gconn_t *c)
     while (c->streams.next != &c->streams)
         stream_free(c->streams.next); /* nghttp2_session_del does not call on_stream_close */
     nghttp2_session_del(c->session);
-    close(c->fd);
+    if (c->fd >= 0)
+        close(c->fd);
     c->prev->next = c->next;
     c->next->prev = c->prev;
     c->g->nconns--;
@@ -923,12 +925,13 @@ static void conn_close(gconn_t *c)
         return;
     c->dead = 1;
     /* Outstanding recv/send complete (with 0 or an error) once the socket is shut down. */
-    shutdown(c->fd, SHUT_RDWR);
+    if (c->fd >= 0)
+        shutdown(c->fd, SHUT_RDWR);
 }
 
 static void conn_read(gconn_t *c)
 {
-    if (c->reading || c->dead)
+    if (c->reading || c->dead || c->g->detached)
         return;
     if (kvr_uring_recv(&c->g->uring, c->fd, c->rbuf, RBUF_SIZE, &c->rop) == KVR_OK)
         c->reading = 1;
@@ -977,6 +980,10 @@ static void conn_pump(gconn_t *c)
         }
         memcpy(c->pbuf + c->plen, data, (size_t)n); /* the pointer dies at the next call */
         c->plen += (size_t)n;
+    }
+    if (c->g->detached) { /* nowhere to send: drop it, as a peer that reads everything */
+        c->plen = 0;
+        return;
     }
     if (c->plen == 0) {
         if (!nghttp2_session_want_read(c->session) && !nghttp2_session_want_write(c->session))
@@ -1039,35 +1046,45 @@ static void on_recv(kvr_uring_op_t *op, int res)
     conn_maybe_free(c);
 }
 
+static gconn_t *conn_new(kvr_grpc_t *g, int fd)
+{
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 256},
+                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
+    gconn_t *c = calloc(1, sizeof(*c));
+
+    if (c == NULL || (c->rbuf = malloc(RBUF_SIZE)) == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->g = g;
+    c->fd = fd;
+    c->streams.next = c->streams.prev = &c->streams;
+    c->rop.cb = on_recv;
+    c->rop.data = c;
+    c->wop.cb = on_send;
+    c->wop.data = c;
+    c->last_ping_ms = now_ms();
+    nghttp2_session_server_new(&c->session, g->cbs, c);
+    nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, 2);
+    c->next = g->conns.next;
+    c->prev = &g->conns;
+    g->conns.next->prev = c;
+    g->conns.next = c;
+    g->nconns++;
+    return c;
+}
+
 static void on_accept(kvr_uring_op_t *op, int res)
 {
     kvr_grpc_t *g = op->data;
     gconn_t *c;
-    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 256},
-                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
 
     g->accepting = 0;
     if (res >= 0) {
-        c = calloc(1, sizeof(*c));
-        if (c == NULL || (c->rbuf = malloc(RBUF_SIZE)) == NULL) {
-            free(c);
+        c = conn_new(g, res);
+        if (c == NULL) {
             close(res);
         } else {
-            c->g = g;
-            c->fd = res;
-            c->streams.next = c->streams.prev = &c->streams;
-            c->rop.cb = on_recv;
-            c->rop.data = c;
-            c->wop.cb = on_send;
-            c->wop.data = c;
-            c->last_ping_ms = now_ms();
-            nghttp2_session_server_new(&c->session, g->cbs, c);
-            nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, 2);
-            c->next = g->conns.next;
-            c->prev = &g->conns;
-            g->conns.next->prev = c;
-            g->conns.next = c;
-            g->nconns++;
             conn_read(c);
             conn_pump(c);
         }
@@ -1212,7 +1229,8 @@ void kvr_grpc_tick(kvr_grpc_t *g)
         }
         conn_pump(c);
     }
-    kvr_uring_flush(&g->uring);
+    if (!g->detached)
+        kvr_uring_flush(&g->uring);
 }
 
 void kvr_grpc_start_drain(kvr_grpc_t *g)
@@ -1241,6 +1259,56 @@ unsigned kvr_grpc_connections(const kvr_grpc_t *g)
     return g->nconns;
 }
 
+static void set_callbacks(kvr_grpc_t *g)
+{
+    nghttp2_session_callbacks_new(&g->cbs);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(g->cbs, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(g->cbs, on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(g->cbs, on_data_chunk);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(g->cbs, on_frame_recv);
+    nghttp2_session_callbacks_set_on_stream_close_callback(g->cbs, on_stream_close);
+    nghttp2_session_callbacks_set_send_data_callback(g->cbs, send_data_cb);
+    nghttp2_session_callbacks_set_data_source_read_length_callback(g->cbs, read_length_cb);
+}
+
+kvr_grpc_t *kvr_grpc_create_detached(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
+{
+    kvr_grpc_t *g = calloc(1, sizeof(*g));
+
+    if (g == NULL)
+        return NULL;
+    g->cfg = cfg;
+    g->seg = seg;
+    g->store = store;
+    g->relay = relay;
+    g->listen_fd = g->wake_fd = -1;
+    g->detached = 1;
+    g->conns.next = g->conns.prev = &g->conns;
+    set_callbacks(g);
+    return g;
+}
+
+void kvr_grpc_feed(kvr_grpc_t *g, const uint8_t *data, size_t len)
+{
+    gconn_t *c = conn_new(g, -1);
+
+    if (c == NULL)
+        return;
+    if (nghttp2_session_mem_recv(c->session, data, len) >= 0) {
+        kick_pool_streams(g); /* as a publisher wake-up would */
+        kvr_grpc_tick(g);
+        conn_pump(c);
+    }
+    conn_close(c);
+    conn_maybe_free(c);
+}
+
+void kvr_grpc_destroy_detached(kvr_grpc_t *g)
+{
+    nghttp2_session_callbacks_del(g->cbs);
+    free(g);
+}
+
 kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay,
                             void *loop, int listen_fd, int wake_fd)
 {
@@ -1260,14 +1328,7 @@ kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
         free(g);
         return NULL;
     }
-    nghttp2_session_callbacks_new(&g->cbs);
-    nghttp2_session_callbacks_set_on_begin_headers_callback(g->cbs, on_begin_headers);
-    nghttp2_session_callbacks_set_on_header_callback(g->cbs, on_header);
-    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(g->cbs, on_data_chunk);
-    nghttp2_session_callbacks_set_on_frame_recv_callback(g->cbs, on_frame_recv);
-    nghttp2_session_callbacks_set_on_stream_close_callback(g->cbs, on_stream_close);
-    nghttp2_session_callbacks_set_send_data_callback(g->cbs, send_data_cb);
-    nghttp2_session_callbacks_set_data_source_read_length_callback(g->cbs, read_length_cb);
+    set_callbacks(g);
 
     h2o_timeout_init(g->loop, &g->kick_timeout, KICK_COALESCE_MS);
     g->kick_entry.cb = on_kick_timeout;
