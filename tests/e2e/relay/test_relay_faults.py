@@ -31,9 +31,10 @@ from .kvrelay_consumer import (
 )
 from .test_relay_contract import converge, drain_replica
 
-# A client that buffers as little as possible: no BDP probing, so its HTTP/2 stream window
-# stays at the 64 KiB default and a stalled reader stalls the server's sends quickly.
-SMALL_WINDOW = [("grpc.http2.bdp_probe", 0)]
+# A client that buffers as little as possible: no BDP probing (which grows the HTTP/2 window to
+# megabytes) and 1 KiB of stream look-ahead, so a reader that stops stalls the server's sends
+# after a few frames.
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
 
 def wait_for(cond, limit, what, step=0.05):
@@ -89,16 +90,18 @@ def test_lagging_subscriber_cut_other_in_order(relay):
     wait_for(lambda: r.debug_relay()["live_pool_subscribers"] == 2, 5, "two live subscribers")
 
     # Each PUT of a new canonical hash is one delta (threshold 1). Generate until the relay
-    # drops the laggard (bounded in count and time).
+    # drops the laggard (bounded in count and time), paced so that the worker serving the
+    # reader is never starved of a chance to drain its 16 frames.
     conn = r.srv.connection()
     n = 0
     deadline = time.monotonic() + 60 * SLOW
     try:
-        while n < 30000 and time.monotonic() < deadline:
+        while n < 5000 and time.monotonic() < deadline:
             resp = r.put(f"lag-{n}", b"z" * 64, seqhash=0x1000000 + n, conn=conn)
             assert resp.status in (200, 201), resp
             n += 1
-            if n % 25 == 0 and r.debug_relay()["live_pool_subscribers"] < 2:
+            time.sleep(0.003)
+            if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] < 2:
                 break
     finally:
         conn.close()
@@ -106,7 +109,9 @@ def test_lagging_subscriber_cut_other_in_order(relay):
     assert live == 1, f"the laggard was never dropped after {n} deltas (live subscribers {live})"
     assert n > 16, f"cut after only {n} deltas: the queue bound is 16 frames"
     # a few more deltas after the cut: the reader still gets them all
-    put_blocks(r, [0x2000000 + i for i in range(20)], "after-cut")
+    for i in range(20):
+        put_blocks(r, [0x2000000 + i], f"after-cut-{i}")
+        time.sleep(0.003)
 
     # The laggard now reads: deltas in order from its snapshot, then the lag error.
     got = 0
@@ -140,6 +145,69 @@ def test_lagging_subscriber_cut_other_in_order(relay):
     assert all(good.contains(0x1000000 + i) for i in range(n))
     assert all(good.contains(0x2000000 + i) for i in range(20))
     assert occupied_slots(good.words) == n + 20
+
+
+def test_laggard_cut_once_16_frames_are_queued(relay):
+    """§1.7: a pool subscriber's queue holds 16 frames (16 MiB); a delta that cannot be
+    enqueued cuts it with SUBSCRIBER_LAGGED. A subscriber that stopped reading after its
+    snapshot can therefore hold at most 16 frames plus what HTTP/2 flow control let through.
+    Allowance for the transport: a whole default HTTP/2 window (65535 bytes) of frames
+    (~310), although this client announces only ~1 KiB of look-ahead. 400 deltas, paced at
+    5 ms, must have cut it (the pacing makes the outcome independent of scheduling)."""
+    MAX_DELTAS = 400
+    r = relay("--workers", "1", "--publication-threshold", "1", "--max-blocks", "65536")
+    inc = check_envelope(r.relay_info())
+    producer = r.producer()
+    r.quiesce()
+    lag = PoolReplica(producer, inc, name="laggard")
+    call = r.subscribe(producer, "laggard", stub=r.new_stub(SMALL_WINDOW))
+    it = iter(call)
+    while not lag.ready:
+        lag.apply(next(it))
+    conn = r.srv.connection()
+    n = 0
+    cut = False
+    try:
+        while n < MAX_DELTAS:
+            resp = r.put(f"q-{n}", b"q" * 64, seqhash=0x4000000 + n, conn=conn)
+            assert resp.status in (200, 201), resp
+            n += 1
+            time.sleep(0.005)
+            if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] == 0:
+                cut = True
+                break
+    finally:
+        conn.close()
+
+    got, min_size, end = 0, None, None
+    reader = r.reader(call, "laggard-resumed")
+    deadline = time.monotonic() + 5 * SLOW
+    while end is None and time.monotonic() < deadline:
+        ev = reader.get(0.2)
+        if ev is None:
+            if not cut:
+                break  # everything held for it has arrived
+            continue
+        if ev[0] == "msg":
+            lag.apply(ev[2])
+            got += 1
+            size = ev[2].ByteSize() + 5 + 9  # gRPC message prefix, HTTP/2 DATA frame header
+            min_size = size if min_size is None else min(min_size, size)
+        else:
+            end = ev
+    bound = 16 + -(-65535 // (min_size or 200))
+    assert cut, (
+        f"a subscriber that stopped reading after its snapshot was not cut after {n} deltas "
+        f"(paced 5 ms); once it read again it received {got} of them: the relay held them for it "
+        f"beyond the 16-frame queue (at most {bound} expected: 16 frames + a 64 KiB HTTP/2 "
+        f"window of {min_size}-byte frames)")
+    assert end is not None and end[0] == "err", f"laggard: {describe_end(end)}"
+    code, reason, details = rpc_status(end[2])
+    assert (code, reason) == ("RESOURCE_EXHAUSTED", "RELAY_ERROR_REASON_SUBSCRIBER_LAGGED"), (
+        code, reason, details)
+    assert got <= bound, (
+        f"the laggard received {got} frames after it resumed reading (of {n} published) before "
+        f"SUBSCRIBER_LAGGED: more than 16 frames + a 64 KiB window ({bound})")
 
 
 def test_publication_threshold_one_is_one_delta_per_event(relay):
