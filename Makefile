@@ -53,6 +53,9 @@ MP_SRCS   := $(wildcard tests/mp/*.c)
 MP_BIN     = $(BUILD)/test-mp
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+# The load generator users run against a live server (issue 6): tools/kvrelay-bench/*.c.
+KVBENCH_SRCS := $(wildcard tools/kvrelay-bench/*.c)
+KVBENCH      = $(if $(KVBENCH_SRCS),$(BUILD)/kvrelay-bench)
 
 .DEFAULT_GOAL := all
 
@@ -64,7 +67,7 @@ BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 .PHONY: all deps run test test-unit test-mp test-e2e bench fuzz fuzz-run format clean
 
-all: deps $(LIB) $(PROGS)
+all: deps $(LIB) $(PROGS) $(KVBENCH)
 
 # Install missing Debian packages once; cheap when everything is present.
 deps:
@@ -80,6 +83,9 @@ $(LIB): $(LIB_OBJS)
 
 $(BUILD)/%: $(BUILD)/src/main/%.o $(LIB)
 	$(CC) $(LDFLAGS) $< $(LIB) $(LIBS) $(PROG_LIBS) -o $@
+
+$(BUILD)/kvrelay-bench: $(patsubst %.c,$(BUILD)/%.o,$(KVBENCH_SRCS)) $(LIB)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIB) $(LIBS) -o $@
 
 $(UNIT_BIN): $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRCS)) $(LIB)
 	@mkdir -p $(dir $@)

@@ -24,7 +24,7 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # Everything that may include a generated header waits for it (parallel builds).
-$(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS) $(UNIT_SRCS) $(MP_SRCS) $(BENCH_SRCS)): | $(WIRE_GEN_H)
+$(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS) $(UNIT_SRCS) $(MP_SRCS) $(BENCH_SRCS) $(KVBENCH_SRCS) $(PROG_SRCS)): | $(WIRE_GEN_H)
 
 # ---- BLAKE3 (official C sources from librust-blake3-dev) ---------------------------------
 BLAKE3_DIR := $(lastword $(sort $(wildcard /usr/share/cargo/registry/blake3-*/c)))
