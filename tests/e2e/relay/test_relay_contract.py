@@ -354,14 +354,15 @@ def test_heartbeats_when_idle(relay):
     rep = PoolReplica(producer, inc, name="hb")
     rd = r.reader(r.subscribe(producer, "hb"), "hb")
     drain_replica(rd, rep, lambda x: x.ready, 5.0, "snapshot")
-    t_snap = time.monotonic()
-    times = []
+    stamps = []  # the producer's send_ts_us: the server's own timing, not our scheduling
     for i in range(5):
         m = rd.next_msg(2.0 * SLOW, f"heartbeat {i}")
-        times.append(time.monotonic())
         assert rep.apply(m) == KIND_HEARTBEAT, f"idle stream sent kind {m.kind}"
-    gaps = [b - a for a, b in zip([t_snap] + times, times)]
-    assert all(0.15 <= g <= 1.0 * SLOW for g in gaps), f"heartbeat gaps {gaps} for a 300 ms interval"
+        stamps.append(m.send_ts_us)
+    now_us = time.time() * 1e6
+    assert all(abs(now_us - t) < 60e6 for t in stamps), f"send_ts_us {stamps} vs now {now_us:.0f}"
+    gaps = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+    assert all(0.25 <= g <= 1.0 * SLOW for g in gaps), f"heartbeat gaps {gaps} for a 300 ms interval"
     assert rep.seq == rep.snapshot_seq
 
     # A delta moves the sequence; heartbeats then carry the new one.
