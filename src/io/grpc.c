@@ -21,7 +21,7 @@
 #define RBUF_SIZE       (256u << 10)
 #define WBUF_TARGET     (1u << 20)     /* nghttp2 output gathered per send */
 #define MAX_MESSAGE     (8u << 20)     /* §2.7 */
-#define DELTA_BATCH     (256u << 10)   /* delta bytes queued per refill */
+#define DELTA_BATCH_MAX (64u << 10)    /* delta bytes taken from the ring per refill, at most */
 #define KICK_COALESCE_MS 1      /* deltas reach streams at most this often: fewer, fuller sends */
 #define PING_INTERVAL_MS 20000
 #define PING_TIMEOUT_MS  10000
@@ -124,7 +124,7 @@ static uint64_t now_ms(void)
 
 static void conn_pump(gconn_t *c);
 static void conn_close(gconn_t *c);
-static void stream_refill(gstream_t *s);
+static void stream_refill(gstream_t *s, size_t budget);
 
 static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
 {
@@ -248,7 +248,7 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
     size_t n;
 
     if (s->out_off >= s->out_len && s->end_status < 0)
-        stream_refill(s);
+        stream_refill(s, length); /* only what can go out now: the rest stays queued in the ring */
     if (s->out_off < s->out_len) {
         n = s->out_len - s->out_off;
         if (n > length)
@@ -494,8 +494,14 @@ static void pool_release(gstream_t *s)
     }
 }
 
-/* Moves a pool stream forward: admission, snapshot chunks, deltas. */
-static void pool_refill(gstream_t *s)
+/*
+ * Moves a pool stream forward: admission, snapshot chunks, deltas. Deltas leave the shared
+ * ring only as far as `budget` (what HTTP/2 flow control lets us send right now): frames a
+ * subscriber has not taken stay in the ring, where the publisher counts them against the
+ * 16-frame / 16 MiB bound (§1.7) — a buffer here would hide a slow reader from that count.
+ * budget 0 only checks the subscription's state.
+ */
+static void pool_refill(gstream_t *s, size_t budget)
 {
     kvr_grpc_t *g = s->conn->g;
     kvr_relay_t *r = g->relay;
@@ -554,7 +560,9 @@ static void pool_refill(gstream_t *s)
         return;
     }
     if (s->phase == PH_DELTAS) {
-        while (s->out_len - s->out_off < DELTA_BATCH) {
+        if (budget > DELTA_BATCH_MAX)
+            budget = DELTA_BATCH_MAX;
+        while (budget > 0 && s->out_len - s->out_off < budget) {
             uint64_t seq = atomic_load(&sub->cursor);
             ssize_t n;
             if (out_reserve(s, KVR_CBI1_MAX_FRAME + KVR_RELAY_ENVELOPE_MAX) != KVR_OK)
@@ -577,10 +585,10 @@ static void pool_refill(gstream_t *s)
     }
 }
 
-static void stream_refill(gstream_t *s)
+static void stream_refill(gstream_t *s, size_t budget)
 {
     if (s->rpc == KVR_RELAY_RPC_SUBSCRIBE_KV_POOL)
-        pool_refill(s);
+        pool_refill(s, budget);
 }
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1104,7 +1112,7 @@ static void kick_pool_streams(kvr_grpc_t *g)
             if (s->rpc != KVR_RELAY_RPC_SUBSCRIBE_KV_POOL || s->end_status >= 0)
                 continue;
             if (s->phase == PH_WAIT_ADMIT) {
-                pool_refill(s);
+                pool_refill(s, 0);
                 if (s->phase != PH_WAIT_ADMIT || s->end_status >= 0)
                     stream_kick(s);
             } else if (s->deferred) {
@@ -1178,10 +1186,14 @@ void kvr_grpc_tick(kvr_grpc_t *g)
                         pool_fail(s, KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT, "snapshot made no progress");
                     }
                 } else if (s->phase == PH_DELTAS) {
-                    pool_refill(s);
-                    if (s->end_status < 0 && s->out_off >= s->out_len && t - s->last_send_ms >= g->cfg->pool_heartbeat_ms)
+                    int pending;
+                    pool_refill(s, 0); /* state only: closed, lagged, generation retired */
+                    pending = s->sub >= 0 && atomic_load(&g->relay->sh->published_seq) >=
+                                                 atomic_load(&g->relay->sh->sub[s->sub].cursor);
+                    if (s->end_status < 0 && !pending && s->out_off >= s->out_len &&
+                        t - s->last_send_ms >= g->cfg->pool_heartbeat_ms)
                         emit_heartbeat(s);
-                    if (s->out_off < s->out_len)
+                    if (s->out_off < s->out_len || pending || s->end_status >= 0)
                         stream_kick(s);
                 }
                 break;
