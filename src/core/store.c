@@ -473,18 +473,29 @@ int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *dat
 
 /* ------------------------------------------------------------------ get, exists, release */
 
-int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t *ref)
+/* Validates the key, takes the lock and looks it up: KVR_OK with the lock held and *i the
+ * LIVE entry or KVR_NIL; KVR_EINVAL or KVR_ERR without the lock. */
+static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t *i)
 {
     uint64_t khash;
-    uint32_t i;
-    kvr_entry_t *e;
 
     if (!kvr_store_key_valid(key, klen))
         return KVR_EINVAL;
     khash = XXH3_64bits(key, klen);
     if (store_lock(st) != KVR_OK)
         return KVR_ERR;
-    i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    *i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    return KVR_OK;
+}
+
+int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t *ref)
+{
+    uint32_t i;
+    kvr_entry_t *e;
+    int rc = lock_and_find(st, key, klen, &i);
+
+    if (rc != KVR_OK)
+        return rc;
     if (i == KVR_NIL) {
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
@@ -594,16 +605,12 @@ int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *le
 int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *refs_left)
 {
     kvr_store_sh_t *sh = st->sh;
-    uint64_t khash;
     uint32_t i;
     kvr_entry_t *e;
+    int rc = lock_and_find(st, key, klen, &i);
 
-    if (!kvr_store_key_valid(key, klen))
-        return KVR_EINVAL;
-    khash = XXH3_64bits(key, klen);
-    if (store_lock(st) != KVR_OK)
-        return KVR_ERR;
-    i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    if (rc != KVR_OK)
+        return rc;
     if (i == KVR_NIL) {
         store_unlock(st);
         return KVR_ENOTFOUND;

@@ -639,6 +639,15 @@ static void dispatch_health(gstream_t *s, const uint8_t *msg, size_t len)
     stream_end(s, KVR_GRPC_OK, 0, NULL);
 }
 
+/* A stream that answers at once with its first message, then every interval_ms. */
+static void start_periodic(gstream_t *s, void (*emit)(gstream_t *), uint64_t interval_ms)
+{
+    emit(s);
+    s->phase = PH_PERIODIC;
+    s->next_emit_ms = now_ms() + interval_ms;
+    submit_headers(s);
+}
+
 static void dispatch(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
@@ -707,28 +716,17 @@ static void dispatch(gstream_t *s)
         stream_end(s, KVR_GRPC_OK, 0, NULL);
         break;
     }
-    case KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG:
-        emit_catalog(s);
-        s->phase = PH_PERIODIC;
-        submit_headers(s);
+    case KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG: /* then on every revision change */
+        start_periodic(s, emit_catalog, 0);
         break;
     case KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS:
-        emit_readiness(s);
-        s->phase = PH_PERIODIC;
-        s->next_emit_ms = now_ms() + g->cfg->readiness_heartbeat_ms;
-        submit_headers(s);
+        start_periodic(s, emit_readiness, g->cfg->readiness_heartbeat_ms);
         break;
     case KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD:
-        emit_load(s);
-        s->phase = PH_PERIODIC;
-        s->next_emit_ms = now_ms() + g->cfg->load_window_ms;
-        submit_headers(s);
+        start_periodic(s, emit_load, g->cfg->load_window_ms);
         break;
     case KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD:
-        emit_serving_load(s);
-        s->phase = PH_PERIODIC;
-        s->next_emit_ms = now_ms() + g->cfg->load_window_ms;
-        submit_headers(s);
+        start_periodic(s, emit_serving_load, g->cfg->load_window_ms);
         break;
     case KVR_RELAY_RPC_SUBSCRIBE_KV_POOL: {
         Dynamo__Kvrelay__V1__SubscribeKvPoolRequest *rq = (void *)req;
