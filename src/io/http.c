@@ -21,7 +21,8 @@
 #define IOV_BATCH    64  /* arena spans handed to h2o per send */
 #define JSON_MAX     4096
 #define ACCEPT_BATCH 64
-#define MAX_HEADER_BYTES (16u << 10) /* names + values of one request (h2o's own cap is ~400 KB) */
+#define MAX_HEADER_BYTES (16u << 10)
+#define KVR_HTTP_INITIAL_INPUT (4u << 20) /* names + values of one request (h2o's own cap is ~400 KB) */
 
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
 const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 413, 431, 500, 503, 507, 0, -1};
@@ -765,6 +766,11 @@ kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
 
     /* Bodies up to the cap stay in memory: KV chunks of 32-80 MiB are normal. */
     h2o_socket_buffer_mmap_settings.threshold = (size_t)cfg->max_block_size + (64u << 20);
+    /* A socket's input buffer starts large enough for a typical block: h2o 2.2 grows it by
+     * doubling, copying everything received so far each time, which cost as much CPU as the
+     * copy into the arena. Only the bytes used are touched; freed buffers stay on the heap
+     * (worker.c's mallopt), so a new one costs neither a syscall nor page faults. */
+    h2o_socket_buffer_prototype._initial_buf.capacity = KVR_HTTP_INITIAL_INPUT;
 
     h2o_config_init(&h->gconf);
     h->gconf.max_request_entity_size = (size_t)cfg->max_block_size;
