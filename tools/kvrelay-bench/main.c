@@ -16,6 +16,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -738,6 +739,35 @@ static int resolve_target(void)
     return 0;
 }
 
+/* One connection before anything else: a target that is down is one clear error, not a
+ * stream of connect errors for the whole run. */
+static int preflight(void)
+{
+    int fd = socket(G.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), err = 0;
+    socklen_t sl = sizeof(err);
+    struct pollfd pfd;
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&G.addr, G.addrlen) < 0) {
+        if (errno != EINPROGRESS) {
+            err = errno;
+        } else {
+            pfd.fd = fd;
+            pfd.events = POLLOUT;
+            if (poll(&pfd, 1, (int)(G.timeout < 5 ? G.timeout * 1000 : 5000)) != 1)
+                err = ETIMEDOUT;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) != 0)
+                err = errno;
+        }
+    }
+    close(fd);
+    if (err != 0) {
+        fprintf(stderr, "kvrelay-bench: cannot connect to %s: %s\n", G.target, strerror(err));
+        return -1;
+    }
+    return 0;
+}
+
 static double tv_s(struct timeval tv)
 {
     return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
@@ -763,7 +793,7 @@ int main(int argc, char **argv)
 
     kvb_relay_init();
     parse_args(argc, argv);
-    if (resolve_target() != 0)
+    if (resolve_target() != 0 || preflight() != 0)
         return 3;
     if (kvb_data_init(G.verify && (G.mix[OP_GET] > 0)) != 0) {
         fprintf(stderr, "kvrelay-bench: out of memory\n");
