@@ -7,7 +7,8 @@ PKGS="build-essential pkg-config clang libclang-rt-14-dev
 libcriterion-dev libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev
 libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler librust-blake3-dev
 protobuf-compiler protobuf-compiler-grpc python3 python3-grpcio python3-protobuf
-curl nghttp2-client prometheus openssl procps python3-pytest python3-xxhash"
+curl nghttp2-client prometheus openssl procps python3-pytest python3-xxhash
+redis-server memcached"
 
 missing=""
 for p in $PKGS; do
