@@ -56,10 +56,11 @@ static uint64_t wait_generation(rx_t *x, uint64_t above)
     return g;
 }
 
-static void rx_open(rx_t *x)
+static void rx_open_log(rx_t *x, uint64_t log_capacity)
 {
     char *argv[] = {"t", NULL};
-    kvr_seg_config_t sc = {.memory = 8 << 20, .page_size = 4096, .max_blocks = 512, .hugepages = KVR_HUGEPAGES_OFF};
+    kvr_seg_config_t sc = {.memory = 8 << 20, .page_size = 4096, .max_blocks = 512, .hugepages = KVR_HUGEPAGES_OFF,
+                           .log_capacity = log_capacity};
 
     kvr_log_level = KVR_LOG_ERROR;
     cr_assert_eq(kvr_config_load(&x->cfg, 1, argv, stderr), KVR_OK);
@@ -79,6 +80,11 @@ static void rx_open(rx_t *x)
     x->buf = malloc(x->cap);
     start_publisher(x);
     wait_generation(x, 0);
+}
+
+static void rx_open(rx_t *x)
+{
+    rx_open_log(x, 0);
 }
 
 static void rx_close(rx_t *x)
@@ -269,6 +275,39 @@ Test(relay, publisher_crash_starts_a_new_generation, .timeout = 60)
     quiesce(&x);
     cr_assert_eq(drain_frames(&x, fresh, &m), 0);
     assert_replica_exact(&x, &m);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
+
+/* The change log overflows while the publisher is stopped: it must rebuild from the index
+ * (a new generation) instead of guessing, and a new subscription must converge. */
+Test(relay, change_log_overflow_rebuilds_from_the_index, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, fresh;
+    uint64_t g1, g2;
+
+    rx_open_log(&x, 16);
+    g1 = atomic_load(&x.relay.sh->generation);
+    sub = kvr_relay_sub_open(&x.relay, 0, g1);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    kill(x.pub, SIGSTOP);
+    put_n(&x, 0, 100, 3); /* 100 events into a ring of 16 */
+    cr_assert_eq(atomic_load(&x.st.log->overflow), 1);
+    kill(x.pub, SIGCONT);
+    kvr_relay_wake(x.fds.publisher);
+    g2 = wait_generation(&x, g1);
+    cr_assert_eq(atomic_load(&x.st.log->overflow), 0);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].state), KVR_SUB_CLOSED, "the old generation's stream ends");
+    kvr_relay_sub_close(&x.relay, sub);
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    fresh = kvr_relay_sub_open(&x.relay, 0, g2);
+    cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
+    read_snapshot(&x, fresh, &m, g2);
+    quiesce(&x);
+    cr_assert_eq(drain_frames(&x, fresh, &m), 0);
+    assert_replica_exact(&x, &m); /* all 100 blocks, none of them guessed */
     kvr_mirror_destroy(&m);
     rx_close(&x);
 }
