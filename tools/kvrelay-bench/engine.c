@@ -94,7 +94,7 @@ struct kvb_conn {
     uint64_t body_left;
     const char *trailer;
     size_t tlen, tpos, hlen;
-    uint8_t *hbuf;
+    uint8_t *hbuf; /* allocated at the first head split across reads */
     /* HTTP/2 */
     nghttp2_session *h2;
 };
@@ -270,8 +270,7 @@ int kvb_worker_add_conn(kvb_worker_t *w)
     c->fd = -1;
     c->nreqs = G.http2 ? G.streams : 1;
     c->reqs = calloc((size_t)c->nreqs, sizeof(kvb_req_t));
-    c->hbuf = malloc(HBUF_CAP);
-    if (c->reqs == NULL || c->hbuf == NULL)
+    if (c->reqs == NULL)
         return -1;
     for (int i = 0; i < c->nreqs; i++)
         if (G.verify && (c->reqs[i].xs = XXH3_createState()) == NULL)
@@ -875,6 +874,10 @@ static int stream_input(kvb_conn_t *c, const uint8_t *p, size_t n)
             if (old == 0) {
                 if (n >= HBUF_CAP) {
                     protocol_error(c, "response head too long", p, n);
+                    return 1;
+                }
+                if (c->hbuf == NULL && (c->hbuf = malloc(HBUF_CAP)) == NULL) { /* a head split across reads */
+                    protocol_error(c, "out of memory", p, n);
                     return 1;
                 }
                 memcpy(c->hbuf, p, n);

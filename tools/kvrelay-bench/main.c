@@ -70,7 +70,9 @@ static const char usage[] =
     "\n"
     "Load and duration\n"
     "  --connections N          keep-alive connections (default 16; relay 4)\n"
-    "  --threads T              event-loop threads, one epoll each (default min(cores, N))\n"
+    "  --threads T              event-loop threads, one epoll each, at most one per core\n"
+    "                           (default min(cores, N); relay min(cores, 1 + subscribers):\n"
+    "                           thread 0 paces the PUTs, the others run the subscribers)\n"
     "  --duration S             measured time, e.g. 5, 5s, 500ms, 1m (default 10 s)\n"
     "  --requests N             stop after N measured requests instead (with --duration: first)\n"
     "  --warmup S               run the workload S first without measuring it\n"
@@ -703,14 +705,19 @@ static void parse_args(int argc, char **argv)
         G.conns = G.workload == WL_RELAY ? 4 : 16;
     if (!have_duration && !G.requests)
         G.duration = 10;
-    if (!have_threads) {
+    {
+        /* at most one thread per core: the client must not be what decides the figures */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int want = G.workload == WL_RELAY ? G.conns + G.subscribers : G.conns;
-        if (G.workload == WL_RELAY && want > 2 && G.subscribers > 0)
-            want = 2;
-        G.threads = (int)(cores < 1 ? 1 : cores);
-        if (G.threads > want)
-            G.threads = want;
+        int want = G.workload == WL_RELAY ? 1 + (G.subscribers > 0 ? G.subscribers : 0) : G.conns;
+        if (cores < 1)
+            cores = 1;
+        if (!have_threads)
+            G.threads = want < cores ? want : (int)cores;
+        if (G.threads > cores) {
+            fprintf(stderr, "kvrelay-bench: --threads %d is more than the %ld cores: using %ld\n", G.threads, cores,
+                    cores);
+            G.threads = (int)cores;
+        }
     }
     if (G.workload != WL_RELAY && G.threads > G.conns)
         G.threads = G.conns;
