@@ -392,6 +392,75 @@ def test_no_answer_is_a_timeout(tmp_path):
     assert d["errors_by_kind"]["timeout"] == 4 and d["successes"] == 0, describe(p, d)
 
 
+class CannedServer:
+    """Answers every HTTP/1.1 request (heads only: GETs) with one canned byte string; with
+    close=True it closes the connection after each answer."""
+
+    def __init__(self, answer, close=False):
+        self.answer, self.close_after = answer, close
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        buf = b""
+        c.settimeout(5)
+        try:
+            while not self.stop.is_set():
+                b = c.recv(65536)
+                if not b:
+                    return
+                buf += b
+                while b"\r\n\r\n" in buf:
+                    buf = buf[buf.index(b"\r\n\r\n") + 4:]
+                    c.sendall(self.answer)
+                    if self.close_after:
+                        return
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+CANNED = [
+    ("short", b"HTTP/1.1 200 OK\r\nContent-Length: 8192\r\n\r\n" + b"x" * 100, True),
+    ("status", b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}", False),
+    ("length", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789", False),
+    ("protocol", b"SSH-2.0-OpenSSH\r\n\r\n", True),
+]
+
+
+@pytest.mark.parametrize("kind,answer,close", CANNED, ids=[c[0] for c in CANNED])
+def test_each_failure_has_its_kind(tmp_path, kind, answer, close):
+    server = CannedServer(answer, close)
+    try:
+        p, d = run_bench(tmp_path, "--target", f"127.0.0.1:{server.port}", "--workload", "get", "--requests", "20",
+                         "--connections", "2", "--size", "8K", "--keys", "5", timeout=30)
+    finally:
+        server.close()
+    assert p.returncode == 1, describe(p, d)
+    assert d["errors_by_kind"][kind] == 20 and d["errors"] == 20 and d["successes"] == 0, describe(p, d)
+    assert kind in d["error_samples"], d["error_samples"]
+
+
 def test_progress_line_on_a_terminal(srv, tmp_path):
     master, slave = pty.openpty()
     proc = subprocess.Popen([require_bench(), "--target", target(srv), "--workload", "put", "--duration", "2.5",
