@@ -579,7 +579,10 @@ static void req_complete(kvb_conn_t *c, kvb_req_t *r)
     }
     if (r->ek == EK_STATUS) {
         r->keep[r->keeplen < sizeof(r->keep) ? r->keeplen : sizeof(r->keep) - 1] = '\0';
-        note_req(w, EK_STATUS, r, "%s%d %.100s", G.proto == PROTO_HTTP ? "HTTP " : "reply ", r->status, r->keep);
+        if (G.proto == PROTO_HTTP)
+            note_req(w, EK_STATUS, r, "HTTP %d %.100s", r->status, r->keep);
+        else
+            note_req(w, EK_STATUS, r, "reply %.100s", r->keep);
     } else if (r->ek == EK_LENGTH) {
         note_req(w, EK_LENGTH, r, "length %lld, %llu PUT", (long long)r->clen, (unsigned long long)r->size);
     }

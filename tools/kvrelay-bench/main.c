@@ -984,10 +984,17 @@ int main(int argc, char **argv)
             printf("FAILED: %llu errors (allowed %llu)\n", (unsigned long long)all_errors,
                    (unsigned long long)G.max_errors);
     } else {
-        printf("%s %s: %llu requests in %.2f s, %.1f req/s, %.3f GB/s, p99 %.3f ms, %llu errors\n", proto_label(),
+        printf("%s %s: %llu requests in %.2f s, %.1f req/s, %.3f GB/s, p99 %.3f ms, %llu errors", proto_label(),
                workload_name[G.workload], (unsigned long long)t->requests, elapsed, (double)t->requests / elapsed,
                (double)t->bytes / elapsed / 1e9, kvb_hist_quantile(&t->lat, 0.99) / 1e6,
-               (unsigned long long)all_errors);
+               (unsigned long long)t->errors);
+        if (tp->errors)
+            printf(" (+%llu in the preload)", (unsigned long long)tp->errors);
+        if (relay_err)
+            printf(" (+%llu relay: %llu unpublished, %llu streams ended, %llu replicas failed)",
+                   (unsigned long long)relay_err, (unsigned long long)unpublished, (unsigned long long)ended,
+                   (unsigned long long)failed);
+        printf("\n");
         if (rc)
             print_samples(stderr, ws, G.threads);
     }
