@@ -510,7 +510,8 @@ static void http_classify(kvb_req_t *r)
     r->sink = SINK_DROP;
     switch (r->op) {
     case OP_PUT:
-        if (st != 201 && st != 200)
+        /* 201 new, 200 a dedup hit (kvrelay); 204 an overwrite (WebDAV servers such as nginx) */
+        if (st != 201 && st != 200 && st != 204)
             r->ek = EK_STATUS;
         break;
     case OP_GET:
