@@ -487,7 +487,8 @@ void kvb_relay_print(FILE *f, kvb_worker_t **ws, int n, double elapsed)
             if (s->failed)
                 snprintf(state, sizeof(state), "FAILED: %s", s->err);
             else if (s->ended)
-                snprintf(state, sizeof(state), "ENDED: grpc-status %d%s%s%s%s", s->grpc_status,
+                snprintf(state, sizeof(state), "ENDED after %.3f s: grpc-status %d%s%s%s%s",
+                         s->t_ended > C.t_start ? (double)(s->t_ended - C.t_start) / 1e9 : 0.0, s->grpc_status,
                          s->grpc_message[0] ? " " : "", s->grpc_message, s->reason[0] ? " reason " : "", s->reason);
             else
                 snprintf(state, sizeof(state), "live");
@@ -529,12 +530,13 @@ void kvb_relay_json(FILE *f, kvb_worker_t **ws, int n, double elapsed)
             fprintf(f, "%s{\"id\": %d, \"frames\": %llu, \"bytes\": %llu, \"frames_per_s\": %.3f, \"bytes_per_s\": %.1f, "
                        "\"snapshot_chunks\": %llu, \"deltas\": %llu, \"heartbeats\": %llu, \"sequence\": %llu, "
                        "\"latency_samples\": %llu, \"unpublished\": %llu, \"ended\": %s, \"failed\": %s, \"grpc_status\": %d, "
-                       "\"grpc_message\": ",
+                       "\"ended_after_s\": %.3f, \"grpc_message\": ",
                     first ? "" : ", ", s->id, (unsigned long long)s->frames, (unsigned long long)s->bytes,
                     (double)s->m_frames / win, (double)s->m_bytes / win, (unsigned long long)s->chunks,
                     (unsigned long long)s->deltas, (unsigned long long)s->heartbeats, (unsigned long long)s->sequence,
                     (unsigned long long)s->seen, (unsigned long long)s->unpublished, s->ended && !s->failed ? "true" : "false",
-                    s->failed ? "true" : "false", s->ended ? s->grpc_status : -1);
+                    s->failed ? "true" : "false", s->ended ? s->grpc_status : -1,
+                    s->ended && s->t_ended > C.t_start ? (double)(s->t_ended - C.t_start) / 1e9 : -1.0);
             kvb_json_str(f, s->grpc_message);
             fprintf(f, ", \"reason\": ");
             kvb_json_str(f, s->reason);
