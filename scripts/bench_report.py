@@ -92,8 +92,6 @@ def main():
             reqs = rps(r) * dur
             sreq = f"{1e6 * r.get('server_cpu_s', 0.0) / reqs:.1f}" if reqs > 0 else "-"
             ccpu = f"{float(g(r, 'cpu', 'total_s', default=0.0)) / moved:.3f}" if moved > 0 else "-"
-            if op == "head" and s != "kvrelay":
-                base = None
             if base is not None and s != "kvrelay":
                 ratio = (gbps(base) / gb) if gb > 0 else (rps(base) / rps(r) if rps(r) > 0 else None)
             else:
