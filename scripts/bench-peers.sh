@@ -114,9 +114,15 @@ redis-server --port $RP --bind 127.0.0.1 --save '' --appendonly no --protected-m
     --logfile "$WORK/redis.log" &
 PIDS+=($!); RPID=$!
 MCUSER=""; [ "$(id -u)" -eq 0 ] && MCUSER="-u nobody"
-# shellcheck disable=SC2086
-memcached $MCUSER -l 127.0.0.1 -p $MP -U 0 -m 4096 -I 64m -t 2 -c 4096 2>"$WORK/memcached.log" &
-PIDS+=($!); MPID=$!
+# memcached's slab classes keep the memory they took: once small items filled it, large ones
+# get "out of memory", so it starts afresh for every block size (start_memcached below).
+start_memcached() {
+    # shellcheck disable=SC2086
+    memcached $MCUSER -l 127.0.0.1 -p $MP -U 0 -m 4096 -I 64m -t 2 -c 4096 2>>"$WORK/memcached.log" &
+    MPID=$!
+    PIDS+=($MPID)
+}
+start_memcached
 mkdir -p "$WORK/nginx/www/kv" "$WORK/nginx/tmp" "$WORK/nginx/logs"
 NGUSER=""; [ "$(id -u)" -eq 0 ] && NGUSER="user root;"   # its workers write the PUT files here
 cat > "$WORK/nginx/nginx.conf" <<EOF
@@ -195,6 +201,13 @@ EOF
 }
 
 for size in $SIZES; do
+    # a fresh memcached and an empty nginx tree per size (see start_memcached)
+    kill "$MPID" 2>/dev/null || true
+    wait "$MPID" 2>/dev/null || true
+    start_memcached
+    wait_port "$MP"
+    SPID[memcached]=$MPID
+    rm -rf "$WORK/nginx/www/kv/"* 2>/dev/null || true
     for conns in 16 64; do
         [ "$QUICK" = 1 ] && [ "$size" != 16K ] && [ "$conns" = 64 ] && continue
         for op in get put head; do
