@@ -133,25 +133,30 @@ static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
 
 /* ------------------------------------------------------------------ output buffers */
 
+/* Grows a realloc'd buffer to hold at least `need` bytes (doubling from `first`). */
+static int buf_grow(uint8_t **buf, size_t *cap, size_t need, size_t first)
+{
+    size_t c = *cap ? *cap : first;
+    uint8_t *n;
+
+    if (need <= *cap)
+        return KVR_OK;
+    while (c < need)
+        c *= 2;
+    n = realloc(*buf, c);
+    if (n == NULL)
+        return KVR_ERR;
+    *buf = n;
+    *cap = c;
+    return KVR_OK;
+}
+
 static int out_reserve(gstream_t *s, size_t add)
 {
     if (s->out_off > 0 && s->out_off == s->out_len) {
         s->out_off = s->out_len = 0;
     }
-    if (s->out_len + add <= s->out_cap)
-        return KVR_OK;
-    {
-        size_t cap = s->out_cap ? s->out_cap : 4096;
-        uint8_t *n;
-        while (cap < s->out_len + add)
-            cap *= 2;
-        n = realloc(s->out, cap);
-        if (n == NULL)
-            return KVR_ERR;
-        s->out = n;
-        s->out_cap = cap;
-    }
-    return KVR_OK;
+    return buf_grow(&s->out, &s->out_cap, s->out_len + add, 4096);
 }
 
 /* Appends one packed protobuf message with its gRPC prefix. */
@@ -845,17 +850,8 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
         s->too_big = 1;
         return 0;
     }
-    if (s->req_len + len > s->req_cap) {
-        size_t cap = s->req_cap ? s->req_cap * 2 : 256;
-        uint8_t *n;
-        while (cap < s->req_len + len)
-            cap *= 2;
-        n = realloc(s->req, cap);
-        if (n == NULL)
-            return NGHTTP2_ERR_CALLBACK_FAILURE;
-        s->req = n;
-        s->req_cap = cap;
-    }
+    if (buf_grow(&s->req, &s->req_cap, s->req_len + len, 256) != KVR_OK)
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
     memcpy(s->req + s->req_len, data, len);
     s->req_len += len;
     return 0;
@@ -947,18 +943,7 @@ static void conn_read(gconn_t *c)
 
 static int pbuf_reserve(gconn_t *c, size_t add)
 {
-    if (c->plen + add > c->pcap) {
-        size_t cap = c->pcap ? c->pcap : 65536;
-        uint8_t *nb;
-        while (cap < c->plen + add)
-            cap *= 2;
-        nb = realloc(c->pbuf, cap);
-        if (nb == NULL)
-            return KVR_ERR;
-        c->pbuf = nb;
-        c->pcap = cap;
-    }
-    return KVR_OK;
+    return buf_grow(&c->pbuf, &c->pcap, c->plen + add, 65536);
 }
 
 /* Gathers nghttp2's output and sends it, one send in flight per connection. DATA frames
