@@ -1,137 +1,31 @@
 # kvrelay — the control panel.
 #
-#   make            build everything into build/
-#   make run        install missing dependencies, build, start the server on its defaults
-#   make test       build and run every test (unit, multi-process, end-to-end)
+#   make            install missing Debian packages, build everything into build/
+#   make run        the same, then start the server on its defaults (RUN_ARGS="..." adds flags)
+#   make test       build and run every test: test-unit, test-mp, test-e2e (each also on its own)
 #   make bench      build and run the benchmarks; each line is "name value unit"
 #   make fuzz       build the libFuzzer drivers (clang); make fuzz-run FUZZ_SECONDS=N runs them
 #   make format     clang-format the tree
 #
 # Switches: ASAN=1 UBSAN=1 DEBUG=1 (each selects its own build directory), CC=..., OPT=...
+#
+# Two passes. This outer pass runs scripts/install-deps.sh and then calls make again with
+# KVR_DEPS=1 for the real work (mk/build.mk): anything that asks the system about installed
+# packages (pkg-config, the BLAKE3 source directory) is evaluated only after the install step.
 
-CC      ?= gcc
-OPT     ?= -O2
-BUILD   ?= build
+ifneq ($(KVR_DEPS),1)
 
-ifeq ($(DEBUG),1)
-OPT      = -O0
-endif
+GOALS := $(or $(MAKECMDGOALS),all)
+NODEPS_GOALS := clean format
 
-CFLAGS_BASE = -std=gnu11 -g $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-              -D_GNU_SOURCE -MMD -MP -fno-strict-aliasing -pthread -Isrc -I$(BUILD)/gen
-LDFLAGS_BASE = -pthread
-
-SAN :=
-ifeq ($(ASAN),1)
-SAN += -fsanitize=address -fno-omit-frame-pointer
-BUILD := $(BUILD)-asan
-endif
-ifeq ($(UBSAN),1)
-SAN += -fsanitize=undefined -fno-sanitize-recover=undefined
-BUILD := $(BUILD)-ubsan
-endif
-
-# Every library the tree links against comes from a Debian package (scripts/install-deps.sh).
-PKGS    = libxxhash libh2o-evloop libssl libcrypto liburing libnghttp2
-LIBS    = $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lxxhash) -lm
-# h2o's pkg-config file does not set H2O_USE_LIBUV=0 (DESIGN.md); http.c defines it itself.
-CFLAGS  = $(CFLAGS_BASE) $(SAN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDFLAGS = $(LDFLAGS_BASE) $(SAN)
-
-# The library: every module under src/ except the program entry points in src/main/.
-LIB_SRCS := $(wildcard src/shm/*.c src/core/*.c src/wire/*.c src/io/*.c)
-GEN_SRCS :=
-LIB_OBJS  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS)) $(patsubst %.c,%.o,$(GEN_SRCS))
-LIB       = $(BUILD)/libkvrelay.a
-
-PROG_SRCS := $(wildcard src/main/*.c)
-PROGS      = $(patsubst src/main/%.c,$(BUILD)/%,$(PROG_SRCS))
-
-UNIT_SRCS := $(wildcard tests/unit/*.c)
-UNIT_BIN   = $(BUILD)/test-unit
-MP_SRCS   := $(wildcard tests/mp/*.c)
-MP_BIN     = $(BUILD)/test-mp
-BENCH_SRCS := $(wildcard bench/*.c)
-BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
-# The load generator users run against a live server (issue 6): tools/kvrelay-bench/*.c.
-KVBENCH_SRCS := $(wildcard tools/kvrelay-bench/*.c)
-KVBENCH      = $(if $(KVBENCH_SRCS),$(BUILD)/kvrelay-bench)
-
-.DEFAULT_GOAL := all
-
-# Module-specific rules (generated code, vendored-by-package sources) live in mk/*.mk.
--include mk/*.mk
-
-# Keep program objects (they would otherwise count as intermediate files).
-.SECONDARY:
-
-.PHONY: all deps run test test-unit test-mp test-e2e bench fuzz fuzz-run format clean
-
-all: deps $(LIB) $(PROGS) $(KVBENCH)
-
-# Install missing Debian packages once; cheap when everything is present.
+.PHONY: $(GOALS) deps
+$(filter-out $(NODEPS_GOALS),$(GOALS)): deps
+	@$(MAKE) --no-print-directory KVR_DEPS=1 $@
+$(filter $(NODEPS_GOALS),$(GOALS)):
+	@$(MAKE) --no-print-directory KVR_DEPS=1 $@
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/%.o: %.c | deps
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
-
-$(LIB): $(LIB_OBJS)
-	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
-
-$(BUILD)/%: $(BUILD)/src/main/%.o $(LIB)
-	$(CC) $(LDFLAGS) $< $(LIB) $(LIBS) $(PROG_LIBS) -o $@
-
-$(BUILD)/kvrelay-bench: $(patsubst %.c,$(BUILD)/%.o,$(KVBENCH_SRCS)) $(LIB)
-	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIB) $(LIBS) -o $@
-
-$(UNIT_BIN): $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRCS)) $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIB) $(LIBS) -lcriterion -o $@
-
-$(MP_BIN): $(patsubst %.c,$(BUILD)/%.o,$(MP_SRCS)) $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIB) $(LIBS) -lcriterion -o $@
-
-$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
-	$(CC) $(LDFLAGS) $< $(LIB) $(LIBS) -o $@
-
-# Criterion prints "[====] Synthesis: Tested: N | Passing: N | Failing: 0 | Crashing: 0".
-# Criterion's runner leaks one allocation of its own; nothing of ours is suppressed.
-TEST_ENV = LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
-
-test: all $(UNIT_BIN) $(MP_BIN)
-	$(TEST_ENV) $(UNIT_BIN) --jobs=2
-	$(TEST_ENV) $(MP_BIN) --jobs=1
-	@if ls tests/e2e/test_*.py >/dev/null 2>&1; then \
-	    KVRELAY_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q tests/e2e; fi
-
-bench: all $(BENCHES)
-	@for b in $(BENCHES); do $$b || exit 1; done
-
-FUZZ_SRCS := $(wildcard tests/fuzz/*.c)
-FUZZERS    = $(patsubst tests/fuzz/%.c,build-fuzz/%,$(FUZZ_SRCS))
-FUZZ_SECONDS ?= 60
-fuzz: deps $(FUZZERS)
-build-fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(GEN_SRCS)
-	@mkdir -p build-fuzz
-	clang -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc -I$(BUILD)/gen -fsanitize=fuzzer,address,undefined \
-	    $< $(LIB_SRCS) $(GEN_SRCS) $(LIBS) $(FUZZ_LIBS) -o $@
-fuzz-run: fuzz
-	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p build-fuzz/corpus-$$n; \
-	    $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus-$$n tests/fuzz/corpus/$$n \
-	    || exit 1; done
-
-run: all
-	@if [ -x $(BUILD)/kvrelay-supervisor ]; then exec $(BUILD)/kvrelay-supervisor $(RUN_ARGS); \
-	else echo "kvrelay-supervisor is not built yet (the server issue adds it); the storage engine is in $(LIB)"; fi
-
-format:
-	clang-format -i $$(find src tests bench -name '*.[ch]')
-
-clean:
-	rm -rf build build-asan build-ubsan build-asan-ubsan build-fuzz
-
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+else
+include mk/build.mk
+endif

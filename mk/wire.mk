@@ -4,8 +4,6 @@
 #
 # Included by the top Makefile after its variables are defined; it only appends to them.
 
-PKGS += libprotobuf-c
-
 # ---- protobuf-c --------------------------------------------------------------------------
 # src/wire/X.proto -> $(BUILD)/gen/wire/X.pb-c.{c,h}; sources include "wire/X.pb-c.h"
 # (the Makefile already passes -I$(BUILD)/gen). /usr/include provides protobuf-c.proto,
@@ -15,7 +13,7 @@ WIRE_GEN_C  := $(patsubst src/%.proto,$(BUILD)/gen/%.pb-c.c,$(WIRE_PROTOS))
 WIRE_GEN_H  := $(WIRE_GEN_C:.c=.h)
 GEN_SRCS    += $(WIRE_GEN_C)
 
-$(BUILD)/gen/wire/%.pb-c.c $(BUILD)/gen/wire/%.pb-c.h: src/wire/%.proto | deps
+$(BUILD)/gen/wire/%.pb-c.c $(BUILD)/gen/wire/%.pb-c.h: src/wire/%.proto
 	@mkdir -p $(BUILD)/gen
 	protoc-c --proto_path=src --proto_path=/usr/include --c_out=$(BUILD)/gen $<
 
@@ -28,6 +26,9 @@ $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS) $(UNIT_SRCS) $(MP_SRCS) $(BENCH_SRCS) $(
 
 # ---- BLAKE3 (official C sources from librust-blake3-dev) ---------------------------------
 BLAKE3_DIR := $(lastword $(sort $(wildcard /usr/share/cargo/registry/blake3-*/c)))
+ifeq ($(BLAKE3_DIR),)
+$(error BLAKE3's C sources are missing (librust-blake3-dev); run scripts/install-deps.sh)
+endif
 BLAKE3_C   := blake3.c blake3_dispatch.c blake3_portable.c
 ifeq ($(shell uname -m),x86_64)
 BLAKE3_S   := blake3_sse2_x86-64_unix.S blake3_sse41_x86-64_unix.S \
@@ -40,10 +41,10 @@ endif
 BLAKE3_OBJS := $(patsubst %,$(BUILD)/blake3/%.o,$(basename $(BLAKE3_C) $(BLAKE3_S)))
 
 # Third-party code: its own warning level, never -Werror.
-$(BUILD)/blake3/%.o: $(BLAKE3_DIR)/%.c | deps
+$(BUILD)/blake3/%.o: $(BLAKE3_DIR)/%.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 -g -O3 $(SAN) $(BLAKE3_DEFS) -c $< -o $@
-$(BUILD)/blake3/%.o: $(BLAKE3_DIR)/%.S | deps
+$(BUILD)/blake3/%.o: $(BLAKE3_DIR)/%.S
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN) -c $< -o $@
 

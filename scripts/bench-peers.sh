@@ -32,17 +32,7 @@ while [ $# -gt 0 ]; do
 done
 
 # ---------------------------------------------------------------- dependencies and build
-NEED=""
-for p in redis-server redis-tools memcached libmemcached-tools nginx-light iperf3 wrk nghttp2-client gnuplot-nox python3; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || NEED="$NEED $p"
-done
-if [ -n "$NEED" ]; then
-    echo "bench-peers: installing:$NEED" >&2
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    $SUDO apt-get update -qq
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $NEED >/dev/null
-fi
+"$ROOT/scripts/install-deps.sh" --bench
 make -s all build/bench/bench_store >/dev/null
 BENCH=$ROOT/build/kvrelay-bench
 [ -x "$BENCH" ] || { echo "bench-peers: $BENCH is missing" >&2; exit 1; }

@@ -1,14 +1,28 @@
 #!/bin/sh
-# Installs every Debian package that kvrelay's build, tests and benchmarks need.
+# Installs every Debian package that kvrelay's build, tests and benchmarks use, naming each one:
+# nothing relies on a package's Recommends (apt-get runs with --no-install-recommends).
+#
+#   scripts/install-deps.sh           build + tests (what `make`, `make run` and `make test` need)
+#   scripts/install-deps.sh --bench   also the peers and clients of scripts/bench-peers.sh
+#
 # Idempotent and quiet when everything is present; needs root (or sudo) otherwise.
 set -eu
 
-PKGS="build-essential pkg-config clang libclang-rt-14-dev
-libcriterion-dev libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev
-libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler librust-blake3-dev
-protobuf-compiler protobuf-compiler-grpc python3 python3-grpcio python3-protobuf
-curl nghttp2-client prometheus openssl procps python3-pytest python3-xxhash
-redis-server memcached"
+# Build: compiler, libraries (-dev), code generators, the sources compiled from a package.
+# libprotobuf-dev carries google/protobuf/descriptor.proto, which protoc-c needs; it is only a
+# Recommends of protobuf-compiler.
+BUILD="build-essential pkg-config clang libclang-rt-14-dev
+libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev libnghttp2-dev
+libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-blake3-dev"
+# Tests: unit framework, the e2e runner and the real clients it drives.
+TESTS="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
+protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached"
+# Benchmarks: the peers and their own clients (scripts/bench-peers.sh).
+BENCH="redis-server redis-tools memcached libmemcached-tools nginx-light iperf3 wrk gnuplot-nox
+linux-perf strace"
+
+PKGS="$BUILD $TESTS"
+[ "${1:-}" = "--bench" ] && PKGS="$PKGS $BENCH"
 
 missing=""
 for p in $PKGS; do
