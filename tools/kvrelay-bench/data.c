@@ -9,8 +9,10 @@
  * on any machine, PUTs the same bytes for the same key and size; a PUT sends the pool slice
  * itself (writev), and a GET is verified by XXH3-64 over the body compared with the XXH3-64
  * of the block, computed once per key (during --preload, else at its first GET) and cached.
+ * The derivation itself is in block.h, shared with bench/null_server.c.
  */
 #include "kvb.h"
+#include "block.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,9 +22,6 @@
 #include <xxh_x86dispatch.h>
 #endif
 #endif
-
-#define POOL_SLACK 65536u
-#define NAME_SEED  0x6b76722d62656e63ull
 
 static uint8_t *pool;
 static size_t pool_len;
@@ -38,21 +37,13 @@ const char *kvb_prefix_enc(void)
 
 int kvb_data_init(int cache_checksums)
 {
-    uint64_t s = 0x6b7672656c617921ull;
-    size_t words;
     char *o = prefix_enc;
 
-    pool_len = KVR_ALIGN_UP((size_t)G.size_max + POOL_SLACK + 16, (size_t)4096);
+    pool_len = kvb_pool_len(G.size_max);
     pool = aligned_alloc(4096, pool_len);
     if (pool == NULL)
         return -1;
-    words = pool_len / 8;
-    for (size_t i = 0; i < words; i++) { /* xorshift64 */
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        memcpy(pool + i * 8, &s, 8);
-    }
+    kvb_pool_fill(pool, pool_len);
     for (const char *p = G.prefix; *p && o < prefix_enc + sizeof(prefix_enc) - 4; p++) {
         unsigned char ch = (unsigned char)*p;
         if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
@@ -111,14 +102,11 @@ void kvb_block(uint64_t k, kvb_block_t *b)
 {
     char name[1100];
     size_t n = kvb_key_name(k, name, sizeof(name));
-    uint64_t h = XXH3_64bits_withSeed(name, n, NAME_SEED);
     uint64_t size = kvb_key_size(k);
-    size_t off = (size_t)((h >> 32) % POOL_SLACK);
+    size_t off = kvb_block_stamp(name, n, size, b->stamp);
 
-    kvr_put_le64(b->stamp, h);
-    kvr_put_le64(b->stamp + 8, size ^ 0x6b76726c79626e63ull);
     b->stamp_len = size < 16 ? (size_t)size : 16;
-    b->rest = pool + off + 16;
+    b->rest = pool + off;
     b->rest_len = size > 16 ? (size_t)(size - 16) : 0;
 }
 
