@@ -1,0 +1,481 @@
+"""
+kvrelay.Client — one kvrelay node over HTTP/1.1 keep-alive, behaving like the reference
+``RemoteKVConnector`` (docs: README "Using it"):
+
+    get(key) -> bytes | None                 GET /kv/<key>; 404 and every failure -> None
+    get_into(key, buffer) -> int | None      GET straight into a writable buffer; the number
+                                             of bytes, or None (miss, error, other length)
+    put(key, value) -> bool                  PUT from any bytes-like (a memoryview is sent
+                                             as it is, never copied); True on 200 / 201
+    contains(key) -> bool                    HEAD
+    exists(key) -> bool                      GET /kv/<key>/exists, reads "exists"
+    exists_many(keys) -> list[bool]          many existence checks in one pipelined exchange
+    delete(key) -> int | None                DELETE: references left, or None
+    stats() -> KvCacheStats | None           GET /kv/stats
+
+Nothing raises on the inference path: every transport or protocol error degrades to a miss
+(None / False) and is counted in ``errors``. The ``fetch_into`` / ``store`` / ``probe_many`` /
+``remove`` methods are the raising layer under them, for the engine adapters and the
+cluster router, which must tell a miss from a dead node.
+
+Configuration comes from arguments or the environment (KVRELAY_* first, then the reference
+driver's EPISTEMIC_GRAPH_KVCACHE_* names):
+
+    KVRELAY_URL              http://host:port or https://host:port
+    KVRELAY_ADDR             host:port, a bare port, or 1/true/yes/on (127.0.0.1:9130)
+    KVRELAY_TOKEN            bearer token
+    KVRELAY_TIMEOUT_S        per socket operation, default 2.0
+    KVRELAY_MAX_CONNECTIONS  pool size, default 32
+    KVRELAY_TLS_VERIFY       0/false/no/off disables certificate verification (https)
+    KVRELAY_TLS_CA           CA bundle for https
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import ssl
+import threading
+import urllib.parse
+from typing import List, Optional, Sequence
+
+from ._http import Connection, ProtocolError
+
+log = logging.getLogger("kvrelay")
+
+DEFAULT_ADDR = "127.0.0.1:9130"
+ENV_PREFIXES = ("KVRELAY_", "EPISTEMIC_GRAPH_KVCACHE_")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+# The most keys one pipelined existence exchange carries; longer lists are cut into
+# exchanges of this size, one after the other.
+MAX_PIPELINE_KEYS = 4096
+# Pipelines longer than this are written by a helper thread while the caller reads the
+# answers, so neither side can block the other on full socket buffers.
+_PIPELINE_WRITER_THRESHOLD = 256
+# A body that does not fit the caller's buffer is read and dropped up to this size (the
+# connection stays usable); a longer one closes the connection instead.
+_DISCARD_LIMIT = 64 * 1024
+
+MISS = -1  # fetch_into: 404
+WRONG_LENGTH = -2  # fetch_into: the value exists with another length
+
+
+@dataclasses.dataclass
+class KvCacheStats:
+    unique_blocks: int = 0
+    total_refs: int = 0
+    resident_bytes: int = 0
+    logical_bytes: int = 0
+    dedup_savings_bytes: int = 0
+    dedup_hits: int = 0
+    get_hits: int = 0
+    get_misses: int = 0
+    extra: dict = dataclasses.field(default_factory=dict)  # kvrelay's additive fields
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "KvCacheStats":
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: int(obj.get(k, 0)) for k in names}
+        return cls(**known, extra={k: v for k, v in obj.items() if k not in names})
+
+
+def env_value(name: str, environ=None) -> Optional[str]:
+    environ = os.environ if environ is None else environ
+    for prefix in ENV_PREFIXES:
+        v = environ.get(prefix + name)
+        if v is not None and v != "":
+            return v
+    return None
+
+
+def addr_to_url(addr: str) -> str:
+    a = addr.strip()
+    if a.lower() in _TRUE:
+        a = DEFAULT_ADDR
+    elif a.isdigit():
+        a = f"127.0.0.1:{a}"
+    return a if "://" in a else "http://" + a
+
+
+def byte_view(value) -> memoryview:
+    """A flat unsigned-byte view of any bytes-like, without copying when it is contiguous."""
+    mv = value if isinstance(value, memoryview) else memoryview(value)
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    if mv.contiguous:
+        return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+    return memoryview(mv.tobytes())
+
+
+def writable_view(buffer) -> memoryview:
+    """A flat unsigned-byte view over a writable, C-contiguous buffer (never a copy)."""
+    mv = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if mv.readonly:
+        raise TypeError("a writable buffer is needed")
+    if not mv.c_contiguous:
+        raise TypeError("a C-contiguous buffer is needed")
+    return mv if (mv.ndim == 1 and mv.format == "B") else mv.cast("B")
+
+
+class _Pool:
+    """LIFO stack of idle keep-alive connections, at most `size` connections in use."""
+
+    def __init__(self, factory, size: int):
+        self._factory = factory
+        self._idle = collections.deque()
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(size)
+        self._closed = False
+        self.opened = 0  # connections created (for observability and tests)
+
+    def acquire(self, timeout: float):
+        if not self._slots.acquire(timeout=timeout):
+            raise TimeoutError("connection pool exhausted")
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+            self.opened += 1
+        try:
+            return self._factory(), False
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, conn, reusable: bool):
+        try:
+            with self._lock:
+                if reusable and not self._closed:
+                    self._idle.append(conn)
+                    conn = None
+            if conn is not None:
+                conn.close()
+        finally:
+            self._slots.release()
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            idle, self._idle = list(self._idle), collections.deque()
+        for c in idle:
+            c.close()
+
+
+# Errors that mean "the server closed an idle keep-alive connection before reading our
+# request": the request was never processed, so it is safe to send it once more.
+_STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+class Client:
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+        max_connections: Optional[int] = None,
+        tls_verify: Optional[bool] = None,
+        tls_ca: Optional[str] = None,
+        environ=None,
+    ):
+        if url is None:
+            url = env_value("URL", environ)
+        if url is None:
+            addr = env_value("ADDR", environ)
+            url = addr_to_url(addr if addr is not None else DEFAULT_ADDR)
+        u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+        self.scheme = u.scheme or "http"
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported URL scheme {self.scheme!r}")
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (443 if self.scheme == "https" else 80)
+        self.base_path = u.path.rstrip("/")
+        self.url = f"{self.scheme}://{self.host}:{self.port}{self.base_path}"
+        self.token = token if token is not None else env_value("TOKEN", environ)
+        self.timeout_s = float(timeout_s if timeout_s is not None else env_value("TIMEOUT_S", environ) or 2.0)
+        self.max_connections = int(
+            max_connections if max_connections is not None else env_value("MAX_CONNECTIONS", environ) or 32
+        )
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if tls_verify is None:
+            v = env_value("TLS_VERIFY", environ)
+            tls_verify = not (v is not None and v.strip().lower() in _FALSE)
+        self._ssl = None
+        if self.scheme == "https":
+            ctx = ssl.create_default_context(cafile=tls_ca or env_value("TLS_CA", environ))
+            if not tls_verify:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            ctx.set_alpn_protocols(["http/1.1"])
+            self._ssl = ctx
+        host_hdr = self.host if ":" not in self.host else f"[{self.host}]"
+        self._fixed_headers = f"Host: {host_hdr}:{self.port}\r\n"
+        if self.token:
+            self._fixed_headers += f"Authorization: Bearer {self.token}\r\n"
+        self._pool = _Pool(self._new_connection, self.max_connections)
+        self.errors = 0  # degraded operations (observability)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _new_connection(self) -> Connection:
+        return Connection(self.host, self.port, self.timeout_s, self._ssl)
+
+    @property
+    def connections_opened(self) -> int:
+        return self._pool.opened
+
+    def path(self, key) -> str:
+        return self.base_path + "/kv/" + urllib.parse.quote(str(key), safe="")
+
+    def _head(self, method: str, path: str, length: Optional[int] = None, extra: str = "") -> bytes:
+        h = f"{method} {path} HTTP/1.1\r\n{self._fixed_headers}{extra}"
+        if length is not None:
+            h += f"Content-Length: {length}\r\nContent-Type: application/octet-stream\r\n"
+        return (h + "\r\n").encode("latin-1")
+
+    def _exchange(self, head: bytes, body: Sequence, on_response, head_request: bool = False):
+        """Sends one request and hands (connection, response) to on_response, which reads the
+        body and returns (result, reusable). Retries once on a stale keep-alive connection."""
+        for attempt in (0, 1):
+            conn, reused = self._pool.acquire(self.timeout_s)
+            ok = False
+            answered = False
+            try:
+                conn.send(head, body)
+                resp = conn.read_head(head_request)
+                answered = True
+                result, ok = on_response(conn, resp)
+                ok = ok and not resp.will_close
+                return result
+            except _STALE:
+                if reused and attempt == 0 and not answered:
+                    continue  # a keep-alive connection the server had closed: retry once
+                raise
+            finally:
+                self._pool.release(conn, ok)
+        raise ConnectionError("unreachable")  # pragma: no cover
+
+    def _simple(self, method: str, path: str, body: Sequence = (), length: Optional[int] = None,
+                extra: str = "", head_request: bool = False, max_body: int = 1 << 20):
+        """(status, body bytes) of a request whose answer is small (bounded by max_body)."""
+        def on_response(conn, resp):
+            if resp.length > max_body:
+                raise ProtocolError(f"answer of {resp.length} bytes to {method}, over {max_body}")
+            return (resp.status, conn.read_body(resp.length)), True
+
+        return self._exchange(self._head(method, path, length, extra), body, on_response, head_request)
+
+    def _degrade(self, op: str, key, exc: BaseException, default):
+        self.errors += 1
+        log.debug("kvrelay %s %r degraded to a miss: %s: %s", op, key, type(exc).__name__, exc)
+        return default
+
+    # -- the raising layer (adapters, cluster) -----------------------------------------------
+
+    def fetch(self, key) -> Optional[bytes]:
+        """The value, or None on 404. Raises on transport and protocol errors."""
+        def on_response(conn, resp):
+            if resp.status == 200:
+                return conn.read_body(resp.length), True
+            if resp.length <= _DISCARD_LIMIT:
+                conn.discard(resp.length)
+                if resp.status != 404:
+                    log.debug("kvrelay get %r: HTTP %d", key, resp.status)
+                return None, True
+            return None, False
+
+        return self._exchange(self._head("GET", self.path(key)), (), on_response)
+
+    def fetch_into(self, key, views: Sequence[memoryview]) -> int:
+        """Receives the value straight into the views, filled in order: the byte count on a
+        hit, MISS on 404 (or another status), WRONG_LENGTH when the value's length is not the
+        views' total (nothing is written then). Raises on transport and protocol errors."""
+        want = sum(v.nbytes for v in views)
+
+        def on_response(conn, resp):
+            if resp.status == 200 and resp.length == want:
+                return conn.read_into(views), True
+            code = WRONG_LENGTH if resp.status == 200 else MISS
+            if resp.status not in (200, 404):
+                log.debug("kvrelay get %r: HTTP %d", key, resp.status)
+            if resp.length <= _DISCARD_LIMIT:
+                conn.discard(resp.length)
+                return code, True
+            return code, False  # do not receive megabytes only to drop them: close instead
+
+        return self._exchange(self._head("GET", self.path(key)), (), on_response)
+
+    def store(self, key, parts: Sequence, sequence_hash: Optional[int] = None) -> int:
+        """PUTs the concatenation of parts (bytes-likes, sent without copying); the status.
+        Raises on transport and protocol errors."""
+        views = [byte_view(p) for p in parts]
+        extra = ""
+        if sequence_hash is not None:
+            extra = f"X-KV-Sequence-Hash: {int(sequence_hash) & 0xFFFFFFFFFFFFFFFF}\r\n"
+        length = sum(v.nbytes for v in views)
+        status, _ = self._simple("PUT", self.path(key), views, length=length, extra=extra)
+        if status not in (200, 201):
+            log.debug("kvrelay put %r: HTTP %d", key, status)
+        return status
+
+    def probe(self, key) -> bool:
+        status, _ = self._simple("HEAD", self.path(key), head_request=True)
+        return status == 200
+
+    def remove(self, key) -> Optional[int]:
+        status, data = self._simple("DELETE", self.path(key))
+        if status != 200:
+            return None
+        return int(json.loads(data)["refs"])
+
+    def probe_many(self, keys: Sequence) -> List[bool]:
+        """Existence of every key (HEAD 200), in order. Raises on transport errors.
+
+        This is the one place that decides how a batch existence check travels. Today: HTTP/1.1
+        pipelined HEADs on one keep-alive connection (the server answers them in order), in
+        exchanges of at most MAX_PIPELINE_KEYS. A server batch route replaces this function's
+        body and nothing else."""
+        out: List[bool] = []
+        for i in range(0, len(keys), MAX_PIPELINE_KEYS):
+            out.extend(self._pipelined_heads(keys[i:i + MAX_PIPELINE_KEYS]))
+        return out
+
+    def _pipelined_heads(self, keys: Sequence) -> List[bool]:
+        if not keys:
+            return []
+        payload = b"".join(self._head("HEAD", self.path(k)) for k in keys)
+        for attempt in (0, 1):
+            conn, reused = self._pool.acquire(self.timeout_s)
+            ok = False
+            results: List[bool] = []
+            writer = None
+            failure = []
+            try:
+                if len(keys) > _PIPELINE_WRITER_THRESHOLD:
+                    def write():
+                        try:
+                            conn.sock.sendall(payload)
+                        except BaseException as e:  # reported by the reader's failure
+                            failure.append(e)
+                    writer = threading.Thread(target=write, daemon=True, name="kvrelay-pipeline")
+                    writer.start()
+                else:
+                    conn.sock.sendall(payload)
+                will_close = False
+                for _ in keys:
+                    resp = conn.read_head(head_request=True)
+                    results.append(resp.status == 200)
+                    if resp.will_close:
+                        will_close = True
+                        break
+                if len(results) != len(keys):
+                    raise ProtocolError(f"the server closed after {len(results)} of {len(keys)} answers")
+                ok = not will_close
+                return results
+            except _STALE:
+                if reused and attempt == 0 and not results:
+                    continue
+                raise
+            finally:
+                if writer is not None:
+                    if not ok:
+                        conn.close()  # unblocks a writer stuck on a full buffer
+                    writer.join(self.timeout_s + 1.0)
+                    if failure and ok:
+                        ok = False
+                self._pool.release(conn, ok)
+        raise ConnectionError("unreachable")  # pragma: no cover
+
+    # -- the connector API (never raises) ----------------------------------------------------
+
+    def get(self, key) -> Optional[bytes]:
+        try:
+            return self.fetch(key)
+        except Exception as e:
+            return self._degrade("get", key, e, None)
+
+    def get_into(self, key, buffer) -> Optional[int]:
+        try:
+            n = self.fetch_into(key, [writable_view(buffer)])
+            return n if n >= 0 else None
+        except Exception as e:
+            return self._degrade("get_into", key, e, None)
+
+    def put(self, key, value, sequence_hash: Optional[int] = None) -> bool:
+        try:
+            return self.store(key, [value], sequence_hash) in (200, 201)
+        except Exception as e:
+            return self._degrade("put", key, e, False)
+
+    def contains(self, key) -> bool:
+        try:
+            return self.probe(key)
+        except Exception as e:
+            return self._degrade("contains", key, e, False)
+
+    def exists(self, key) -> bool:
+        try:
+            status, data = self._simple("GET", self.path(key) + "/exists")
+            if status != 200:
+                return False
+            return json.loads(data).get("exists") is True
+        except Exception as e:
+            return self._degrade("exists", key, e, False)
+
+    def exists_many(self, keys: Sequence) -> List[bool]:
+        keys = list(keys)
+        try:
+            return self.probe_many(keys)
+        except Exception as e:
+            return self._degrade("exists_many", len(keys), e, [False] * len(keys))
+
+    def delete(self, key) -> Optional[int]:
+        try:
+            return self.remove(key)
+        except Exception as e:
+            return self._degrade("delete", key, e, None)
+
+    def stats(self) -> Optional[KvCacheStats]:
+        try:
+            status, data = self._simple("GET", self.base_path + "/kv/stats")
+            if status != 200:
+                return None
+            return KvCacheStats.from_json(json.loads(data))
+        except Exception as e:
+            return self._degrade("stats", None, e, None)
+
+    def healthy(self) -> bool:
+        """GET /healthz answered 200 (the cluster's re-probe)."""
+        try:
+            status, _ = self._simple("GET", self.base_path + "/healthz")
+            return status == 200
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        try:
+            self._pool.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"kvrelay.Client({self.url!r})"
+
+
+# The reference driver's names.
+KvRelayClient = Client
+RemoteKVConnector = Client
+
+
+def from_env(environ=None) -> Client:
+    return Client(environ=environ)
