@@ -309,6 +309,20 @@ class Client:
 
         return self._exchange(self._head("GET", self.path(key)), (), on_response)
 
+    def fetch_with(self, key, reader):
+        """GET whose 200 body is consumed by reader(conn, length) -> result (reader must read
+        exactly length bytes, or raise); None on 404 or another status. Raises on transport
+        and protocol errors. For values whose destination depends on their first bytes."""
+        def on_response(conn, resp):
+            if resp.status == 200:
+                return reader(conn, resp.length), True
+            if resp.length <= _DISCARD_LIMIT:
+                conn.discard(resp.length)
+                return None, True
+            return None, False
+
+        return self._exchange(self._head("GET", self.path(key)), (), on_response)
+
     def store(self, key, parts: Sequence, sequence_hash: Optional[int] = None) -> int:
         """PUTs the concatenation of parts (bytes-likes, sent without copying); the status.
         Raises on transport and protocol errors."""

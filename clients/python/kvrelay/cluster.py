@@ -262,6 +262,36 @@ class Cluster:
             raise ConnectionError(f"no owner of {key!r} reachable")
         return code
 
+    def fetch_with(self, key, reader):
+        """Client.fetch_with over the owners; raises ConnectionError when none is reachable."""
+        reached = False
+        for node in self._each_owner(key):
+            r = self._call(node, lambda c: c.fetch_with(key, reader))
+            if r is _FAILED:
+                continue
+            reached = True
+            if r is not None:
+                return r
+        if not reached:
+            raise ConnectionError(f"no owner of {key!r} reachable")
+        return None
+
+    def probe(self, key) -> bool:
+        reached = False
+        for node in self._each_owner(key):
+            r = self._call(node, lambda c: c.probe(key))
+            if r is _FAILED:
+                continue
+            reached = True
+            if r:
+                return True
+        if not reached:
+            raise ConnectionError(f"no owner of {key!r} reachable")
+        return False
+
+    def healthy(self) -> bool:
+        return any(n.client.healthy() for n in self.nodes)
+
     def store(self, key, parts, sequence_hash=None) -> int:
         """PUT to every usable owner: the best status (201/200 if any owner took it); raises
         ConnectionError when none could be reached."""
