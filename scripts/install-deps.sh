@@ -16,7 +16,8 @@ libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev l
 libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-blake3-dev"
 # Tests: unit framework, the e2e runner and the real clients it drives.
 TESTS="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
-protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached"
+protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached
+python3-venv python3-setuptools python3-wheel python3-pip"
 # Benchmarks: the peers and their own clients (scripts/bench-peers.sh).
 BENCH="redis-server redis-tools memcached libmemcached-tools nginx-light iperf3 wrk gnuplot-nox
 linux-perf strace"
