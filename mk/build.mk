@@ -76,6 +76,17 @@ $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# --version: the release and the git commit, in $(BUILD)/gen/version.h, rewritten only when
+# they change. Outside a git checkout (a container build) pass KVR_GIT_COMMIT=... or get "unknown".
+KVR_VERSION    ?= 0.1.0
+KVR_GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+$(BUILD)/gen/version.h: kvr-version-check
+	@mkdir -p $(dir $@)
+	@printf '#define KVR_VERSION "%s"\n#define KVR_GIT_COMMIT "%s"\n' '$(KVR_VERSION)' '$(KVR_GIT_COMMIT)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+.PHONY: kvr-version-check
+$(BUILD)/src/main/kvrelay-supervisor.o: $(BUILD)/gen/version.h
+
 $(BUILD)/%: $(BUILD)/src/main/%.o $(LIB)
 	$(CC) $(LDFLAGS) $< $(LIB) $(LIBS) $(PROG_LIBS) -o $@
 

@@ -42,6 +42,9 @@ static const opt_t opts[] = {
     {"hugepages", T_STR, "auto", 0, 0, S(hugepages), "auto | off | require"},
     {"log-level", T_STR, "info", 0, 0, S(log_level), "debug | info | warn | error"},
     {"port-file", T_STR, "", 0, 0, S(port_file), "write the bound ports (http=..., grpc=...) to this file"},
+    {"segment-path", T_STR, "", 0, 0, S(segment_path), "keep the segment in this file on tmpfs/hugetlbfs: re-attached at start (warm restart)"},
+    {"segment-reset", T_BOOL, "false", 0, 1, N(segment_reset), "with --segment-path: discard the file's contents and start empty"},
+    {"log-format", T_STR, "text", 0, 0, S(log_format), "text | json (one object per line)"},
     {"model", T_STR, "kvrelay", 0, 0, S(model), "model card source_path for the pool identity"},
     {"kv-block-size", T_UINT, "16", 1, 1u << 20, N(kv_block_size), "tokens per KV block (pool query semantics)"},
     {"hash-format", T_STR, "standard", 0, 0, S(hash_format), "standard | eagle"},
@@ -277,6 +280,18 @@ static int validate(kvr_config_t *cfg, FILE *err)
         fprintf(err, "kvrelay: --log-level must be debug, info, warn or error\n");
         return KVR_EINVAL;
     }
+    if (strcmp(cfg->log_format, "text") && strcmp(cfg->log_format, "json")) {
+        fprintf(err, "kvrelay: --log-format must be text or json\n");
+        return KVR_EINVAL;
+    }
+    if (cfg->segment_reset && cfg->segment_path[0] == '\0') {
+        fprintf(err, "kvrelay: --segment-reset needs --segment-path\n");
+        return KVR_EINVAL;
+    }
+    if (cfg->segment_path[0] != '\0' && cfg->segment_path[0] != '/') {
+        fprintf(err, "kvrelay: --segment-path must be an absolute path, got '%s'\n", cfg->segment_path);
+        return KVR_EINVAL;
+    }
     if (strcmp(cfg->hash_format, "standard") && strcmp(cfg->hash_format, "eagle")) {
         fprintf(err, "kvrelay: --hash-format must be standard or eagle\n");
         return KVR_EINVAL;
@@ -354,6 +369,10 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
             cfg->print_config = 1;
             continue;
         }
+        if (!strcmp(arg, "--version")) {
+            cfg->version = 1;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0) {
             fprintf(err, "kvrelay: unexpected argument '%s' (see --help)\n", arg);
             return KVR_EINVAL;
@@ -398,7 +417,8 @@ void kvr_config_usage(FILE *out, const char *prog)
         env_name(&opts[i], ev, sizeof(ev));
         fprintf(out, "  --%-30s %s\n  %-32s env %s, default '%s'\n", opts[i].name, opts[i].help, "", ev, opts[i].def);
     }
-    fprintf(out, "  --%-30s %s\n  --%-30s %s\n", "print-config", "print the effective configuration and exit",
+    fprintf(out, "  --%-30s %s\n  --%-30s %s\n  --%-30s %s\n", "print-config",
+            "print the effective configuration and exit", "version", "print the version and git commit and exit",
             "help", "this text");
 }
 

@@ -34,6 +34,9 @@ typedef struct {
     char hugepages[16];
     char log_level[16];
     char port_file[KVR_CFG_STR_MAX];
+    char segment_path[KVR_CFG_STR_MAX]; /* warm restart: the segment lives in this file */
+    int segment_reset;                  /* discard an existing segment file */
+    char log_format[16];                /* text | json */
     /* relay (spec/dynamo-relay.md, "kvrelay's profile") */
     char model[KVR_CFG_STR_MAX];
     uint64_t kv_block_size;
@@ -52,6 +55,7 @@ typedef struct {
     /* derived, not in the table */
     int print_config;
     int help;
+    int version;
     char token_source[32]; /* where the token came from, for --print-config */
 } kvr_config_t;
 

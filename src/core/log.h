@@ -1,7 +1,10 @@
 /*
  * log.h — levelled logging that says who speaks.
  *
- * Every line is "<iso time> <role>[<pid>] <LEVEL> message" on stderr. The role is set
+ * Every line is "<iso time> <role>[<pid>] <LEVEL> message" on stderr, or with
+ * --log-format json one object per line: {"time","level","role","pid","message","fields"},
+ * where fields holds the message's key=value tokens (numbers as numbers). Messages are cut
+ * at 1023 bytes; bytes that are not UTF-8 are escaped as \u00XX. The role is set
  * once per process (kvr_log_set_role) after fork. Lines below the configured level cost
  * one comparison. Repeated errors should go through KVR_LOG_RATELIMITED.
  */
@@ -12,7 +15,10 @@
 
 enum { KVR_LOG_DEBUG = 0, KVR_LOG_INFO = 1, KVR_LOG_WARN = 2, KVR_LOG_ERROR = 3, KVR_LOG_OFF = 4 };
 
+enum { KVR_LOG_TEXT = 0, KVR_LOG_JSON = 1 };
+
 extern int kvr_log_level;
+extern int kvr_log_style;  /* KVR_LOG_TEXT or KVR_LOG_JSON, set once before any fork */
 
 void kvr_log_set_role(const char *role);
 const char *kvr_log_role(void);

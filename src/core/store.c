@@ -109,6 +109,34 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     return KVR_OK;
 }
 
+int kvr_store_attach(kvr_seg_t *seg, int no_evict)
+{
+    kvr_seg_hdr_t *h = seg->hdr;
+    kvr_store_t st;
+
+    bind_handles(&st, seg);
+    if (!st.sh->formatted) {
+        kvr_error("store: re-attached segment was never formatted");
+        return KVR_ERR;
+    }
+    /* The mutex may be held by a process of the previous run: no such process is alive now
+     * (the segment file's lock says so), so a fresh mutex is the recovered one. */
+    if (kvr_shlock_init(&st.sh->lock) != KVR_OK)
+        return KVR_ERR;
+    st.sh->no_evict = no_evict ? 1 : 0;
+    for (uint64_t i = 0; i < (uint64_t)KVR_MAX_PROCS * h->pin_slots; i++) {
+        st.pins_all[i].entry = KVR_NIL;
+        st.pins_all[i].count = 0;
+    }
+    for (int s = 0; s < KVR_MAX_PROCS; s++)
+        kvr_stats_retire(&st.sh->stats[KVR_STATS_RETIRED], &st.sh->stats[s]);
+    if (store_lock(&st) != KVR_OK)
+        return KVR_ERR;
+    repair_locked(&st, -1);
+    store_unlock(&st);
+    return KVR_OK;
+}
+
 int kvr_store_open(kvr_store_t *st, kvr_seg_t *seg)
 {
     if (seg->hdr->magic != KVR_SEG_MAGIC || seg->hdr->layout_version != KVR_SEG_LAYOUT_VERSION) {

@@ -82,6 +82,14 @@ struct kvr_store_s {
 /* Initialises the store's regions of a freshly created segment (the supervisor, once). */
 int kvr_store_format(kvr_seg_t *seg, int no_evict);
 
+/*
+ * Warm restart: a re-attached segment (seg->attached) whose processes are all gone. Reinitialises
+ * the lock, clears every pin table, folds every process's counters into the retired block and
+ * runs the full repair (reservations and half-written blocks dropped, aggregates recomputed).
+ * Returns KVR_OK, or KVR_ERR when the store was never formatted.
+ */
+int kvr_store_attach(kvr_seg_t *seg, int no_evict);
+
 /* Opens this process's handle; seg->slot must be claimed (kvr_seg_proc_claim). */
 int kvr_store_open(kvr_store_t *st, kvr_seg_t *seg);
 

@@ -211,6 +211,30 @@ static int write_port_file(const char *path, const char *http, const char *grpc)
     return KVR_OK;
 }
 
+/*
+ * Formats the relay state: a new incarnation every start. On a re-attached segment the
+ * previous run's generation and catalog revision are carried over so that the publisher's
+ * first generation (+1 each) moves past everything a subscriber of that run saw.
+ */
+static int relay_start(sup_t *s, const kvr_config_t *cfg)
+{
+    kvr_relay_sh_t *rs = kvr_seg_at(&s->seg, s->seg.hdr->off_relay);
+    uint64_t gen = 0, rev = 0;
+
+    if (s->seg.attached) {
+        gen = atomic_load(&rs->generation);
+        rev = atomic_load(&rs->catalog_revision);
+    }
+    if (kvr_relay_format(&s->relay, &s->seg, cfg) != KVR_OK)
+        return KVR_ERR;
+    atomic_store(&s->relay.sh->generation, gen);
+    atomic_store(&s->relay.sh->catalog_revision, rev);
+    if (s->seg.attached)
+        kvr_info("relay: re-attached segment: previous generation %llu, catalog revision %llu",
+                 (unsigned long long)gen, (unsigned long long)rev);
+    return KVR_OK;
+}
+
 int kvr_supervisor_run(const kvr_config_t *cfg)
 {
     static sup_t sup;
@@ -245,11 +269,21 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         }
         sc.ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
     }
-    if (kvr_seg_create(&s->seg, &sc) != KVR_OK || kvr_store_format(&s->seg, cfg->no_evict) != KVR_OK)
-        return 1;
+    sc.path = cfg->segment_path[0] ? cfg->segment_path : NULL;
+    sc.reset = cfg->segment_reset;
+    {
+        uint64_t t0 = now_ms();
+        if (kvr_seg_create(&s->seg, &sc) != KVR_OK)
+            return 1;
+        if (s->seg.attached ? kvr_store_attach(&s->seg, cfg->no_evict) : kvr_store_format(&s->seg, cfg->no_evict))
+            return 1;
+        kvr_seg_seal(&s->seg);
+        if (s->seg.attached)
+            kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(now_ms() - t0));
+    }
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
         return 1;
-    if (kvr_relay_format(&s->relay, &s->seg, cfg) != KVR_OK)
+    if (relay_start(s, cfg) != KVR_OK)
         return 1;
     /* Wake-up eventfds for every process slot, made before any fork. */
     s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

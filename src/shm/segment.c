@@ -10,11 +10,17 @@
 #include "shm/store_sh.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #ifndef MFD_HUGE_2MB
 #define MFD_HUGE_2MB (21u << 26)
@@ -139,13 +145,296 @@ static void *map_fd(int fd, uint64_t size)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* ------------------------------------------------------------------ warm restart */
+
+uint64_t kvr_seg_struct_sig(void)
+{
+    /* Every structure a re-attach reads in place; a build that changes one refuses old files. */
+    const uint64_t sizes[] = {
+        KVR_SEG_LAYOUT_VERSION,        sizeof(kvr_seg_hdr_t),   offsetof(kvr_seg_hdr_t, ctl),
+        sizeof(kvr_ctl_sh_t),          sizeof(kvr_proc_sh_t),   sizeof(kvr_store_sh_t),
+        sizeof(kvr_entry_t),           sizeof(kvr_page_t),      sizeof(kvr_pin_t),
+        sizeof(kvr_log_sh_t),          sizeof(kvr_log_event_t), sizeof(kvr_relay_sh_t),
+        sizeof(kvr_stats_block_t),     sizeof(pthread_mutex_t), KVR_MAX_PROCS,
+        KVR_KEY_MAX,                   KVR_RELAY_RING_BYTES,    KVR_RELAY_SNAPSHOTS,
+    };
+    return XXH3_64bits(sizes, sizeof(sizes));
+}
+
+/* Checksum of the fields fixed at creation (not backing, generation, ctl or itself). */
+static uint64_t hdr_checksum(const kvr_seg_hdr_t *h)
+{
+    kvr_seg_hdr_t c;
+
+    memcpy(&c, h, offsetof(kvr_seg_hdr_t, ctl));
+    c.magic = KVR_SEG_MAGIC; /* sealing writes it after the checksum */
+    c.backing = 0;
+    atomic_store_explicit(&c.generation, 0, memory_order_relaxed);
+    c.hdr_check = 0;
+    return XXH3_64bits(&c, offsetof(kvr_seg_hdr_t, ctl));
+}
+
+void kvr_seg_seal(kvr_seg_t *seg)
+{
+    kvr_seg_hdr_t *h = seg->hdr;
+
+    h->struct_sig = kvr_seg_struct_sig();
+    h->hdr_check = hdr_checksum(h);
+    __atomic_store_n(&h->magic, KVR_SEG_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* Appends "; what: file F, configured C (flag)" to buf when the two differ. */
+static void diff_field(char *buf, size_t n, const char *what, uint64_t file, uint64_t want)
+{
+    size_t l = strlen(buf);
+
+    if (file != want && l < n)
+        snprintf(buf + l, n - l, "%s%s %llu in the file, %llu configured", l ? "; " : "", what,
+                 (unsigned long long)file, (unsigned long long)want);
+}
+
+/*
+ * Checks an existing segment file's header against the layout this configuration computes.
+ * Returns KVR_OK, KVR_ENOTFOUND for a file that was never sealed (nothing in it was ever
+ * served), or KVR_ERR after logging what differs.
+ */
+static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_size, const kvr_seg_hdr_t *want)
+{
+    char d[768] = "";
+
+    if (h->magic == 0 && h->hdr_check == 0)
+        return KVR_ENOTFOUND;
+    if (h->magic != KVR_SEG_MAGIC) {
+        kvr_error("segment file %s: not a kvrelay segment or its header is corrupted (magic %016llx); "
+                  "refusing it (--segment-reset starts empty)", path, (unsigned long long)h->magic);
+        return KVR_ERR;
+    }
+    if (h->layout_version != KVR_SEG_LAYOUT_VERSION) {
+        kvr_error("segment file %s: layout version %u, this build reads version %u; refusing it "
+                  "(--segment-reset starts empty)", path, h->layout_version, KVR_SEG_LAYOUT_VERSION);
+        return KVR_ERR;
+    }
+    if (h->struct_sig != kvr_seg_struct_sig()) {
+        kvr_error("segment file %s: written by a build with other shared structures (signature %016llx, "
+                  "this build %016llx); refusing it (--segment-reset starts empty)", path,
+                  (unsigned long long)h->struct_sig, (unsigned long long)kvr_seg_struct_sig());
+        return KVR_ERR;
+    }
+    if (h->hdr_check != hdr_checksum(h)) {
+        kvr_error("segment file %s: header is corrupted (checksum %016llx, computed %016llx); refusing it "
+                  "(--segment-reset starts empty)", path, (unsigned long long)h->hdr_check,
+                  (unsigned long long)hdr_checksum(h));
+        return KVR_ERR;
+    }
+    diff_field(d, sizeof(d), "page size (--page-size)", h->page_size, want->page_size);
+    diff_field(d, sizeof(d), "arena bytes (--memory)", h->npages * h->page_size, want->npages * want->page_size);
+    diff_field(d, sizeof(d), "index entries (--max-blocks)", h->max_blocks, want->max_blocks);
+    diff_field(d, sizeof(d), "change-log events", h->log_capacity, want->log_capacity);
+    diff_field(d, sizeof(d), "pin slots", h->pin_slots, want->pin_slots);
+    diff_field(d, sizeof(d), "relay filter buckets (--expected-unique-blocks)", h->ckf_buckets, want->ckf_buckets);
+    if (d[0] == '\0' && memcmp(&h->off_procs, &want->off_procs,
+                               offsetof(kvr_seg_hdr_t, off_reserved_) - offsetof(kvr_seg_hdr_t, off_procs)) != 0)
+        snprintf(d, sizeof(d), "region offsets differ with equal sizes");
+    diff_field(d, sizeof(d), "total bytes", h->total_size, want->total_size);
+    if (d[0] != '\0') {
+        kvr_error("segment file %s: geometry differs from this configuration: %s; refusing it (start with the "
+                  "file's settings, or --segment-reset to start empty)", path, d);
+        return KVR_ERR;
+    }
+    if (file_size != h->total_size) {
+        kvr_error("segment file %s: %llu bytes, its header says %llu: truncated or corrupted; refusing it "
+                  "(--segment-reset starts empty)", path, (unsigned long long)file_size,
+                  (unsigned long long)h->total_size);
+        return KVR_ERR;
+    }
+    return KVR_OK;
+}
+
+/* Opens (or creates) and locks the segment file; decides its backing from its filesystem. */
+static int open_seg_file(const kvr_seg_config_t *c, uint32_t *backing)
+{
+    struct statfs sfs;
+    int fd = open(c->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+    if (fd < 0) {
+        kvr_error("segment file %s: %s", c->path, strerror(errno));
+        return -1;
+    }
+    /* The lock is inherited by every child: taking it proves the previous run is gone. */
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        kvr_error("segment file %s is in use by another running kvrelay (flock: %s)", c->path, strerror(errno));
+        goto fail;
+    }
+    if (fstatfs(fd, &sfs) < 0) {
+        kvr_error("segment file %s: fstatfs: %s", c->path, strerror(errno));
+        goto fail;
+    }
+    if ((unsigned long)sfs.f_type == (unsigned long)HUGETLBFS_MAGIC) {
+        *backing = KVR_BACKING_HUGETLB;
+        if (c->hugepages == KVR_HUGEPAGES_OFF) {
+            kvr_error("segment file %s is on hugetlbfs but --hugepages is off", c->path);
+            goto fail;
+        }
+    } else if ((unsigned long)sfs.f_type == (unsigned long)TMPFS_MAGIC) {
+        *backing = KVR_BACKING_SHMEM;
+        if (c->hugepages == KVR_HUGEPAGES_REQUIRE) {
+            kvr_error("segment file %s is on tmpfs but --hugepages require asks for hugetlbfs", c->path);
+            goto fail;
+        }
+    } else {
+        /* A disk file would be written back page by page under load: memory only. */
+        kvr_error("segment file %s must be on tmpfs or hugetlbfs (filesystem type 0x%lx)", c->path,
+                  (unsigned long)sfs.f_type);
+        goto fail;
+    }
+    return fd;
+fail:
+    close(fd);
+    return -1;
+}
+
+/*
+ * The file-backed segment: re-attaches a matching file, or sizes an empty (or reset) one.
+ * Returns KVR_OK with seg->base/fd set and seg->attached telling which, or KVR_ERR.
+ */
+static int create_file(kvr_seg_t *seg, const kvr_seg_config_t *c, const kvr_seg_hdr_t *layout, uint32_t *backing)
+{
+    struct stat st;
+    void *base;
+    int fd = open_seg_file(c, backing), rc;
+
+    if (fd < 0)
+        return KVR_ERR;
+    if (fstat(fd, &st) < 0) {
+        kvr_error("segment file %s: fstat: %s", c->path, strerror(errno));
+        goto fail;
+    }
+    if (st.st_size > 0 && c->reset) {
+        kvr_warn("segment file %s: --segment-reset: discarding its %llu bytes", c->path,
+                 (unsigned long long)st.st_size);
+        st.st_size = 0;
+        if (ftruncate(fd, 0) < 0)
+            goto fail_errno;
+    }
+    if (st.st_size > 0) {
+        if ((uint64_t)st.st_size < sizeof(kvr_seg_hdr_t)) {
+            kvr_error("segment file %s: %llu bytes, smaller than a header: corrupted or not a kvrelay segment; "
+                      "refusing it (--segment-reset starts empty)", c->path, (unsigned long long)st.st_size);
+            goto fail;
+        }
+        if ((base = map_fd(fd, (uint64_t)st.st_size)) == NULL) {
+            kvr_error("segment file %s: mmap(%llu): %s", c->path, (unsigned long long)st.st_size, strerror(errno));
+            goto fail;
+        }
+        rc = check_header(c->path, base, (uint64_t)st.st_size, layout);
+        if (rc == KVR_OK) {
+            seg->base = base;
+            seg->fd = fd;
+            seg->attached = 1;
+            return KVR_OK;
+        }
+        munmap(base, (size_t)st.st_size);
+        if (rc != KVR_ENOTFOUND)
+            goto fail;
+        kvr_warn("segment file %s was never sealed (its creator stopped during start-up): starting empty", c->path);
+        if (ftruncate(fd, 0) < 0)
+            goto fail_errno;
+    }
+    if (ftruncate(fd, (off_t)layout->total_size) < 0)
+        goto fail_errno;
+    if ((base = map_fd(fd, layout->total_size)) == NULL) {
+        kvr_error("segment file %s: mmap of %llu bytes: %s%s", c->path, (unsigned long long)layout->total_size,
+                  strerror(errno), *backing == KVR_BACKING_HUGETLB ? " (not enough 2 MiB huge pages)" : "");
+        (void)!ftruncate(fd, 0); /* leave no unsealed file behind */
+        goto fail;
+    }
+    seg->base = base;
+    seg->fd = fd;
+    return KVR_OK;
+
+fail_errno:
+    kvr_error("segment file %s: ftruncate: %s", c->path, strerror(errno));
+fail:
+    close(fd);
+    return KVR_ERR;
+}
+
+/* Re-attach: every process of the previous run is gone (we hold the file lock). */
+static void attach_reset(kvr_seg_t *seg, uint32_t backing)
+{
+    kvr_seg_hdr_t *h = seg->hdr;
+    uint64_t run = atomic_load_explicit(&h->generation, memory_order_relaxed) + 1;
+
+    h->backing = backing;
+    atomic_store_explicit(&h->generation, run, memory_order_relaxed);
+    memset(&h->ctl, 0, sizeof(h->ctl));
+    for (int i = 0; i < KVR_MAX_PROCS; i++) {
+        atomic_store_explicit(&seg->procs[i].pid, 0, memory_order_relaxed);
+        atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
+        atomic_store_explicit(&seg->procs[i].state, KVR_PROC_FREE, memory_order_relaxed);
+    }
+}
+
+/* ------------------------------------------------------------------ create */
+
+static int create_memfd(const kvr_seg_config_t *c, const kvr_seg_hdr_t *layout, uint32_t *backing, void **basep)
+{
+    void *base = NULL;
+    int fd = -1;
+
+    if (c->hugepages != KVR_HUGEPAGES_OFF) {
+        fd = memfd_create("kvrelay", MFD_CLOEXEC | MFD_HUGETLB | MFD_HUGE_2MB);
+        if (fd < 0) {
+            kvr_info("segment: memfd_create(MFD_HUGETLB): %s", strerror(errno));
+        } else if (ftruncate(fd, (off_t)layout->total_size) < 0) {
+            kvr_info("segment: ftruncate on hugetlb memfd: %s", strerror(errno));
+        } else if ((base = map_fd(fd, layout->total_size)) == NULL) {
+            /* ENOMEM here means not enough huge pages are reserved (vm.nr_hugepages). */
+            kvr_info("segment: mmap of %llu bytes of huge pages: %s",
+                     (unsigned long long)layout->total_size, strerror(errno));
+        } else {
+            *backing = KVR_BACKING_HUGETLB;
+        }
+        if (base == NULL && fd >= 0) {
+            close(fd);
+            fd = -1;
+        }
+        if (base == NULL && c->hugepages == KVR_HUGEPAGES_REQUIRE) {
+            kvr_error("segment: huge pages required but not available");
+            return -1;
+        }
+    }
+
+    if (base == NULL) {
+        fd = memfd_create("kvrelay", MFD_CLOEXEC);
+        if (fd < 0) {
+            kvr_error("segment: memfd_create: %s", strerror(errno));
+            return -1;
+        }
+        if (ftruncate(fd, (off_t)layout->total_size) < 0) {
+            kvr_error("segment: ftruncate(%llu): %s", (unsigned long long)layout->total_size,
+                      strerror(errno));
+            close(fd);
+            return -1;
+        }
+        base = map_fd(fd, layout->total_size);
+        if (base == NULL) {
+            kvr_error("segment: mmap(%llu): %s", (unsigned long long)layout->total_size,
+                      strerror(errno));
+            close(fd);
+            return -1;
+        }
+        *backing = KVR_BACKING_SHMEM;
+    }
+    *basep = base;
+    return fd;
+}
+
 int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg)
 {
     kvr_seg_config_t c = *cfg;
     kvr_seg_hdr_t layout;
     uint32_t backing = 0;
-    void *base = NULL;
-    int fd = -1;
 
     memset(seg, 0, sizeof(*seg));
     seg->fd = -1;
@@ -156,75 +445,48 @@ int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg)
                   (unsigned long long)c.memory, c.page_size, (unsigned long long)c.max_blocks);
         return KVR_ERR;
     }
+    layout.struct_sig = kvr_seg_struct_sig();
 
-    if (c.hugepages != KVR_HUGEPAGES_OFF) {
-        fd = memfd_create("kvrelay", MFD_CLOEXEC | MFD_HUGETLB | MFD_HUGE_2MB);
-        if (fd < 0) {
-            kvr_info("segment: memfd_create(MFD_HUGETLB): %s", strerror(errno));
-        } else if (ftruncate(fd, (off_t)layout.total_size) < 0) {
-            kvr_info("segment: ftruncate on hugetlb memfd: %s", strerror(errno));
-        } else if ((base = map_fd(fd, layout.total_size)) == NULL) {
-            /* ENOMEM here means not enough huge pages are reserved (vm.nr_hugepages). */
-            kvr_info("segment: mmap of %llu bytes of huge pages: %s",
-                     (unsigned long long)layout.total_size, strerror(errno));
-        } else {
-            backing = KVR_BACKING_HUGETLB;
-        }
-        if (base == NULL && fd >= 0) {
-            close(fd);
-            fd = -1;
-        }
-        if (base == NULL && c.hugepages == KVR_HUGEPAGES_REQUIRE) {
-            kvr_error("segment: huge pages required but not available");
+    if (c.path != NULL && c.path[0] != '\0') {
+        if (create_file(seg, &c, &layout, &backing) != KVR_OK)
             return KVR_ERR;
-        }
-    }
-
-    if (base == NULL) {
-        fd = memfd_create("kvrelay", MFD_CLOEXEC);
-        if (fd < 0) {
-            kvr_error("segment: memfd_create: %s", strerror(errno));
+    } else {
+        void *base = NULL;
+        if ((seg->fd = create_memfd(&c, &layout, &backing, &base)) < 0)
             return KVR_ERR;
-        }
-        if (ftruncate(fd, (off_t)layout.total_size) < 0) {
-            kvr_error("segment: ftruncate(%llu): %s", (unsigned long long)layout.total_size,
-                      strerror(errno));
-            goto fail;
-        }
-        base = map_fd(fd, layout.total_size);
-        if (base == NULL) {
-            kvr_error("segment: mmap(%llu): %s", (unsigned long long)layout.total_size,
-                      strerror(errno));
-            goto fail;
-        }
-        backing = KVR_BACKING_SHMEM;
-        if (shmem_thp_allowed() && madvise(base, layout.total_size, MADV_HUGEPAGE) == 0)
-            backing = KVR_BACKING_SHMEM_THP;
+        seg->base = base;
     }
+    if (backing == KVR_BACKING_SHMEM && shmem_thp_allowed() && madvise(seg->base, layout.total_size, MADV_HUGEPAGE) == 0)
+        backing = KVR_BACKING_SHMEM_THP;
 
-    seg->base = base;
     seg->size = layout.total_size;
-    seg->fd = fd;
-    seg->hdr = base;
+    seg->hdr = (kvr_seg_hdr_t *)seg->base;
+    seg->procs = kvr_seg_at(seg, layout.off_procs);
+    if (seg->attached) {
+        attach_reset(seg, backing);
+        kvr_info("segment: re-attached %s (%llu bytes, arena %llu in %llu pages of %u, index %llu entries, run %llu) on %s",
+                 c.path, (unsigned long long)layout.total_size, (unsigned long long)layout.arena_bytes,
+                 (unsigned long long)layout.npages, layout.page_size, (unsigned long long)layout.max_blocks,
+                 (unsigned long long)atomic_load(&seg->hdr->generation), kvr_seg_backing_name(backing));
+        return KVR_OK;
+    }
     memcpy(seg->hdr, &layout, sizeof(layout));
+    /* A file stays unsealed (magic 0) until the store is formatted: see kvr_seg_seal. */
+    if (c.path != NULL && c.path[0] != '\0')
+        seg->hdr->magic = 0;
     seg->hdr->backing = backing;
     atomic_store_explicit(&seg->hdr->generation, 1, memory_order_relaxed);
-    seg->procs = kvr_seg_at(seg, layout.off_procs);
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
         atomic_store_explicit(&seg->procs[i].pid, 0, memory_order_relaxed);
         atomic_store_explicit(&seg->procs[i].state, KVR_PROC_FREE, memory_order_relaxed);
     }
-    kvr_info("segment: %llu bytes (arena %llu in %llu pages of %u, index %llu entries) on %s%s",
+    kvr_info("segment: %llu bytes (arena %llu in %llu pages of %u, index %llu entries) on %s%s%s%s",
              (unsigned long long)layout.total_size, (unsigned long long)layout.arena_bytes,
              (unsigned long long)layout.npages, layout.page_size,
              (unsigned long long)layout.max_blocks, kvr_seg_backing_name(backing),
-             backing == KVR_BACKING_HUGETLB ? "" : " (no huge pages reserved: fell back)");
+             backing == KVR_BACKING_HUGETLB || c.path ? "" : " (no huge pages reserved: fell back)",
+             c.path ? ", new file " : "", c.path ? c.path : "");
     return KVR_OK;
-
-fail:
-    if (fd >= 0)
-        close(fd);
-    return KVR_ERR;
 }
 
 void kvr_seg_destroy(kvr_seg_t *seg)

@@ -15,6 +15,15 @@
  * pages reserved, but mmap then fails with ENOMEM; that is the trigger to fall back to a
  * normal memfd with MADV_HUGEPAGE (effective only when the kernel's shmem THP policy allows
  * it). kvr_seg_create logs which backing it got.
+ *
+ * Warm restart (--segment-path): the segment is a file on hugetlbfs (huge pages) or tmpfs
+ * that outlives the processes. The supervisor holds flock(LOCK_EX) on it, inherited by every
+ * child, so a file whose lock can be taken has no live process of an earlier run. An
+ * existing file is re-attached only when its header is sealed (magic and hdr_check, written
+ * after the store was formatted), has this build's layout version and structure signature,
+ * and describes exactly the geometry this configuration computes; anything else is refused
+ * with the difference named (--segment-reset starts empty instead). The caller then repairs
+ * the store (kvr_store_attach) instead of formatting it.
  */
 #ifndef KVR_SHM_SEGMENT_H
 #define KVR_SHM_SEGMENT_H
@@ -43,6 +52,8 @@ typedef struct {
     uint32_t pin_slots;    /* per-process pin table slots, power of two */
     int hugepages;         /* enum kvr_hugepage_mode */
     uint64_t ckf_buckets;  /* relay filter buckets (power of two, 2..2^24); 0: no relay regions */
+    const char *path;      /* warm restart: keep the segment in this file (NULL: a memfd) */
+    int reset;             /* with path: discard an existing file's contents */
 } kvr_seg_config_t;
 
 /* Process slot states. */
@@ -112,7 +123,9 @@ typedef struct {
     uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
     uint64_t off_ring;    /* the delta frame ring */
     uint64_t ckf_buckets;
-    uint64_t off_reserved_[3]; /* regions added by later layout versions */
+    uint64_t off_reserved_[1]; /* regions added by later layout versions */
+    uint64_t struct_sig;       /* sizes of the shared structures (kvr_seg_struct_sig) */
+    uint64_t hdr_check;        /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
     uint8_t pad_[4096 - 20 * 8 - 8 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
@@ -128,6 +141,7 @@ struct kvr_seg_s {
     int slot; /* this process's proc slot, -1 before claim */
     kvr_seg_hdr_t *hdr;
     kvr_proc_sh_t *procs;
+    int attached; /* an existing segment file was re-attached: repair, do not format */
 };
 
 void kvr_seg_config_defaults(kvr_seg_config_t *cfg);
@@ -140,6 +154,15 @@ int kvr_seg_layout(const kvr_seg_config_t *cfg, kvr_seg_hdr_t *hdr);
  * becomes no process slot's owner; call kvr_seg_proc_claim. Returns KVR_OK or KVR_ERR.
  */
 int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg);
+
+/*
+ * Marks a formatted (or repaired) segment complete: header checksum, then the magic. A file
+ * whose creator died before this is refused at the next start, never half-read.
+ */
+void kvr_seg_seal(kvr_seg_t *seg);
+
+/* This build's signature of the shared structures' sizes (a header field). */
+uint64_t kvr_seg_struct_sig(void);
 
 /* Unmaps and closes. Safe on a zeroed handle. */
 void kvr_seg_destroy(kvr_seg_t *seg);

@@ -1,0 +1,315 @@
+/*
+ * Unit tests of warm restart (issue 13): the --segment-path/--segment-reset/--log-format
+ * options and their limits, and the segment file: re-attach of a sealed file with the store
+ * repaired, refusal of another geometry, a corrupted header, another structure signature, a
+ * file in use, a file on a disk filesystem; --segment-reset; an unsealed file starts empty.
+ */
+#include "core/config.h"
+#include "core/log.h"
+#include "core/store.h"
+#include "shm/segment.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ options */
+
+static int load(int argc, char **argv, kvr_config_t *c)
+{
+    FILE *devnull = fopen("/dev/null", "w");
+    int rc = kvr_config_load(c, argc, argv, devnull);
+    fclose(devnull);
+    return rc;
+}
+
+Test(config_warm, segment_path_reset_and_log_format)
+{
+    kvr_config_t c;
+    char *ok[] = {"kvrelay", "--segment-path", "/dev/shm/kvrelay.seg", "--segment-reset", "--log-format", "json", NULL};
+    char *rel[] = {"kvrelay", "--segment-path", "rel/seg", NULL};
+    char *reset_alone[] = {"kvrelay", "--segment-reset", NULL};
+    char *badfmt[] = {"kvrelay", "--log-format", "xml", NULL};
+    char *ver[] = {"kvrelay", "--version", NULL};
+    char longp[KVR_CFG_STR_MAX + 2];
+    char *toolong[] = {"kvrelay", "--segment-path", longp, NULL};
+    char *justfits[] = {"kvrelay", "--segment-path", longp, NULL};
+
+    unsetenv("KVRELAY_SEGMENT_PATH");
+    unsetenv("KVRELAY_SEGMENT_RESET");
+    unsetenv("KVRELAY_LOG_FORMAT");
+    cr_assert_eq(load(6, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "/dev/shm/kvrelay.seg");
+    cr_assert_eq(c.segment_reset, 1);
+    cr_assert_str_eq(c.log_format, "json");
+    cr_assert_eq(load(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "", "default: no file (a memfd)");
+    cr_assert_str_eq(c.log_format, "text");
+    cr_assert_eq(load(3, rel, &c), KVR_EINVAL, "a relative path is refused");
+    cr_assert_eq(load(2, reset_alone, &c), KVR_EINVAL, "--segment-reset needs --segment-path");
+    cr_assert_eq(load(3, badfmt, &c), KVR_EINVAL);
+    cr_assert_eq(load(2, ver, &c), KVR_OK);
+    cr_assert_eq(c.version, 1);
+
+    /* The limit: KVR_CFG_STR_MAX - 1 bytes fit, one more is refused. */
+    memset(longp, 'a', sizeof(longp));
+    longp[0] = '/';
+    longp[KVR_CFG_STR_MAX - 1] = '\0';
+    cr_assert_eq(load(3, justfits, &c), KVR_OK);
+    cr_assert_eq(strlen(c.segment_path), KVR_CFG_STR_MAX - 1);
+    longp[KVR_CFG_STR_MAX - 1] = 'a';
+    longp[KVR_CFG_STR_MAX] = '\0';
+    cr_assert_eq(load(3, toolong, &c), KVR_EINVAL);
+
+    /* The environment twins. */
+    setenv("KVRELAY_SEGMENT_PATH", "/dev/shm/x.seg", 1);
+    setenv("KVRELAY_SEGMENT_RESET", "yes", 1);
+    setenv("KVRELAY_LOG_FORMAT", "json", 1);
+    cr_assert_eq(load(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "/dev/shm/x.seg");
+    cr_assert_eq(c.segment_reset, 1);
+    cr_assert_str_eq(c.log_format, "json");
+    setenv("KVRELAY_SEGMENT_RESET", "maybe", 1);
+    cr_assert_eq(load(1, ok, &c), KVR_EINVAL);
+    unsetenv("KVRELAY_SEGMENT_PATH");
+    unsetenv("KVRELAY_SEGMENT_RESET");
+    unsetenv("KVRELAY_LOG_FORMAT");
+}
+
+/* ------------------------------------------------------------------ the segment file */
+
+static char path[128];
+
+static void mkpath(const char *what)
+{
+    snprintf(path, sizeof(path), "/dev/shm/kvrelay-unit-%d-%s.seg", (int)getpid(), what);
+    unlink(path);
+}
+
+static kvr_seg_config_t cfg_of(uint64_t memory, int reset)
+{
+    kvr_seg_config_t c = {.memory = memory, .page_size = 4096, .max_blocks = 256, .ckf_buckets = 64,
+                          .hugepages = KVR_HUGEPAGES_AUTO, .path = path, .reset = reset};
+    return c;
+}
+
+/* Creates, formats, seals; PUTs n blocks; returns with the segment mapped (caller destroys). */
+static void fresh(kvr_seg_t *seg, kvr_store_t *st, uint64_t memory, int n)
+{
+    kvr_seg_config_t c = cfg_of(memory, 0);
+    char key[32], val[300];
+
+    kvr_log_level = KVR_LOG_OFF;
+    cr_assert_eq(kvr_seg_create(seg, &c), KVR_OK);
+    cr_assert_eq(seg->attached, 0);
+    cr_assert_eq(seg->hdr->magic, 0, "unsealed until the store is formatted");
+    cr_assert_eq(kvr_store_format(seg, 0), KVR_OK);
+    kvr_seg_seal(seg);
+    cr_assert_geq(kvr_seg_proc_claim(seg, 0), 0);
+    cr_assert_eq(kvr_store_open(st, seg), KVR_OK);
+    for (int i = 0; i < n; i++) {
+        snprintf(key, sizeof(key), "blk-%d", i);
+        memset(val, 'a' + i % 26, sizeof(val));
+        cr_assert_eq(kvr_store_put(st, key, strlen(key), val, 100 + (uint64_t)i, (uint64_t)i + 1), KVR_PUT_CREATED);
+    }
+}
+
+/* Runs kvr_seg_create in a child (the parent may still hold the file's lock). */
+static int create_in_child(kvr_seg_config_t c)
+{
+    pid_t pid = fork();
+    int status;
+
+    if (pid == 0) {
+        kvr_seg_t s;
+        kvr_log_level = KVR_LOG_OFF;
+        _exit(kvr_seg_create(&s, &c) == KVR_OK ? 0 : 1);
+    }
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+}
+
+Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks)
+{
+    kvr_seg_t seg, seg2;
+    kvr_store_t st, st2, st3;
+    kvr_put_txn_t txn;
+    kvr_block_ref_t ref;
+    kvr_store_stats_t s0, s1;
+    kvr_seg_config_t c;
+    char val[300];
+
+    mkpath("reattach");
+    fresh(&seg, &st, 8 << 20, 50);
+    /* A second "process" leaves a reservation (half-written block) and a pin behind. */
+    seg2 = seg;
+    seg2.slot = -1;
+    cr_assert_geq(kvr_seg_proc_claim(&seg2, 0), 0);
+    cr_assert_eq(kvr_store_open(&st2, &seg2), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&st2, "half", 4, 5000, 77, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_get(&st2, "blk-3", 5, &ref), KVR_OK);
+    kvr_store_stats(&st, &s0);
+    cr_assert_eq(s0.unique_blocks, 50);
+    cr_assert_eq(s0.pinned_blocks, 1);
+    uint64_t run1 = atomic_load(&seg.hdr->generation);
+    kvr_seg_destroy(&seg); /* like SIGKILL of everything: nothing was cleaned up */
+
+    c = cfg_of(8 << 20, 0);
+    kvr_log_level = getenv("KVR_UNIT_LOG") ? KVR_LOG_DEBUG : KVR_LOG_OFF;
+    cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
+    cr_assert_eq(seg.attached, 1);
+    cr_assert_eq(atomic_load(&seg.hdr->generation), run1 + 1, "the run counter moves");
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        cr_assert_eq(atomic_load(&seg.procs[i].state), KVR_PROC_FREE);
+    cr_assert_eq(kvr_store_attach(&seg, 0), KVR_OK);
+    kvr_seg_seal(&seg);
+    cr_assert_geq(kvr_seg_proc_claim(&seg, 0), 0);
+    cr_assert_eq(kvr_store_open(&st3, &seg), KVR_OK);
+    cr_assert_eq(kvr_store_check(&st3, &s1), KVR_OK, "the repaired store is consistent");
+    kvr_store_stats(&st3, &s1);
+    cr_assert_eq(s1.unique_blocks, 50);
+    cr_assert_eq(s1.resident_bytes, s0.resident_bytes, "the reservation is dropped, nothing else");
+    cr_assert_eq(s1.pinned_blocks, 0, "the dead process's pin is gone");
+    cr_assert_eq(kvr_store_exists(&st3, "half", 4, NULL), 0);
+    for (int i = 0; i < 50; i++) {
+        char key[32];
+        uint8_t got[300];
+        snprintf(key, sizeof(key), "blk-%d", i);
+        memset(val, 'a' + i % 26, sizeof(val));
+        cr_assert_eq(kvr_store_get(&st3, key, strlen(key), &ref), KVR_OK, "%s", key);
+        cr_assert_eq(ref.length, 100 + (uint64_t)i);
+        cr_assert_eq(ref.canon, (uint64_t)i + 1);
+        cr_assert_eq(kvr_store_read(&st3, &ref, 0, got, ref.length), KVR_OK);
+        cr_assert_eq(memcmp(got, val, ref.length), 0);
+        kvr_store_unpin(&st3, &ref);
+    }
+    /* The freed reservation's pages are usable again. */
+    cr_assert_eq(kvr_store_put(&st3, "half", 4, val, 200, 77), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_check(&st3, NULL), KVR_OK);
+    kvr_seg_destroy(&seg);
+    unlink(path);
+}
+
+Test(segment_file, geometry_mismatch_and_in_use_are_refused)
+{
+    kvr_seg_t seg;
+    kvr_store_t st;
+    kvr_seg_config_t c;
+
+    mkpath("geometry");
+    fresh(&seg, &st, 8 << 20, 5);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "the file is locked while its run lives");
+    kvr_seg_destroy(&seg);
+    cr_assert_eq(create_in_child(cfg_of(16 << 20, 0)), 1, "another --memory is refused");
+    c = cfg_of(8 << 20, 0);
+    c.max_blocks = 512;
+    cr_assert_eq(create_in_child(c), 1, "another --max-blocks is refused");
+    c = cfg_of(8 << 20, 0);
+    c.page_size = 8192;
+    cr_assert_eq(create_in_child(c), 1, "another --page-size is refused");
+    c = cfg_of(8 << 20, 0);
+    c.ckf_buckets = 128;
+    cr_assert_eq(create_in_child(c), 1, "another filter size is refused");
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "the same geometry attaches");
+    /* --segment-reset: the file is emptied and formatted again. */
+    c = cfg_of(16 << 20, 1);
+    kvr_log_level = KVR_LOG_OFF;
+    cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
+    cr_assert_eq(seg.attached, 0);
+    cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
+    kvr_seg_seal(&seg);
+    kvr_seg_destroy(&seg);
+    cr_assert_eq(create_in_child(cfg_of(16 << 20, 0)), 0);
+    unlink(path);
+}
+
+static void poke(off_t off, const void *b, size_t n)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, b, n, off), (ssize_t)n);
+    close(fd);
+}
+
+Test(segment_file, corrupted_header_version_signature_and_size_are_refused)
+{
+    kvr_seg_t seg;
+    kvr_store_t st;
+    uint64_t junk = 0x1234, zero = 0;
+    uint32_t v2 = KVR_SEG_LAYOUT_VERSION + 1;
+
+    mkpath("corrupt");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    /* one flipped byte in a geometry field: the checksum catches it before the comparison */
+    poke(offsetof(kvr_seg_hdr_t, max_blocks), &junk, 1);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "a corrupted header is refused");
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0, "--segment-reset starts over");
+
+    mkpath("corrupt");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    poke(offsetof(kvr_seg_hdr_t, layout_version), &v2, sizeof(v2));
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "another layout version is refused");
+
+    mkpath("corrupt");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    poke(0, &junk, sizeof(junk));
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "a wrong magic is refused");
+
+    mkpath("corrupt");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "an untouched file attaches");
+    junk = kvr_seg_struct_sig() ^ 1;
+    poke(offsetof(kvr_seg_hdr_t, struct_sig), &junk, sizeof(junk));
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "a file of a build with other structures is refused");
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0);
+    mkpath("corrupt");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "an untouched file still attaches");
+    cr_assert_eq(truncate(path, 4 << 20), 0);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "a truncated file is refused");
+    cr_assert_eq(truncate(path, 100), 0);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 1, "a file smaller than a header is refused");
+    /* an unsealed file (its creator died during start-up) starts empty */
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0);
+    cr_assert_eq(truncate(path, 0), 0);
+    {
+        kvr_seg_config_t c = cfg_of(8 << 20, 0);
+        kvr_log_level = KVR_LOG_OFF;
+        cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK); /* never sealed */
+        kvr_seg_destroy(&seg);
+    }
+    poke(offsetof(kvr_seg_hdr_t, hdr_check), &zero, sizeof(zero));
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "an unsealed file starts empty");
+    unlink(path);
+}
+
+Test(segment_file, a_disk_filesystem_is_refused)
+{
+    char dir[] = "/var/tmp/kvrelay-unit-XXXXXX";
+    kvr_seg_config_t c;
+
+    struct statfs sfs;
+
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(statfs(dir, &sfs), 0);
+    if (sfs.f_type == TMPFS_MAGIC || sfs.f_type == HUGETLBFS_MAGIC) {
+        rmdir(dir);
+        cr_skip_test("/var/tmp is a memory filesystem here: no disk to refuse");
+    }
+    snprintf(path, sizeof(path), "%s/seg", dir);
+    c = cfg_of(8 << 20, 0);
+    cr_assert_eq(create_in_child(c), 1, "a segment file on a disk filesystem is refused");
+    unlink(path);
+    rmdir(dir);
+}
