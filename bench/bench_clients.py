@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""
+bench/bench_clients.py — the Python engine adapters against a real kvrelay, next to
+kvrelay-bench at the same concurrency. Prints `name value unit` lines.
+
+    python3 bench/bench_clients.py                 # starts build/kvrelay-supervisor itself
+    python3 bench/bench_clients.py --url http://127.0.0.1:9130 --no-kvrelay-bench
+
+Measured (each for about --seconds):
+  lmcache_l2_{set,get}_16x32MiB    KvrelayL2Adapter batches of 16 x 32 MiB through the
+                                   eventfd and drain_completions (num_workers 16), GB/s
+  sglang_v1_{set,get}_8MiB         KvrelayHiCacheStorage batch_set_v1 / batch_get_v1 of 16
+                                   pages of 8 MiB (K and V halves of 4 MiB), GB/s
+  kvrelay_bench_{put,get}_{32M,8M} build/kvrelay-bench, 16 connections, same sizes, GB/s
+  *_vs_kvrelay_bench               the ratio of the two
+  exists_many_1000 / heads_1000    one pipelined exchange vs 1,000 HEADs one after the other
+                                   on one keep-alive connection, ms, and their ratio
+
+GB/s is 10^9 bytes of payload per second, as kvrelay-bench reports it. Every loop is bounded
+by --seconds and a repetition cap; the server started here is stopped by PID.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "clients" / "python"))
+
+from kvrelay import Client  # noqa: E402
+from kvrelay.lmcache import KvrelayL2Adapter  # noqa: E402
+from kvrelay.sglang import KvrelayHiCacheStorage  # noqa: E402
+
+MiB = 1 << 20
+MAX_REPS = 200
+
+
+def out(name, value, unit):
+    print(f"{name} {value:.3f} {unit}", flush=True)
+
+
+def start_server(build, memory, workers):
+    tmp = tempfile.mkdtemp(prefix="bench-clients-")
+    port_file = Path(tmp) / "port"
+    log = open(Path(tmp) / "kvrelay.log", "wb")
+    proc = subprocess.Popen([str(build / "kvrelay-supervisor"), "--port-file", str(port_file),
+                             "--http-bind", "127.0.0.1:0", "--grpc-bind", "off", "--memory", memory,
+                             "--workers", str(workers)], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if port_file.exists() and "http=" in port_file.read_text():
+            port = int(port_file.read_text().split("http=")[1].split()[0].rsplit(":", 1)[1])
+            c = Client(url=f"http://127.0.0.1:{port}")
+            for _ in range(100):
+                if c.healthy():
+                    c.close()
+                    return proc, f"http://127.0.0.1:{port}"
+                time.sleep(0.05)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("bench_clients: the server did not start")
+
+
+def stop_server(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class Driver:
+    """The demux side of LMCache's NativeConnectorL2Adapter: poll the eventfd, drain."""
+
+    def __init__(self, adapter):
+        self.a = adapter
+        self.poller = select.poll()
+        self.poller.register(adapter.event_fd(), select.POLLIN)
+
+    def run(self, op, *args):
+        fid = getattr(self.a, "submit_batch_" + op)(*args)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if not self.poller.poll(500):
+                continue
+            for f, ok, err, bools in self.a.drain_completions():
+                if f == fid:
+                    if not ok:
+                        raise SystemExit(f"bench_clients: {op} failed: {err}")
+                    return bools
+        raise SystemExit(f"bench_clients: {op} never completed")
+
+
+def bench_lmcache(url, seconds):
+    a = KvrelayL2Adapter(url=url, num_workers=16, timeout_s=30.0)
+    d = Driver(a)
+    pool = memoryview(bytearray(os.urandom(33 * MiB)))
+    src = [pool[i * 4096: i * 4096 + 32 * MiB] for i in range(16)]
+    dst = [memoryview(bytearray(32 * MiB)) for _ in range(16)]
+    batch = 16 * 32 * MiB
+    try:
+        t_set, n_set = 0.0, 0
+        rep = 0
+        while t_set < seconds and rep < MAX_REPS:
+            keys = [f"bench-lmc@{rep:08x}@0@{i:064x}" for i in range(16)]
+            t0 = time.monotonic()
+            d.run("set", keys, src)
+            t_set += time.monotonic() - t0
+            n_set += 1
+            rep += 1  # fresh keys every batch: the arena fills and evicts, as kvrelay-bench's put
+        keys = [f"bench-lmc-get@0@{i:064x}" for i in range(16)]
+        d.run("set", keys, src)
+        t_get, n_get = 0.0, 0
+        while t_get < seconds and n_get < MAX_REPS:
+            t0 = time.monotonic()
+            bools = d.run("get", keys, dst)
+            t_get += time.monotonic() - t0
+            n_get += 1
+            assert all(bools)
+        assert all(bytes(dst[i][:4096]) == bytes(src[i][:4096]) for i in range(16))
+        d.run("delete", keys)
+    finally:
+        a.close()
+    return n_set * batch / t_set / 1e9, n_get * batch / t_get / 1e9
+
+
+class HostPool:
+    def __init__(self, pages, half):
+        self.page_size = 64
+        self.half = half
+        self.buf = (ctypes.c_ubyte * (pages * 2 * half))()
+        self.base = ctypes.addressof(self.buf)
+        ctypes.memmove(self.base, os.urandom(1 << 20) * (pages * 2 * half >> 20), pages * 2 * half)
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = [], []
+        for i in range(0, len(indices), self.page_size):
+            k = self.base + (indices[i] // self.page_size) * 2 * self.half
+            ptrs += [k, k + self.half]
+            sizes += [self.half, self.half]
+        return ptrs, sizes
+
+    def indices(self, first, count):
+        return list(range(first * self.page_size, (first + count) * self.page_size))
+
+
+def bench_sglang(url, seconds, pages=16):
+    pool = HostPool(2 * pages, 4 * MiB)
+    s = KvrelayHiCacheStorage(None, {"url": url, "num_workers": 16, "timeout_s": 30.0})
+    s.register_mem_pool_host(pool)
+    batch = pages * 8 * MiB
+    try:
+        t_set, n_set, rep = 0.0, 0, 0
+        while t_set < seconds and rep < MAX_REPS:
+            keys = [f"bench-sgl-{rep}-{i:064x}" for i in range(pages)]
+            t0 = time.monotonic()
+            res = s.batch_set_v1(keys, pool.indices(0, pages))
+            t_set += time.monotonic() - t0
+            n_set += 1
+            assert all(res), res
+            rep += 1
+        keys = [f"bench-sgl-get-{i:064x}" for i in range(pages)]
+        assert all(s.batch_set_v1(keys, pool.indices(0, pages)))
+        t_get, n_get = 0.0, 0
+        while t_get < seconds and n_get < MAX_REPS:
+            t0 = time.monotonic()
+            res = s.batch_get_v1(keys, pool.indices(pages, pages))
+            t_get += time.monotonic() - t0
+            n_get += 1
+            assert all(res), res
+    finally:
+        s.close()
+    return n_set * batch / t_set / 1e9, n_get * batch / t_get / 1e9
+
+
+def kvrelay_bench(build, url, workload, size, seconds):
+    target = url.split("://", 1)[1].rstrip("/")
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        # put: kvrelay-bench's default key space (fresh keys, the arena evicts); get: 16 keys
+        keys = ["--keys", "16", "--preload"] if workload == "get" else []
+        argv = [str(build / "kvrelay-bench"), "--target", target, "--workload", workload, "--size", size,
+                *keys, "--connections", "16", "--duration", f"{seconds}s", "--quiet",
+                "--key-prefix", f"bench-kvb-{workload}-{size}", "--json", f.name]
+        subprocess.run(argv, check=True, capture_output=True, timeout=seconds + 120)
+        return json.load(open(f.name))["throughput"]["gb_per_s"]
+
+
+def bench_exists(url, n=1000):
+    c = Client(url=url, max_connections=1)
+    try:
+        keys = [f"bench-ex-{i}" for i in range(n)]
+        for k in keys[::2]:
+            c.put(k, b"x")
+        c.contains(keys[0])  # the connection is open and kept alive
+        best_batch, best_heads = float("inf"), float("inf")
+        for _ in range(5):
+            t0 = time.monotonic()
+            r = c.exists_many(keys)
+            best_batch = min(best_batch, time.monotonic() - t0)
+            assert r == [i % 2 == 0 for i in range(n)]
+            t0 = time.monotonic()
+            r2 = [c.contains(k) for k in keys]
+            best_heads = min(best_heads, time.monotonic() - t0)
+            assert r2 == r
+        assert c.connections_opened == 1
+        return best_batch * 1000, best_heads * 1000
+    finally:
+        c.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an already running kvrelay (default: start one)")
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--seconds", type=float, default=2.0, help="per measurement (default 2)")
+    ap.add_argument("--memory", default="2G")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-kvrelay-bench", action="store_true")
+    args = ap.parse_args()
+    build = Path(args.build)
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_server(build, args.memory, args.workers)
+    try:
+        ms_batch, ms_heads = bench_exists(url)
+        out("exists_many_1000", ms_batch, "ms")
+        out("heads_1000_one_connection", ms_heads, "ms")
+        out("exists_many_speedup", ms_heads / ms_batch, "x")
+        lset, lget = bench_lmcache(url, args.seconds)
+        out("lmcache_l2_set_16x32MiB", lset, "GB/s")
+        out("lmcache_l2_get_16x32MiB", lget, "GB/s")
+        sset, sget = bench_sglang(url, args.seconds)
+        out("sglang_v1_set_8MiB", sset, "GB/s")
+        out("sglang_v1_get_8MiB", sget, "GB/s")
+        if not args.no_kvrelay_bench:
+            for wl, size, mine in (("put", "32M", lset), ("get", "32M", lget), ("put", "8M", sset),
+                                   ("get", "8M", sget)):
+                ref = kvrelay_bench(build, url, wl, size, args.seconds)
+                out(f"kvrelay_bench_{wl}_{size}", ref, "GB/s")
+                who = "lmcache_l2" if size == "32M" else "sglang_v1"
+                out(f"{who}_{'set' if wl == 'put' else 'get'}_vs_kvrelay_bench", mine / ref, "ratio")
+    finally:
+        if proc is not None:
+            stop_server(proc)
+
+
+if __name__ == "__main__":
+    main()
