@@ -34,7 +34,7 @@ static size_t json_byte(char *out, size_t n, unsigned char c)
     } else if (c == '\n') {
         out[n++] = '\\';
         out[n++] = 'n';
-    } else if (c < 0x20 || c == 0x7f) {
+    } else if (c < 0x20 || c >= 0x7f) { /* control bytes, and bytes that are not UTF-8 */
         memcpy(out + n, "\\u00", 4);
         out[n + 4] = hex[c >> 4];
         out[n + 5] = hex[c & 15];
@@ -48,7 +48,7 @@ static size_t json_byte(char *out, size_t n, unsigned char c)
 /* Length of the valid UTF-8 sequence at s (2..4), or 0 when s does not start one. */
 static size_t utf8_seq(const unsigned char *s, size_t left)
 {
-    size_t k = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : 0;
+    size_t k = s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
 
     if (k == 0 || k > left)
         return 0;
