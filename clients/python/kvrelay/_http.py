@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 from typing import Iterable, Optional, Sequence
 
 MAX_LINE = 8 * 1024
 MAX_HEADERS = 64
 MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY = 1 << 32  # 4 GiB: above kvrelay's largest --max-block-size
-READ_BUFFER = 256 * 1024  # the reader's buffer: heads and small bodies; big bodies bypass it
+READ_CHUNK = 64 * 1024  # one receive while a head is read; bodies go straight to their buffer
 
 
 class ProtocolError(Exception):
@@ -57,7 +58,12 @@ def _parse_length(value: str, max_body: int) -> int:
 
 
 class Connection:
-    """One keep-alive connection. Not thread-safe: the pool hands it to one thread at a time."""
+    """One keep-alive connection. Not thread-safe: the pool hands it to one thread at a time.
+
+    Plain TCP runs the socket in blocking mode with the timeout set in the kernel
+    (SO_RCVTIMEO / SO_SNDTIMEO): a body then travels in one system call (recv_into with
+    MSG_WAITALL, one sendmsg for a gathered body) with the GIL released for all of it, instead
+    of a poll() and a partial read per socket buffer. TLS keeps Python's timeout mode."""
 
     def __init__(self, host: str, port: int, timeout: float, ssl_context: Optional[ssl.SSLContext] = None,
                  max_body: int = DEFAULT_MAX_BODY):
@@ -69,12 +75,19 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if ssl_context is not None:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            else:
+                tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+                sock.settimeout(None)
         except BaseException:
             sock.close()
             raise
         self.sock = sock
         self.tls = ssl_context is not None
-        self.rfile = sock.makefile("rb", buffering=READ_BUFFER)
+        self._waitall = 0 if self.tls else socket.MSG_WAITALL
+        self._buf = bytearray()  # received and not yet consumed, from _pos
+        self._pos = 0
         self.closed = False
 
     # -- sending ----------------------------------------------------------------------------
@@ -86,11 +99,20 @@ class Connection:
             mv = p if isinstance(p, memoryview) else memoryview(p)
             if mv.nbytes:
                 parts.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
-        if self.tls or len(parts) == 1:
-            for p in parts:
-                self.sock.sendall(p)
-            return
-        self._sendmsg_all(parts)
+        try:
+            if self.tls or len(parts) == 1:
+                for p in parts:
+                    self.sock.sendall(p)
+                return
+            self._sendmsg_all(parts)
+        except BlockingIOError as e:  # SO_SNDTIMEO expired
+            raise TimeoutError("send timed out") from e
+
+    def sendall(self, data) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError as e:
+            raise TimeoutError("send timed out") from e
 
     def _sendmsg_all(self, parts: list) -> None:
         # sendmsg gathers the parts in one system call; a short write continues where it
@@ -108,36 +130,59 @@ class Connection:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _line(self) -> bytes:
-        line = self.rfile.readline(MAX_LINE + 1)
-        if not line:
-            raise ConnectionResetError("connection closed before a response")
-        if len(line) > MAX_LINE:
-            raise ProtocolError(f"response line over {MAX_LINE} bytes")
-        return line
+    def _recv_some(self, n: int) -> bytes:
+        try:
+            data = self.sock.recv(n)
+        except BlockingIOError as e:  # SO_RCVTIMEO expired
+            raise TimeoutError("receive timed out") from e
+        if not data:
+            raise ConnectionResetError("connection closed by the server")
+        return data
+
+    def _compact(self) -> None:
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif self._pos > 65536:
+            del self._buf[:self._pos]
+            self._pos = 0
+
+    def _take(self, n: int) -> memoryview:
+        """Up to n already-received bytes (a view valid until the next call)."""
+        k = min(n, len(self._buf) - self._pos)
+        mv = memoryview(self._buf)[self._pos:self._pos + k]
+        self._pos += k
+        return mv
 
     def read_head(self, head_request: bool = False) -> Response:
         """Reads one response head. For a HEAD request the length is reported but no body
         follows (Response.length is then 0)."""
-        line = self._line()
-        total = len(line)
-        parts = line.split(None, 2)
+        self._compact()
+        scan = self._pos
+        while True:
+            end = self._buf.find(b"\r\n\r\n", scan)
+            if end >= 0:
+                break
+            if len(self._buf) - self._pos > MAX_HEAD_BYTES:
+                raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
+            scan = max(self._pos, len(self._buf) - 3)
+            self._buf += self._recv_some(READ_CHUNK)
+        if end + 4 - self._pos > MAX_HEAD_BYTES:
+            raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
+        lines = bytes(self._buf[self._pos:end]).split(b"\r\n")
+        self._pos = end + 4
+        for line in lines:
+            if len(line) + 2 > MAX_LINE:
+                raise ProtocolError(f"response line over {MAX_LINE} bytes")
+        if len(lines) - 1 > MAX_HEADERS:
+            raise ProtocolError(f"more than {MAX_HEADERS} header lines")
+        parts = lines[0].split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-            raise ProtocolError(f"bad status line {line[:60]!r}")
+            raise ProtocolError(f"bad status line {lines[0][:60]!r}")
         status = int(parts[1])
         version = parts[0]
         headers = {}
-        count = 0
-        while True:
-            line = self._line()
-            total += len(line)
-            if total > MAX_HEAD_BYTES:
-                raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
-            if line in (b"\r\n", b"\n"):
-                break
-            count += 1
-            if count > MAX_HEADERS:
-                raise ProtocolError(f"more than {MAX_HEADERS} header lines")
+        for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep:
                 raise ProtocolError(f"bad header line {line[:60]!r}")
@@ -158,44 +203,70 @@ class Connection:
             return Response(status, headers, 0, will_close)
         return Response(status, headers, length, will_close)
 
+    def _recv_into(self, mv: memoryview) -> None:
+        """Fills mv completely from the socket (bounded: each call receives at least one
+        byte, or raises)."""
+        got = 0
+        want = mv.nbytes
+        while got < want:
+            try:
+                n = self.sock.recv_into(mv[got:], want - got, self._waitall)
+            except BlockingIOError as e:
+                raise TimeoutError("receive timed out") from e
+            if not n:
+                raise ConnectionResetError(f"short body: {got} of {want} bytes")
+            got += n
+
     def read_body(self, n: int) -> bytes:
-        """Exactly n bytes into fresh memory (one allocation: the reader fills the result)."""
+        """Exactly n bytes into fresh memory."""
         if n == 0:
             return b""
-        data = self.rfile.read(n)
-        if len(data) != n:
-            raise ConnectionResetError(f"short body: {len(data)} of {n} bytes")
-        return data
+        have = self._take(n)
+        if have.nbytes == n:
+            return bytes(have)
+        rest = n - have.nbytes
+        if rest <= READ_CHUNK:
+            out = bytearray(have)
+            have.release()
+            tail = bytearray(rest)
+            self._recv_into(memoryview(tail))
+            return bytes(out + tail)
+        out = bytearray(n)
+        out[:have.nbytes] = have
+        k = have.nbytes
+        have.release()
+        self._recv_into(memoryview(out)[k:])
+        return bytes(out)  # get() promises bytes; the copy-free path is read_into
 
     def read_into(self, views: Iterable[memoryview]) -> int:
-        """Fills each view completely, in order, straight from the socket."""
+        """Fills each view completely, in order: first from what was already received, then
+        straight from the socket into the view."""
         total = 0
         for mv in views:
-            want = mv.nbytes
-            got = 0
-            # Bounded: each readinto returns at least one byte or signals the end.
-            while got < want:
-                n = self.rfile.readinto(mv[got:])
-                if not n:
-                    raise ConnectionResetError(f"short body: {total + got} bytes")
-                got += n
-            total += got
+            have = self._take(mv.nbytes)
+            k = have.nbytes
+            if k:
+                mv[:k] = have
+            have.release()
+            if k < mv.nbytes:
+                self._recv_into(mv[k:])
+            total += mv.nbytes
         return total
 
     def discard(self, n: int) -> None:
         """Reads and drops n bytes (small bodies only; callers close for large ones)."""
+        have = self._take(n)
+        n -= have.nbytes
+        have.release()
         while n > 0:
-            chunk = self.rfile.read(min(n, 65536))
-            if not chunk:
-                raise ConnectionResetError("short body while discarding")
-            n -= len(chunk)
+            n -= len(self._recv_some(min(n, READ_CHUNK)))
+        self._compact()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for f in (self.rfile, self.sock):
-            try:
-                f.close()
-            except Exception:
-                pass
+        try:
+            self.sock.close()
+        except Exception:
+            pass

@@ -372,13 +372,13 @@ class Client:
                 if len(keys) > _PIPELINE_WRITER_THRESHOLD:
                     def write():
                         try:
-                            conn.sock.sendall(payload)
+                            conn.sendall(payload)
                         except BaseException as e:  # reported by the reader's failure
                             failure.append(e)
                     writer = threading.Thread(target=write, daemon=True, name="kvrelay-pipeline")
                     writer.start()
                 else:
-                    conn.sock.sendall(payload)
+                    conn.sendall(payload)
                 will_close = False
                 for _ in keys:
                     resp = conn.read_head(head_request=True)
