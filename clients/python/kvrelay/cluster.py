@@ -296,9 +296,15 @@ class Cluster:
         """PUT to every usable owner: the best status (201/200 if any owner took it); raises
         ConnectionError when none could be reached."""
         parts = [byte_view(p) for p in parts]
+        owners = self._each_owner(key)
+        if len(owners) > 1:  # replicas are written in parallel
+            futs = [self._fanout.submit(self._call, n, lambda c: c.store(key, parts, sequence_hash))
+                    for n in owners]
+            results = [f.result() for f in futs]
+        else:
+            results = [self._call(n, lambda c: c.store(key, parts, sequence_hash)) for n in owners]
         best = None
-        for node in self._each_owner(key):
-            r = self._call(node, lambda c: c.store(key, parts, sequence_hash))
+        for r in results:
             if r is _FAILED:
                 continue
             if best is None or (r in (200, 201) and best not in (200, 201)):

@@ -164,6 +164,14 @@ def test_hrw_properties():
     rest = names[:2] + names[3:]
     after = {k: rest[rank_nodes(rest, k, 1)[0]] for k in keys}
     assert all(before[k] == after[k] for k in keys if before[k] != "kv-2")
+    # the stated bound on membership, pushed past
+    from kvrelay.cluster import MAX_NODES
+    try:
+        Cluster(nodes=[f"http://127.0.0.1:{1 + i}" for i in range(MAX_NODES + 1)])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("more than MAX_NODES nodes accepted")
     # one node: a plain Client; several: a Cluster
     assert isinstance(make_store(url="http://127.0.0.1:1"), kvrelay.Client)
     assert isinstance(make_store(url="http://127.0.0.1:1,http://127.0.0.1:2"), Cluster)

@@ -175,7 +175,7 @@ def test_lmcache_l2_server_killed_mid_batch(kvrelay, random_pool):
         keys = [lmcache_key(200 + i) for i in range(16)]
         src = [random_pool[i * 4096: i * 4096 + 32 * MiB] for i in range(16)]
         fid = d.submit("set", keys, src)
-        time.sleep(0.05)  # the transfers are under way
+        time.sleep(0.01)  # the transfers are under way: 512 MiB cannot be done in 10 ms
         kill_server(srv)
         ok, err, bools = d.wait(fid, timeout=30.0)
         assert ok is False and err, (ok, err)

@@ -190,6 +190,11 @@ def test_sglang_never_returns_none(kvrelay):
         # a pool answering nonsense (buffers not a multiple of the keys) is a miss, not a raise
         pool.get_page_buffer_meta = lambda idx: ([1, 2, 3], [1, 1, 1])
         assert backend.batch_get_v1(hashes[:2], pool.indices(0, 2)) == [False, False]
+        # the stated bound of one call's fan-out, pushed past: refused as misses
+        from kvrelay.sglang import MAX_PAGES_PER_CALL
+        n = MAX_PAGES_PER_CALL + 1
+        assert backend.batch_get_v1(["k"] * n, []) == [False] * n
+        assert backend.batch_set_v1(["k"] * n, []) == [False] * n
     finally:
         backend.close()
         backend.close()
