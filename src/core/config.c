@@ -37,6 +37,7 @@ static const opt_t opts[] = {
     {"tls-cert", T_STR, "", 0, 0, S(tls_cert), "PEM certificate: serve TLS (ALPN h2, http/1.1) on --http-bind"},
     {"tls-key", T_STR, "", 0, 0, S(tls_key), "PEM private key for --tls-cert"},
     {"shutdown-grace", T_DURATION, "10s", 0, 3600000, N(shutdown_grace_ms), "on SIGTERM, time allowed for in-flight requests"},
+    {"hang-timeout", T_DURATION, "5s", 500, 3600000, N(hang_timeout_ms), "kill and replace a worker or publisher whose heartbeat stops for this long (readiness fails at once)"},
     {"idle-timeout", T_DURATION, "60s", 100, 3600000, N(idle_timeout_ms), "close idle keep-alive connections after"},
     {"io-timeout", T_DURATION, "30s", 100, 3600000, N(io_timeout_ms), "close connections whose reads or writes stall for"},
     {"hugepages", T_STR, "auto", 0, 0, S(hugepages), "auto | off | require"},
@@ -420,6 +421,12 @@ void kvr_config_usage(FILE *out, const char *prog)
     fprintf(out, "  --%-30s %s\n  --%-30s %s\n  --%-30s %s\n", "print-config",
             "print the effective configuration and exit", "version", "print the version and git commit and exit",
             "help", "this text");
+    fprintf(out, "\nSupervision (docs/architecture.md): a worker or the publisher killed by a signal sent from\n"
+                 "outside (SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2) or by the watchdog (heartbeat\n"
+                 "still for --hang-timeout) is replaced at once. One that crashes (any other signal, or an\n"
+                 "exit) within 5 s of its start is replaced at once the first time, then after a back-off\n"
+                 "doubling from 100 ms to 10 s while the other workers serve; when no worker would be left\n"
+                 "running, the back-off of the first to restart is cut to 100 ms.\n");
 }
 
 void kvr_config_print(const kvr_config_t *cfg, FILE *out)

@@ -29,6 +29,7 @@ typedef struct {
     char tls_cert[KVR_CFG_STR_MAX];
     char tls_key[KVR_CFG_STR_MAX];
     uint64_t shutdown_grace_ms;
+    uint64_t hang_timeout_ms; /* watchdog: a heartbeat still for this long is a hang */
     uint64_t idle_timeout_ms;
     uint64_t io_timeout_ms;
     char hugepages[16];

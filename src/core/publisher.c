@@ -64,8 +64,25 @@ typedef struct {
     uint64_t seq;
     uint64_t pending;
     uint64_t first_pending_ns;
+    uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;
+    int resync;            /* owner counting failed (out of memory): the filter is not exact */
+    /* Snapshot references, private: which copy each subscriber slot holds (-1: none) and
+     * how many hold each copy. Only this process counts; a worker never writes a count. */
+    int8_t held[KVR_RELAY_MAX_SUBS];
+    uint32_t refs[KVR_RELAY_SNAPSHOTS];
 } pub_t;
+
+unsigned kvr_pub_fail_alloc_at;
+static unsigned pub_allocs;
+
+/* Every buffer publish() grows goes through here, so a test can make one fail. */
+static void *pub_realloc(void *old, size_t n)
+{
+    if (kvr_pub_fail_alloc_at != 0 && ++pub_allocs == kvr_pub_fail_alloc_at)
+        return NULL;
+    return realloc(old, n);
+}
 
 static volatile sig_atomic_t pub_term;
 static void on_term(int sig)
@@ -82,13 +99,21 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon)
         return;
     if (p->ann_live[e] && p->ann_gen[e] == gen)
         return; /* a repair's duplicate */
-    if (p->ann_live[e]) /* never expected: the older incarnation's remove was lost */
-        kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]);
+    if (p->ann_live[e] && /* never expected: the older incarnation's remove was lost */
+        kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]) == KVR_ERR)
+        p->resync = 1;
     p->ann_live[e] = 1;
     p->ann_gen[e] = gen;
     p->ann_canon[e] = canon;
-    if (kvr_owners_add(&p->owners, &p->ckf, canon) == KVR_ENOSPACE)
+    switch (kvr_owners_add(&p->owners, &p->ckf, canon)) {
+    case KVR_OK:
+        break;
+    case KVR_ENOSPACE:
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "publisher: filter full, a hash is not published (false negative)");
+        break;
+    default: /* out of memory: the owner was not counted; only a rebuild is exact again */
+        p->resync = 1;
+    }
 }
 
 static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
@@ -96,7 +121,8 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
     if (e >= p->max_blocks || !p->ann_live[e] || p->ann_gen[e] != gen)
         return;
     p->ann_live[e] = 0;
-    kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]);
+    if (kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]) == KVR_ERR)
+        p->resync = 1; /* out of memory, or a copy that was not there: rebuild */
 }
 
 static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
@@ -106,30 +132,115 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
 
 /* ------------------------------------------------------------------ subscribers */
 
-static void close_sub(pub_t *p, kvr_relay_sub_t *s, int reason)
+/*
+ * The publisher's side of the slot protocol (shm/relay_sh.h): REQUESTED -> LIVE,
+ * REQUESTED|LIVE -> CLOSED, RELEASING -> FREE, and dead owners' slots -> RELEASING. Each
+ * is a CAS from the state we saw; losing one means the worker moved first (always to
+ * RELEASING), which the next scan handles.
+ */
+static int sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
 {
-    uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
-    if (st != KVR_SUB_LIVE && st != KVR_SUB_REQUESTED)
-        return;
-    atomic_store(&s->close_reason, (uint32_t)reason);
-    if (st == KVR_SUB_LIVE && !atomic_load(&s->snap_done)) {
-        int k = atomic_load(&s->snap_index);
-        if (k >= 0 && p->relay.sh->snap[k].refs > 0)
-            p->relay.sh->snap[k].refs--;
-        atomic_store(&s->snap_done, 1);
-    }
-    atomic_store_explicit(&s->state, KVR_SUB_CLOSED, memory_order_release);
-    if (s->owner_slot >= 0 && s->owner_slot < KVR_MAX_PROCS)
-        kvr_relay_wake(p->relay.fds->worker[s->owner_slot]);
+    return atomic_compare_exchange_strong(&s->state, &from, to);
 }
 
-static int owner_alive(pub_t *p, const kvr_relay_sub_t *s)
+static void wake_owner(pub_t *p, uint64_t owner)
+{
+    int slot = KVR_SUB_OWNER_SLOT(owner);
+    if (slot >= 0 && slot < KVR_MAX_PROCS)
+        kvr_relay_wake(p->relay.fds->worker[slot]);
+}
+
+static void take_ref(pub_t *p, int i, int k)
+{
+    p->held[i] = (int8_t)k;
+    p->refs[k]++;
+    p->relay.sh->snap[k].refs = p->refs[k];
+}
+
+static void drop_ref(pub_t *p, int i)
+{
+    int k = p->held[i];
+    if (k < 0)
+        return;
+    p->held[i] = -1;
+    p->refs[k]--;
+    p->relay.sh->snap[k].refs = p->refs[k];
+}
+
+static void close_sub(pub_t *p, int i, int reason)
+{
+    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+    uint32_t st = atomic_load(&s->state);
+
+    /* The reference stays held until the worker releases the slot: it may be reading the
+     * copy right now. */
+    while (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
+        atomic_store(&s->close_reason, (uint32_t)reason);
+        if (sub_cas(s, st, KVR_SUB_CLOSED)) {
+            wake_owner(p, atomic_load(&s->owner));
+            return;
+        }
+        st = atomic_load(&s->state);
+    }
+}
+
+static int owner_alive(pub_t *p, uint64_t owner)
 {
     const kvr_proc_sh_t *pr;
-    if (s->owner_slot < 0 || s->owner_slot >= KVR_MAX_PROCS)
+    int slot = KVR_SUB_OWNER_SLOT(owner);
+    if (slot < 0 || slot >= KVR_MAX_PROCS)
         return 0;
-    pr = &p->seg->procs[s->owner_slot];
-    return atomic_load(&pr->state) == KVR_PROC_ACTIVE && atomic_load(&pr->pid) == s->owner_pid;
+    pr = &p->seg->procs[slot];
+    return atomic_load(&pr->state) == KVR_PROC_ACTIVE && atomic_load(&pr->pid) == KVR_SUB_OWNER_PID(owner);
+}
+
+/* RELEASING -> FREE: nobody reads the slot's copy any more. `owner` is cleared last, so
+ * a worker's claim (a CAS on owner) always finds the slot FREE. */
+static void free_sub(pub_t *p, int i)
+{
+    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+
+    drop_ref(p, i);
+    if (sub_cas(s, KVR_SUB_RELEASING, KVR_SUB_FREE))
+        atomic_store(&s->owner, 0);
+}
+
+/* Frees released slots, takes back the slots of dead workers, and drops the reference of
+ * a subscriber that has sent its whole snapshot. */
+static void reclaim_subscribers(pub_t *p)
+{
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+        uint32_t st = atomic_load(&s->state);
+        uint64_t owner = atomic_load(&s->owner);
+
+        if (st == KVR_SUB_RELEASING) {
+            free_sub(p, i);
+        } else if (st != KVR_SUB_FREE && !owner_alive(p, owner)) {
+            if (sub_cas(s, st, KVR_SUB_RELEASING)) /* its worker died: the slot is ours */
+                free_sub(p, i);
+        } else if (st == KVR_SUB_FREE && owner != 0 && !owner_alive(p, owner)) {
+            atomic_compare_exchange_strong(&s->owner, &owner, 0); /* died between its two CASes */
+        } else if (st == KVR_SUB_LIVE && p->held[i] >= 0 && atomic_load(&s->snap_done)) {
+            drop_ref(p, i);
+        }
+    }
+}
+
+/* A new publisher process inherits the slots of the one before: a subscriber that is still
+ * streaming its snapshot holds that copy. */
+static void rebuild_refs(pub_t *p)
+{
+    memset(p->held, -1, sizeof(p->held));
+    memset(p->refs, 0, sizeof(p->refs));
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+        uint32_t st = atomic_load(&s->state);
+        int k = atomic_load(&s->snap_index);
+        if ((st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) && k >= 0 && k < KVR_RELAY_SNAPSHOTS &&
+            !atomic_load(&s->snap_done))
+            take_ref(p, i, k);
+    }
 }
 
 /* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued (§1.7), or
@@ -164,7 +275,7 @@ static void check_lag(pub_t *p)
         frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
         if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
             kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
-            close_sub(p, s, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
+            close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
         }
     }
 }
@@ -174,12 +285,14 @@ static void wake_live_workers(pub_t *p)
     uint64_t mask = 0;
     kvr_relay_sh_t *sh = p->relay.sh;
 
+    static_assert(KVR_MAX_PROCS <= 64, "one mask bit per process slot");
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
-        if (atomic_load(&s->state) == KVR_SUB_LIVE && s->owner_slot >= 0 && s->owner_slot < 64)
-            mask |= 1ull << s->owner_slot;
+        int w = KVR_SUB_OWNER_SLOT(atomic_load(&s->owner));
+        if (atomic_load(&s->state) == KVR_SUB_LIVE && w >= 0 && w < KVR_MAX_PROCS)
+            mask |= 1ull << w;
     }
-    for (int w = 0; w < 64; w++)
+    for (int w = 0; w < KVR_MAX_PROCS; w++)
         if (mask & (1ull << w))
             kvr_relay_wake(p->relay.fds->worker[w]);
 }
@@ -202,141 +315,173 @@ static uint64_t ring_reserve(pub_t *p, size_t len)
     return head;
 }
 
-static void publish(pub_t *p)
-{
-    kvr_relay_sh_t *sh = p->relay.sh;
-    size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, need;
-    kvr_cbi1_hdr_t hdr;
-    uint8_t *payload;
-    uint64_t off, seq;
-    kvr_relay_frame_t *f, *prev;
+static void new_generation(pub_t *p, const char *why);
 
-    p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
+/* Grows the image and message buffers for a delta of up to `dirty` images. */
+static int reserve_buffers(pub_t *p, size_t dirty)
+{
+    size_t need;
+
     if (dirty > p->images_cap) {
-        kvr_ckf_image_t *ni = realloc(p->images, dirty * sizeof(*ni));
-        if (ni == NULL) {
-            kvr_error("publisher: out of memory for %zu images", dirty);
-            return;
-        }
+        kvr_ckf_image_t *ni = pub_realloc(p->images, dirty * sizeof(*ni));
+        if (ni == NULL)
+            return KVR_ERR;
         p->images = ni;
         p->images_cap = dirty;
     }
-    n = kvr_ckf_drain(&p->ckf, p->images);
-    if (n == 0)
-        return; /* net reversion: nothing changed since the last publication */
-    if (n > KVR_CBI1_MAX_DELTA_IMAGES_) {
-        /* The reference hub re-snapshots: close every subscriber; they resubscribe. */
-        kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);
-        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-            close_sub(p, &sh->sub[i], KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
-        for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-            atomic_store(&sh->snap[k].valid, 0);
-        return;
-    }
-    seq = p->seq + 1;
-    need = kvr_cbi1_delta_size(n) + KVR_RELAY_ENVELOPE_MAX;
+    if (dirty > KVR_CBI1_MAX_DELTA_IMAGES_)
+        dirty = KVR_CBI1_MAX_DELTA_IMAGES_; /* a larger delta is never encoded */
+    need = kvr_cbi1_delta_size(dirty) + KVR_RELAY_ENVELOPE_MAX;
     if (need > p->msg_cap) {
-        uint8_t *nm = realloc(p->msg, need);
+        uint8_t *nm = pub_realloc(p->msg, need);
         if (nm == NULL)
-            return;
+            return KVR_ERR;
         p->msg = nm;
         p->msg_cap = need;
     }
-    hdr.seed = sh->seed;
-    hdr.bucket_count = sh->bucket_count;
-    hdr.dc_id = sh->dc_id;
-    hdr.epoch = seq;
-    len = kvr_relay_filter_update(&p->relay, p->generation, p->seq, seq,
-                                  DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_DELTA,
-                                  kvr_cbi1_delta_size(n), p->msg, p->msg_cap, &payload);
-    if (len == 0 || kvr_cbi1_encode_delta(payload, kvr_cbi1_delta_size(n), &hdr, p->seq, p->images, n) == NULL) {
-        kvr_error("publisher: cannot encode delta %llu", (unsigned long long)seq);
-        return;
-    }
-    off = ring_reserve(p, len);
+    return KVR_OK;
+}
+
+static void record_latency(pub_t *p)
+{
+    /* publication latency: first pending change-log event -> frame published */
+    uint64_t us = (kvr_relay_mono_ns() - p->first_pending_ns) / 1000;
+    unsigned b = 0;
+
+    while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
+        b++;
+    if (b < KVR_PUB_BUCKETS)
+        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + b, 1);
+    kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS, us);
+    kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
+}
+
+/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot fail. */
+static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t off = ring_reserve(p, len);
+    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
+
     memcpy(p->relay.ring + off % KVR_RELAY_RING_BYTES, p->msg, len);
-    f = &sh->frame[seq % KVR_RELAY_FRAMES];
-    prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
     atomic_store_explicit(&f->seq, 0, memory_order_release); /* the old occupant is gone */
     f->cum_off = off;
     f->len = (uint32_t)len;
-    f->queue_cum = (seq > 1 && atomic_load(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
-                   kvr_cbi1_delta_size(n) + KVR_RELAY_FRAME_OVERHEAD;
+    f->queue_cum = (seq > 1 && atomic_load(&prev->seq) == seq - 1 ? prev->queue_cum : 0) + payload_len +
+                   KVR_RELAY_FRAME_OVERHEAD;
     atomic_store_explicit(&f->seq, seq, memory_order_release);
     p->seq = seq;
     atomic_store_explicit(&sh->published_seq, seq, memory_order_release);
     atomic_store(&sh->publish_ns, kvr_relay_mono_ns());
+}
+
+/*
+ * Publishes the dirty set as delta seq + 1. The dirty set is the only record of what
+ * changed since the last publication, so everything that can fail (the buffers) comes
+ * before it is drained: on failure nothing is drained and the delta is retried later.
+ * After the drain, an encoding failure (never expected: the buffers are sized) starts a
+ * new generation rather than leave mirrors silently behind. Returns KVR_OK when the
+ * filter is now exact at the published sequence.
+ */
+static int publish(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, plen;
+    uint64_t now = kvr_relay_mono_ns(), seq = p->seq + 1;
+    kvr_cbi1_hdr_t hdr = {sh->seed, sh->bucket_count, sh->dc_id, seq};
+    uint8_t *payload;
+
+    if (now < p->retry_at_ns)
+        return KVR_ERR;
+    if (reserve_buffers(p, dirty) != KVR_OK) {
+        /* keep the dirty set and the pending count: the main loop comes back */
+        p->retry_at_ns = now + 10000000ull;
+        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "publisher: out of memory for a delta of %zu images; retrying", dirty);
+        return KVR_ERR;
+    }
+    p->retry_at_ns = 0;
+    p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
+    n = kvr_ckf_drain(&p->ckf, p->images);
+    if (n == 0)
+        return KVR_OK; /* net reversion: nothing changed since the last publication */
+    if (n > KVR_CBI1_MAX_DELTA_IMAGES_) {
+        /* The reference hub re-snapshots: close every subscriber; they resubscribe to
+         * copies taken from the filter as it is now. */
+        kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);
+        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+            close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+        for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+            atomic_store(&sh->snap[k].valid, 0);
+        return KVR_OK;
+    }
+    plen = kvr_cbi1_delta_size(n);
+    len = kvr_relay_filter_update(&p->relay, p->generation, p->seq, seq,
+                                  DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_DELTA, plen, p->msg,
+                                  p->msg_cap, &payload);
+    if (len == 0 || kvr_cbi1_encode_delta(payload, plen, &hdr, p->seq, p->images, n) == NULL) {
+        kvr_error("publisher: cannot encode delta %llu; starting a new generation", (unsigned long long)seq);
+        new_generation(p, "delta encoding failed");
+        return KVR_OK;
+    }
+    put_frame(p, seq, len, plen);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTAS, 1);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTA_BYTES, len);
-    {
-        /* publication latency: first pending change-log event -> frame published */
-        uint64_t us = (kvr_relay_mono_ns() - p->first_pending_ns) / 1000;
-        unsigned b = 0;
-        while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
-            b++;
-        if (b < KVR_PUB_BUCKETS)
-            kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + b, 1);
-        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS, us);
-        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
-    }
+    record_latency(p);
     check_lag(p);
     wake_live_workers(p);
+    return KVR_OK;
+}
+
+/* A snapshot copy exact at the published sequence: one already taken, or a free one filled
+ * now. -1 when both are being streamed. */
+static int snapshot_copy(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+        if (atomic_load(&sh->snap[k].valid) && atomic_load(&sh->snap[k].generation) == p->generation &&
+            atomic_load(&sh->snap[k].seq) == p->seq)
+            return k;
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+        if (p->refs[k] == 0) {
+            atomic_store(&sh->snap[k].valid, 0);
+            memcpy(p->relay.snap[k], p->relay.filter, sh->bucket_count * 8);
+            atomic_store(&sh->snap[k].seq, p->seq);
+            atomic_store(&sh->snap[k].generation, p->generation);
+            atomic_store_explicit(&sh->snap[k].valid, 1, memory_order_release);
+            return k;
+        }
+    return -1;
 }
 
 /* Admits waiting subscribers at the current sequence, sharing or taking snapshot copies. */
 static void admit_subscribers(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
+    int exact = -1; /* not yet known */
 
+    reclaim_subscribers(p);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
-        uint32_t st = atomic_load_explicit(&s->state, memory_order_acquire);
-        int k, use = -1;
+        int use;
 
-        if (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
-            if (!owner_alive(p, s)) { /* its worker died: the slot is ours to free */
-                close_sub(p, s, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
-                atomic_store(&s->state, KVR_SUB_FREE);
-                continue;
-            }
-        }
-        if (st == KVR_SUB_LIVE && atomic_load_explicit(&s->snap_done, memory_order_acquire) == 1) {
-            k = atomic_load(&s->snap_index);
-            if (k >= 0 && sh->snap[k].refs > 0)
-                sh->snap[k].refs--;
-            atomic_store(&s->snap_done, 2); /* released */
-            continue;
-        }
-        if (st != KVR_SUB_REQUESTED)
+        if (atomic_load(&s->state) != KVR_SUB_REQUESTED)
             continue;
         if (s->generation != p->generation) {
-            close_sub(p, s, KVR_RELAY_REASON_PRODUCER_CHANGED);
+            close_sub(p, i, KVR_RELAY_REASON_PRODUCER_CHANGED);
             continue;
         }
-        if (p->pending > 0 || kvr_ckf_dirty_count(&p->ckf) > 0)
-            publish(p); /* the copy must be exact at a published sequence */
-        for (k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-            if (atomic_load(&sh->snap[k].valid) && atomic_load(&sh->snap[k].generation) == p->generation &&
-                atomic_load(&sh->snap[k].seq) == p->seq)
-                use = k;
-        for (k = 0; use < 0 && k < KVR_RELAY_SNAPSHOTS; k++)
-            if (sh->snap[k].refs == 0) {
-                atomic_store(&sh->snap[k].valid, 0);
-                memcpy(p->relay.snap[k], p->relay.filter, sh->bucket_count * 8);
-                atomic_store(&sh->snap[k].seq, p->seq);
-                atomic_store(&sh->snap[k].generation, p->generation);
-                atomic_store_explicit(&sh->snap[k].valid, 1, memory_order_release);
-                use = k;
-            }
-        if (use < 0)
-            continue; /* both copies are being streamed: wait for one */
-        sh->snap[use].refs++;
+        if (exact < 0) /* the copy must be exact at a published sequence */
+            exact = p->pending == 0 && kvr_ckf_dirty_count(&p->ckf) == 0 ? 1 : publish(p) == KVR_OK;
+        if (!exact || (use = snapshot_copy(p)) < 0)
+            return; /* out of memory, or both copies are being streamed: wait */
         atomic_store(&s->snap_index, use);
         atomic_store(&s->snap_seq, p->seq);
         atomic_store(&s->cursor, p->seq + 1);
-        atomic_store(&s->snap_done, 0);
-        atomic_store_explicit(&s->state, KVR_SUB_LIVE, memory_order_release);
-        kvr_relay_wake(p->relay.fds->worker[s->owner_slot]);
+        if (sub_cas(s, KVR_SUB_REQUESTED, KVR_SUB_LIVE)) { /* else it was just released */
+            take_ref(p, i, use);
+            wake_owner(p, atomic_load(&s->owner));
+        }
     }
 }
 
@@ -347,13 +492,12 @@ static void new_generation(pub_t *p, const char *why)
     kvr_relay_sh_t *sh = p->relay.sh;
 
     p->generation = atomic_load(&sh->generation) + 1;
-    /* Old-generation streams end; new subscribers must present the new producer. */
+    /* Old-generation streams end; new subscribers must present the new producer. The
+     * references of streams still sending an old snapshot stay until they release. */
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        close_sub(p, &sh->sub[i], KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
-    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++) {
+        close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
         atomic_store(&sh->snap[k].valid, 0);
-        sh->snap[k].refs = 0;
-    }
     atomic_store(&sh->published_seq, 0);
     for (int f = 0; f < KVR_RELAY_FRAMES; f++)
         atomic_store(&sh->frame[f].seq, 0);
@@ -361,12 +505,21 @@ static void new_generation(pub_t *p, const char *why)
 
     kvr_ckf_clear(&p->ckf);
     kvr_owners_destroy(&p->owners);
-    kvr_owners_init(&p->owners, p->max_blocks);
+    if (kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK) {
+        kvr_error("publisher: out of memory for owner counting; exiting (a new publisher starts over)");
+        _exit(71);
+    }
     memset(p->ann_live, 0, p->max_blocks);
+    p->resync = 0;
     kvr_store_resync(&p->store, scan_cb, p);
+    if (p->resync) {
+        kvr_error("publisher: out of memory rebuilding the filter; exiting (a new publisher starts over)");
+        _exit(71);
+    }
     kvr_ckf_dirty_reset(&p->ckf); /* a new generation starts from a snapshot at 0 */
     p->seq = 0;
     p->pending = 0;
+    p->retry_at_ns = 0;
     atomic_store(&sh->generation, p->generation);
     atomic_fetch_add(&sh->catalog_revision, 1);
     atomic_store(&sh->publisher_pid, (uint32_t)getpid());
@@ -411,6 +564,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         kvr_ckf_init(&p->ckf, p->relay.filter, p->relay.sh->bucket_count, p->relay.sh->seed, 0, 1) != KVR_OK ||
         kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK)
         _exit(70);
+    rebuild_refs(p);
     new_generation(p, "start");
     atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
     atomic_store(&seg->hdr->ctl.publisher_running, 1);
@@ -421,8 +575,11 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         int timeout_ms = 100;
         size_t n;
 
+        kvr_seg_heartbeat(seg); /* the supervisor's watchdog */
         if (p->pending > 0) {
             uint64_t due = p->first_pending_ns + delay_ns;
+            if (due < p->retry_at_ns)
+                due = p->retry_at_ns;
             timeout_ms = due > now ? (int)((due - now + 999999) / 1000000) : 0;
         }
         if (poll(&pfd, 1, timeout_ms) > 0) {
@@ -446,6 +603,10 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
                 if (++p->pending >= cfg->publication_threshold)
                     publish(p);
             }
+        }
+        if (p->resync) {
+            kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
+            new_generation(p, "owner counting out of memory");
         }
         if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + delay_ns)
             publish(p);

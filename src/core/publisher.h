@@ -8,6 +8,11 @@
 #include "core/relay.h"
 #include "shm/segment.h"
 
+/* Fault injection for tests: publish()'s buffer allocations are numbered from 1 in each
+ * publisher process; the one numbered kvr_pub_fail_alloc_at fails (0: none). Set it before
+ * the publisher is forked; production never sets it. */
+extern unsigned kvr_pub_fail_alloc_at;
+
 /* Upper bounds (microseconds) of the publication latency histogram's buckets. */
 extern const uint64_t kvr_pub_bucket_us[];
 

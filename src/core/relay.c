@@ -146,22 +146,95 @@ void kvr_relay_release_all(kvr_relay_t *r, int slot)
 
 /* ------------------------------------------------------------------ subscribers */
 
+/* ------------------------------------------------------------------ status */
+
+void kvr_relay_status(const kvr_seg_t *seg, kvr_relay_status_t *st)
+{
+    const kvr_relay_sh_t *sh;
+
+    memset(st, 0, sizeof(*st));
+    if (seg->hdr->ckf_buckets == 0)
+        return;
+    sh = kvr_seg_at(seg, seg->hdr->off_relay);
+    st->generation = atomic_load(&sh->generation);
+    st->published_seq = atomic_load(&sh->published_seq);
+    st->catalog_revision = atomic_load(&sh->catalog_revision);
+    st->bucket_count = sh->bucket_count;
+    st->seed = sh->seed;
+    st->dc_id = sh->dc_id;
+    st->incarnation = sh->incarnation;
+    st->publisher_pid = atomic_load(&sh->publisher_pid);
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        st->live_subscribers += atomic_load(&sh->sub[i].state) == KVR_SUB_LIVE;
+    for (int t = 0; t < KVR_STREAM_TYPES; t++)
+        st->active[t] = atomic_load(&sh->active[t]);
+}
+
+uint64_t kvr_relay_generation(const kvr_relay_t *r)
+{
+    return atomic_load(&r->sh->generation);
+}
+
+uint64_t kvr_relay_catalog_revision(const kvr_relay_t *r)
+{
+    return atomic_load(&r->sh->catalog_revision);
+}
+
+uint64_t kvr_relay_incarnation(const kvr_relay_t *r)
+{
+    return r->sh->incarnation;
+}
+
+uint64_t kvr_relay_buckets(const kvr_relay_t *r)
+{
+    return r->sh->bucket_count;
+}
+
+int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want)
+{
+    const kvr_relay_sh_t *sh = r->sh;
+    const Dynamo__Kvrelay__V1__DigestIdentity *c = want->indexer_domain->cache_semantics;
+    const Dynamo__Kvrelay__V1__DigestIdentity *rt = want->indexer_domain->routing_scope;
+    kvr_relay_ident_t id;
+
+    kvr_relay_ident(r, 0, &id);
+    return want->dc_id == sh->dc_id && c->digest.len == 16 && memcmp(c->digest.data, sh->cache_digest, 16) == 0 &&
+           rt->digest.len == 16 && memcmp(rt->digest.data, sh->routing_digest, 16) == 0 &&
+           c->source == id.cache.source && rt->source == id.routing.source;
+}
+
+/* ------------------------------------------------------------------ subscribers */
+
+/* The worker's CAS for a transition it owns; 0 when the slot was not in `from`. */
+static int sub_move(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
+{
+    return atomic_compare_exchange_strong(&s->state, &from, to);
+}
+
 int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
 {
+    uint64_t me = KVR_SUB_OWNER(getpid(), owner_slot);
+
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &r->sh->sub[i];
-        uint32_t expect = KVR_SUB_FREE;
-        if (!atomic_compare_exchange_strong(&s->state, &expect, KVR_SUB_CLAIMED))
+        uint64_t nobody = 0;
+        if (atomic_load(&s->owner) != 0 || !atomic_compare_exchange_strong(&s->owner, &nobody, me))
             continue;
-        s->owner_slot = owner_slot;
-        s->owner_pid = (int32_t)getpid();
+        /* The publisher frees a slot (state FREE) before it clears `owner`, so a slot we
+         * own is FREE; if not, the protocol was broken: leave the slot to the publisher. */
+        if (!sub_move(s, KVR_SUB_FREE, KVR_SUB_CLAIMED)) {
+            kvr_error("relay: subscriber slot %d owned by nobody but not free", i);
+            atomic_store(&s->owner, 0);
+            continue;
+        }
         s->generation = generation;
         atomic_store(&s->close_reason, 0);
         atomic_store(&s->snap_seq, 0);
         atomic_store(&s->snap_index, -1);
         atomic_store(&s->snap_done, 0);
         atomic_store(&s->cursor, 0);
-        atomic_store_explicit(&s->state, KVR_SUB_REQUESTED, memory_order_release);
+        if (!sub_move(s, KVR_SUB_CLAIMED, KVR_SUB_REQUESTED))
+            return -1; /* only the publisher's dead-owner repair moves a CLAIMED slot: not us */
         if (r->fds != NULL)
             kvr_relay_wake(r->fds->publisher);
         return i;
@@ -169,15 +242,73 @@ int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
     return -1;
 }
 
+kvr_relay_poll_t kvr_relay_sub_poll(kvr_relay_t *r, int idx, kvr_relay_sub_view_t *v)
+{
+    kvr_relay_sub_t *s = &r->sh->sub[idx];
+    uint32_t st = atomic_load(&s->state);
+
+    memset(v, 0, sizeof(*v));
+    if (st == KVR_SUB_CLOSED) {
+        v->reason = (int)atomic_load(&s->close_reason);
+        return KVR_SUBP_CLOSED;
+    }
+    if (atomic_load(&r->sh->generation) != s->generation)
+        return KVR_SUBP_RETIRED;
+    if (st != KVR_SUB_LIVE)
+        return KVR_SUBP_WAITING;
+    /* snap_seq and snap_index were written before the CAS to LIVE (seq_cst) */
+    v->snap_seq = atomic_load(&s->snap_seq);
+    v->chunk_count = kvr_cbi1_chunk_count(r->sh->bucket_count);
+    return KVR_SUBP_LIVE;
+}
+
+size_t kvr_relay_sub_chunk(kvr_relay_t *r, int idx, uint32_t chunk, uint8_t *dst, size_t cap)
+{
+    kvr_relay_sub_t *s = &r->sh->sub[idx];
+    size_t len;
+
+    /* The copy stays ours while the slot is not RELEASING: the publisher drops its
+     * reference only after snap_done or once we released the slot. */
+    len = kvr_relay_snapshot_chunk(r, atomic_load(&s->snap_index), s->generation, atomic_load(&s->snap_seq), chunk, dst,
+                                   cap);
+    if (len > 0 && chunk + 1 == kvr_cbi1_chunk_count(r->sh->bucket_count)) {
+        atomic_store(&s->snap_done, 1);
+        if (r->fds != NULL)
+            kvr_relay_wake(r->fds->publisher);
+    }
+    return len;
+}
+
+ssize_t kvr_relay_sub_next_frame(kvr_relay_t *r, int idx, uint8_t *dst, size_t cap, uint64_t *seq)
+{
+    kvr_relay_sub_t *s = &r->sh->sub[idx];
+    uint64_t c = atomic_load(&s->cursor);
+    ssize_t n = kvr_relay_read_frame(r, c, dst, cap);
+
+    if (n > 0) {
+        *seq = c;
+        /* release: the publisher's lag check reads the cursor to count our queue */
+        atomic_store_explicit(&s->cursor, c + 1, memory_order_release);
+    }
+    return n;
+}
+
+int kvr_relay_sub_pending(const kvr_relay_t *r, int idx)
+{
+    return atomic_load(&r->sh->published_seq) >= atomic_load(&r->sh->sub[idx].cursor);
+}
+
 void kvr_relay_sub_close(kvr_relay_t *r, int idx)
 {
     kvr_relay_sub_t *s = &r->sh->sub[idx];
+    uint32_t st = atomic_load(&s->state);
 
-    /* An admitted subscriber that never finished its snapshot still holds a copy: the
-     * publisher releases it when it sees the slot CLOSED with snap_done unset. Mark done
-     * so the release happens exactly once, then free the slot. */
-    atomic_store_explicit(&s->snap_done, 1, memory_order_release);
-    atomic_store_explicit(&s->state, KVR_SUB_FREE, memory_order_release);
+    /* Every state a stream can leave the slot in; the publisher may move it between our
+     * load and the CAS (REQUESTED -> LIVE -> CLOSED), so retry from what we saw. */
+    while (st == KVR_SUB_REQUESTED || st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) {
+        if (atomic_compare_exchange_strong(&s->state, &st, KVR_SUB_RELEASING))
+            break;
+    }
     if (r->fds != NULL)
         kvr_relay_wake(r->fds->publisher);
 }

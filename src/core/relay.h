@@ -4,7 +4,8 @@
  * dynamo.kvrelay.v1 messages every process needs (FilterUpdate, ProducerIdentity).
  *
  * The publisher (core/publisher.c) is the only writer of the filter, the frame ring and
- * the snapshot copies; workers only claim and read.
+ * the snapshot copies; workers only claim, read and release their subscriber slots, through
+ * the functions below (nothing outside core/ touches kvr_relay_sh_t; docs/concurrency.md).
  */
 #ifndef KVR_CORE_RELAY_H
 #define KVR_CORE_RELAY_H
@@ -55,12 +56,68 @@ void kvr_relay_release(kvr_relay_t *r, int type, int slot);
 /* Supervisor: gives back every permit a dead process held. */
 void kvr_relay_release_all(kvr_relay_t *r, int slot);
 
-/* ---- pool subscribers */
+/* ---- status (any process; what probes, metrics and RPC handlers need) */
+
+typedef struct {
+    uint64_t generation, published_seq, catalog_revision;
+    uint64_t bucket_count, seed, dc_id, incarnation;
+    uint32_t publisher_pid;
+    uint32_t live_subscribers;      /* pool subscriber slots in LIVE */
+    uint32_t active[KVR_STREAM_TYPES]; /* admitted streams per type (§2.8) */
+} kvr_relay_status_t;
+
+/* Reads the relay's status from a segment (zeroes when it has no relay regions). */
+void kvr_relay_status(const kvr_seg_t *seg, kvr_relay_status_t *st);
+
+uint64_t kvr_relay_generation(const kvr_relay_t *r);
+uint64_t kvr_relay_catalog_revision(const kvr_relay_t *r);
+uint64_t kvr_relay_incarnation(const kvr_relay_t *r);
+uint64_t kvr_relay_buckets(const kvr_relay_t *r);
+
+/* 1 when `want` names this relay's pool (DcId, both digests and their sources). */
+int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want);
+
+/* ---- pool subscribers: a worker's side of the slot protocol (relay_sh.h) */
 
 /* Claims a subscriber slot for generation and asks the publisher to admit it. Returns the
  * slot index or -1 when none is free. */
 int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation);
-/* Gives the slot back (the worker, when its stream ends). */
+
+typedef enum {
+    KVR_SUBP_WAITING = 0, /* not admitted yet */
+    KVR_SUBP_LIVE = 1,    /* admitted: snapshot at v->snap_seq in v->chunk_count chunks */
+    KVR_SUBP_CLOSED = 2,  /* the publisher closed it: v->reason (a RelayErrorReason) */
+    KVR_SUBP_RETIRED = 3, /* its generation is no longer the one published */
+} kvr_relay_poll_t;
+
+typedef struct {
+    uint64_t snap_seq;
+    uint32_t chunk_count;
+    int reason;
+} kvr_relay_sub_view_t;
+
+/* Where subscription idx stands. The stream still has to kvr_relay_sub_close it. */
+kvr_relay_poll_t kvr_relay_sub_poll(kvr_relay_t *r, int idx, kvr_relay_sub_view_t *v);
+
+/*
+ * Encodes snapshot chunk `chunk` of an admitted subscription as a gRPC-framed FilterUpdate
+ * into dst. After the last chunk, records that the snapshot was sent (the publisher then
+ * drops the copy's reference). Returns the length, or 0 on error.
+ */
+size_t kvr_relay_sub_chunk(kvr_relay_t *r, int idx, uint32_t chunk, uint8_t *dst, size_t cap);
+
+/*
+ * Copies the delta at the subscription's cursor into dst and advances the cursor. Returns
+ * its length (and its sequence in *seq), 0 when none is published yet, -1 when it is gone
+ * (the subscriber lagged) or does not fit.
+ */
+ssize_t kvr_relay_sub_next_frame(kvr_relay_t *r, int idx, uint8_t *dst, size_t cap, uint64_t *seq);
+
+/* 1 when a published delta waits at the subscription's cursor. */
+int kvr_relay_sub_pending(const kvr_relay_t *r, int idx);
+
+/* The worker is done with the slot (stream ended, cancelled, or closed by the publisher):
+ * marks it RELEASING; the publisher frees it. Exactly once per successful open. */
 void kvr_relay_sub_close(kvr_relay_t *r, int idx);
 
 /*

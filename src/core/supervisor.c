@@ -7,9 +7,16 @@
  * plain code. Children sit in a table with their slot, pid and respawn state.
  *
  *  - A child that dies is reaped (waitpid), its process slot repaired in the store
- *    (kvr_store_reap_slot: its locks, pins and half-written blocks), and it is replaced
- *    at once, or after a back-off that grows while it keeps dying young (100 ms doubling
- *    to 10 s).
+ *    (kvr_store_reap_slot: its locks, pins and half-written blocks), and it is replaced.
+ *    Killed by a signal from outside (SIGKILL, SIGTERM, ...) or by the watchdog: at once.
+ *    Crashed (another signal, or an exit) within 5 s of its start: at once the first time,
+ *    then after a back-off doubling from 100 ms to 10 s, while the others serve; when no
+ *    worker would be left running, the back-off of the first to restart is cut to 100 ms
+ *    (a crash loop then costs one fork per 100 ms, never the whole service).
+ *  - Watchdog: every worker and the publisher advance a heartbeat in their process slot
+ *    each loop iteration. One whose heartbeat has not moved for --hang-timeout is taken
+ *    out of readiness at once (/readyz 503), logged, SIGKILLed, and then reaped, repaired
+ *    and replaced like any other death.
  *  - SIGTERM/SIGINT: mark draining (readiness fails), close our copies of the listeners,
  *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
  *    second after the grace. Exit 0.
@@ -20,6 +27,7 @@
 #include "core/supervisor.h"
 
 #include "core/log.h"
+#include "core/proctitle.h"
 #include "core/publisher.h"
 #include "core/relay.h"
 #include "core/store.h"
@@ -53,7 +61,11 @@ typedef struct {
     int grpc_fd;
     uint64_t started_ms;
     uint64_t respawn_at;
+    uint64_t died_ms;
     unsigned young_deaths;
+    uint64_t hb_seen;  /* heartbeat value last sampled ... */
+    uint64_t hb_at_ms; /* ... and when it last moved */
+    int hung;          /* the watchdog killed it */
 } child_t;
 
 typedef struct {
@@ -95,12 +107,19 @@ static int spawn(sup_t *s, child_t *c)
             }
         sigprocmask(SIG_SETMASK, &s->oldmask, NULL);
         if (c->role == KVR_ROLE_PUBLISHER)
+            kvr_proctitle_set("kvrelay: publisher");
+        else
+            kvr_proctitle_set("kvrelay: worker %d", c->index);
+        if (c->role == KVR_ROLE_PUBLISHER)
             kvr_publisher_main(s->cfg, &s->seg, c->slot, &s->fds);
         kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd, c->grpc_fd, &s->fds);
     }
     c->pid = pid;
     c->state = CH_RUNNING;
     c->started_ms = now_ms();
+    c->hung = 0;
+    c->hb_seen = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
+    c->hb_at_ms = c->started_ms;
     if (c->role == KVR_ROLE_PUBLISHER)
         kvr_info("publisher started (pid %d, slot %d)", (int)pid, c->slot);
     else
@@ -116,6 +135,71 @@ static child_t *find_child(sup_t *s, pid_t pid)
     return NULL;
 }
 
+/* Takes a child out of readiness (once: guarded by its slot's ready flag). */
+static void take_readiness(sup_t *s, child_t *c)
+{
+    if (atomic_exchange(&s->seg.procs[c->slot].ready, 0)) {
+        if (c->role == KVR_ROLE_PUBLISHER)
+            atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
+        else
+            atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+    }
+}
+
+static const char *role_name(const child_t *c)
+{
+    return c->role == KVR_ROLE_PUBLISHER ? "publisher" : "worker";
+}
+
+/*
+ * The watchdog: a serving child whose heartbeat has not moved for --hang-timeout is hung
+ * (a loop, a blocked syscall, SIGSTOP). Readiness drops at once; SIGKILL then turns the
+ * hang into an ordinary death, which reap_children repairs and replaces.
+ */
+static void watchdog(sup_t *s, uint64_t t)
+{
+    for (int i = 0; i < s->nch && !s->draining; i++) {
+        child_t *c = &s->ch[i];
+        uint64_t hb;
+        if (c->state != CH_RUNNING || c->hung)
+            continue;
+        hb = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
+        if (hb != c->hb_seen || !atomic_load(&s->seg.procs[c->slot].ready)) {
+            c->hb_seen = hb; /* moving, or still starting up: not judged yet */
+            c->hb_at_ms = t;
+            continue;
+        }
+        if (t - c->hb_at_ms < s->cfg->hang_timeout_ms)
+            continue;
+        c->hung = 1;
+        take_readiness(s, c);
+        atomic_fetch_add(&s->seg.hdr->ctl.hangs_killed, 1);
+        kvr_warn("%s %d (pid %d) hung: no heartbeat for %llu ms; killing it", role_name(c), c->index, (int)c->pid,
+                 (unsigned long long)(t - c->hb_at_ms));
+        kill(c->pid, SIGKILL);
+    }
+}
+
+/* Signals another process sends on purpose (an operator, an orchestrator, the OOM killer's
+ * SIGKILL): the child did nothing wrong, so it is replaced at once. */
+static int outside_signal(int sig)
+{
+    return sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT || sig == SIGUSR1 ||
+           sig == SIGUSR2;
+}
+
+/* When to replace a child that just died (see the policy at the top of the file). */
+static uint64_t respawn_delay(child_t *c, int status, uint64_t t)
+{
+    uint64_t delay;
+
+    if (c->hung || (WIFSIGNALED(status) && outside_signal(WTERMSIG(status))))
+        return 0;
+    c->young_deaths = t - c->started_ms < YOUNG_MS ? c->young_deaths + 1 : 0;
+    delay = c->young_deaths <= 1 ? 0 : BACKOFF_MIN_MS << (c->young_deaths > 8 ? 7 : c->young_deaths - 2);
+    return delay > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : delay;
+}
+
 static void reap_children(sup_t *s)
 {
     int status;
@@ -126,12 +210,7 @@ static void reap_children(sup_t *s)
         uint64_t t = now_ms(), delay;
         if (c == NULL)
             continue;
-        if (atomic_exchange(&s->seg.procs[c->slot].ready, 0)) {
-            if (c->role == KVR_ROLE_PUBLISHER)
-                atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
-            else
-                atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
-        }
+        take_readiness(s, c);
         kvr_store_reap_slot(&s->store, c->slot);
         if (s->seg.hdr->ckf_buckets)
             kvr_relay_release_all(&s->relay, c->slot);
@@ -147,17 +226,50 @@ static void reap_children(sup_t *s)
             c->state = CH_EMPTY;
             continue;
         }
-        c->young_deaths = t - c->started_ms < YOUNG_MS ? c->young_deaths + 1 : 0;
-        /* The first death is replaced at once; repeated young deaths back off. */
-        delay = c->young_deaths <= 1 ? 0 : BACKOFF_MIN_MS << (c->young_deaths > 8 ? 7 : c->young_deaths - 2);
-        if (delay > BACKOFF_MAX_MS)
-            delay = BACKOFF_MAX_MS;
+        delay = respawn_delay(c, status, t);
+        c->died_ms = t;
         c->respawn_at = t + delay;
         atomic_fetch_add(c->role == KVR_ROLE_PUBLISHER ? &s->seg.hdr->ctl.publisher_restarts
                                                         : &s->seg.hdr->ctl.worker_restarts, 1);
         if (delay > 0)
-            kvr_warn("worker %d keeps dying young: respawn in %llu ms", c->index, (unsigned long long)delay);
+            kvr_warn("%s %d keeps crashing young: respawn in %llu ms", role_name(c), c->index,
+                     (unsigned long long)delay);
     }
+}
+
+/*
+ * Starts the children whose respawn time has come. When no worker is running, the waiting
+ * worker due first is started no later than 100 ms after its death, whatever its back-off:
+ * back-off must never leave the server without a worker. Returns the ms until the next
+ * respawn is due (at most 1000).
+ */
+static uint64_t respawn_due(sup_t *s, uint64_t t)
+{
+    child_t *first = NULL;
+    uint64_t wait_ms = 1000;
+    int running = 0;
+
+    for (int i = 0; i < s->nch; i++)
+        running += s->ch[i].state == CH_RUNNING && s->ch[i].role == KVR_ROLE_WORKER;
+    for (int i = 0; i < s->nch; i++) {
+        child_t *c = &s->ch[i];
+        if (c->state == CH_WAITING && c->role == KVR_ROLE_WORKER && (first == NULL || c->respawn_at < first->respawn_at))
+            first = c;
+    }
+    if (running == 0 && first != NULL && first->respawn_at > first->died_ms + BACKOFF_MIN_MS) {
+        kvr_warn("no worker is running: worker %d restarts without its back-off", first->index);
+        first->respawn_at = first->died_ms + BACKOFF_MIN_MS;
+    }
+    for (int i = 0; i < s->nch; i++) {
+        child_t *c = &s->ch[i];
+        if (c->state != CH_WAITING)
+            continue;
+        if (c->respawn_at <= t)
+            spawn(s, c);
+        else if (c->respawn_at - t < wait_ms)
+            wait_ms = c->respawn_at - t;
+    }
+    return wait_ms;
 }
 
 static void start_drain(sup_t *s)
@@ -248,6 +360,7 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     struct sigaction ign;
 
     kvr_log_set_role("supervisor");
+    kvr_proctitle_set("kvrelay: supervisor");
     s->cfg = cfg;
     if (nworkers > MAX_CHILDREN - 1)
         nworkers = MAX_CHILDREN - 1;
@@ -353,15 +466,11 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         siginfo_t si;
         int sig;
 
-        for (int i = 0; i < s->nch && !s->draining; i++) {
-            child_t *c = &s->ch[i];
-            if (c->state != CH_WAITING)
-                continue;
-            if (c->respawn_at <= t)
-                spawn(s, c);
-            else if (c->respawn_at - t < wait_ms)
-                wait_ms = c->respawn_at - t;
-        }
+        if (!s->draining)
+            wait_ms = respawn_due(s, t);
+        watchdog(s, t);
+        if (wait_ms > s->cfg->hang_timeout_ms / 4)
+            wait_ms = s->cfg->hang_timeout_ms / 4; /* sample heartbeats often enough */
         if (s->draining) {
             if (!any_running(s))
                 break;

@@ -77,6 +77,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
 
     for (;;) {
         uint64_t t;
+        kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_http_run_once(http, 50);
         t = now_ms();
         if (grpc != NULL) {

@@ -329,14 +329,14 @@ static void relay_identity(kvr_grpc_t *g, Dynamo__Kvrelay__V1__RelayIdentity *r)
 {
     dynamo__kvrelay__v1__relay_identity__init(r);
     r->drt_instance_id = 0;
-    r->relay_incarnation = g->relay->sh->incarnation;
+    r->relay_incarnation = kvr_relay_incarnation(g->relay);
 }
 
 static void emit_catalog(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     const kvr_config_t *cfg = g->cfg;
-    uint64_t gen = atomic_load(&g->relay->sh->generation);
+    uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_UPDATE__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     Dynamo__Kvrelay__V1__KvPoolCatalogSnapshot snap = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_SNAPSHOT__INIT;
@@ -354,7 +354,7 @@ static void emit_catalog(gstream_t *s)
     relay_identity(g, &rel);
     up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
     up.relay = &rel;
-    s->sent_revision = atomic_load(&g->relay->sh->catalog_revision);
+    s->sent_revision = kvr_relay_catalog_revision(g->relay);
     up.revision = s->sent_revision;
     up.snapshot = &snap;
     up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
@@ -390,7 +390,7 @@ static void emit_catalog(gstream_t *s)
 static void emit_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
-    uint64_t gen = atomic_load(&g->relay->sh->generation);
+    uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
     Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1];
     Dynamo__Kvrelay__V1__RelayIdentity rel;
@@ -423,7 +423,7 @@ static void emit_load(gstream_t *s)
 static void emit_serving_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
-    uint64_t gen = atomic_load(&g->relay->sh->generation);
+    uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
     Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1];
     Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
@@ -510,15 +510,14 @@ static void pool_refill(gstream_t *s, size_t budget)
 {
     kvr_grpc_t *g = s->conn->g;
     kvr_relay_t *r = g->relay;
-    kvr_relay_sub_t *sub;
-    uint32_t st;
+    kvr_relay_sub_view_t v;
+    kvr_relay_poll_t st;
 
     if (s->sub < 0)
         return;
-    sub = &r->sh->sub[s->sub];
-    st = atomic_load_explicit(&sub->state, memory_order_acquire);
-    if (st == KVR_SUB_CLOSED) {
-        int reason = (int)atomic_load(&sub->close_reason);
+    st = kvr_relay_sub_poll(r, s->sub, &v);
+    if (st == KVR_SUBP_CLOSED) {
+        int reason = v.reason;
         pool_release(s);
         pool_fail(s, reason ? reason : KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
                   reason == KVR_RELAY_REASON_SUBSCRIBER_LAGGED ? "subscriber lagged behind the publication"
@@ -526,16 +525,16 @@ static void pool_refill(gstream_t *s, size_t budget)
                                                                   : "publication unavailable");
         return;
     }
-    if (atomic_load(&r->sh->generation) != s->generation) {
+    if (st == KVR_SUBP_RETIRED) {
         pool_release(s);
         pool_fail(s, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE, "the producer generation was retired");
         return;
     }
     if (s->phase == PH_WAIT_ADMIT) {
-        if (st != KVR_SUB_LIVE)
+        if (st != KVR_SUBP_LIVE)
             return;
-        s->snap_seq = atomic_load(&sub->snap_seq);
-        s->chunk_count = kvr_cbi1_chunk_count(r->sh->bucket_count);
+        s->snap_seq = v.snap_seq;
+        s->chunk_count = v.chunk_count;
         s->next_chunk = 0;
         s->phase = PH_SNAPSHOT;
         s->progress_ms = now_ms();
@@ -546,8 +545,7 @@ static void pool_refill(gstream_t *s, size_t budget)
             pool_fail(s, KVR_RELAY_REASON_INTERNAL, "out of memory");
             return;
         }
-        len = kvr_relay_snapshot_chunk(r, atomic_load(&sub->snap_index), s->generation, s->snap_seq, s->next_chunk,
-                                       s->out + s->out_len, cap);
+        len = kvr_relay_sub_chunk(r, s->sub, s->next_chunk, s->out + s->out_len, cap);
         if (len == 0) {
             pool_fail(s, KVR_RELAY_REASON_INTERNAL, "snapshot encoding failed");
             return;
@@ -556,8 +554,6 @@ static void pool_refill(gstream_t *s, size_t budget)
         relay_stat(g, RC_FRAMES, 1);
         relay_stat(g, RC_BYTES, len);
         if (++s->next_chunk == s->chunk_count) {
-            atomic_store_explicit(&sub->snap_done, 1, memory_order_release);
-            kvr_relay_wake(r->fds->publisher);
             s->phase = PH_DELTAS;
             s->last_seq = s->snap_seq;
         }
@@ -568,11 +564,11 @@ static void pool_refill(gstream_t *s, size_t budget)
         if (budget > DELTA_BATCH_MAX)
             budget = DELTA_BATCH_MAX;
         while (budget > 0 && s->out_len - s->out_off < budget) {
-            uint64_t seq = atomic_load(&sub->cursor);
+            uint64_t seq;
             ssize_t n;
             if (out_reserve(s, KVR_CBI1_MAX_FRAME + KVR_RELAY_ENVELOPE_MAX) != KVR_OK)
                 return;
-            n = kvr_relay_read_frame(r, seq, s->out + s->out_len, s->out_cap - s->out_len);
+            n = kvr_relay_sub_next_frame(r, s->sub, s->out + s->out_len, s->out_cap - s->out_len, &seq);
             if (n == 0)
                 break;
             if (n < 0) {
@@ -583,7 +579,6 @@ static void pool_refill(gstream_t *s, size_t budget)
             s->out_len += (size_t)n;
             s->last_seq = seq;
             s->last_send_ms = now_ms();
-            atomic_store_explicit(&sub->cursor, seq + 1, memory_order_release);
             relay_stat(g, RC_FRAMES, 1);
             relay_stat(g, RC_BYTES, (uint64_t)n);
         }
@@ -656,7 +651,6 @@ static void start_periodic(gstream_t *s, void (*emit)(gstream_t *), uint64_t int
 static void dispatch(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
-    kvr_relay_sh_t *sh = g->relay->sh;
     const uint8_t *msg;
     size_t mlen;
     kvr_relay_verdict_t v;
@@ -735,17 +729,10 @@ static void dispatch(gstream_t *s)
         break;
     case KVR_RELAY_RPC_SUBSCRIBE_KV_POOL: {
         Dynamo__Kvrelay__V1__SubscribeKvPoolRequest *rq = (void *)req;
-        uint64_t gen = atomic_load(&sh->generation);
+        uint64_t gen = kvr_relay_generation(g->relay);
         kvr_relay_ident_t id;
-        const Dynamo__Kvrelay__V1__KvPoolId *want = rq->expected_producer->pool_id;
         kvr_relay_ident(g->relay, gen, &id);
-        if (want->dc_id != sh->dc_id ||
-            want->indexer_domain->cache_semantics->digest.len != 16 ||
-            memcmp(want->indexer_domain->cache_semantics->digest.data, sh->cache_digest, 16) != 0 ||
-            want->indexer_domain->routing_scope->digest.len != 16 ||
-            memcmp(want->indexer_domain->routing_scope->digest.data, sh->routing_digest, 16) != 0 ||
-            want->indexer_domain->cache_semantics->source != id.cache.source ||
-            want->indexer_domain->routing_scope->source != id.routing.source) {
+        if (!kvr_relay_pool_matches(g->relay, rq->expected_producer->pool_id)) {
             stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
             break;
         }
@@ -1171,8 +1158,7 @@ void kvr_grpc_tick(kvr_grpc_t *g)
                 } else if (s->phase == PH_DELTAS) {
                     int pending;
                     pool_refill(s, 0); /* state only: closed, lagged, generation retired */
-                    pending = s->sub >= 0 && atomic_load(&g->relay->sh->published_seq) >=
-                                                 atomic_load(&g->relay->sh->sub[s->sub].cursor);
+                    pending = s->sub >= 0 && kvr_relay_sub_pending(g->relay, s->sub);
                     if (s->end_status < 0 && !pending && s->out_off >= s->out_len &&
                         t - s->last_send_ms >= g->cfg->pool_heartbeat_ms)
                         emit_heartbeat(s);
@@ -1181,7 +1167,7 @@ void kvr_grpc_tick(kvr_grpc_t *g)
                 }
                 break;
             case KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG:
-                if (atomic_load(&g->relay->sh->catalog_revision) != s->sent_revision) {
+                if (kvr_relay_catalog_revision(g->relay) != s->sent_revision) {
                     emit_catalog(s);
                     stream_kick(s);
                 }

@@ -1,6 +1,9 @@
 /*
  * relay_sh.h — the relay's shared state: what the publisher publishes and what workers
- * stream to gRPC subscribers (spec/dynamo-relay.md §1.5-§1.7, §3).
+ * stream to gRPC subscribers (docs/relay-contract.md; the rules are in docs/concurrency.md).
+ *
+ * Only core/relay.c and core/publisher.c touch these structs; everything else goes through
+ * core/relay.h.
  *
  *   status      generation (layout_generation), published sequence, catalog revision,
  *               pool identity; written by the supervisor (identity) and the publisher.
@@ -9,18 +12,20 @@
  *               subscriber reads it at its own cursor. A subscriber's queue is implicitly
  *               the frames between its cursor and the published sequence; the publisher
  *               cuts it (SUBSCRIBER_LAGGED) when that exceeds 16 frames or 16 MiB
- *               (payload + 256 per frame, §1.7), so the ring only ever needs the last 16
+ *               (payload + 256 per frame), so the ring only ever needs the last 16
  *               frames plus one maximal frame.
  *   snapshots   two copies of the filter, each exact at a published sequence, taken by the
  *               publisher between publications and streamed chunk by chunk by workers; a
- *               new subscriber waits for a free copy (the reference's encoding permits).
- *   subs        one slot per pool subscriber: a worker claims one, the publisher admits it
- *               at a sequence N (snapshot at N, deltas from N+1) or closes it with a reason.
+ *               new subscriber waits for a free copy. Which subscriber holds which copy is
+ *               the publisher's private bookkeeping (`refs` here is only its mirror, for
+ *               debugging), so no worker ever writes a reference count.
+ *   subs        one slot per pool subscriber, a small state machine whose every transition
+ *               is a compare-and-swap from the state it expects (kvr_relay_sub_t below).
  *
  * Ordering: the publisher writes a frame's bytes, then its index entry, then
  * `published_seq` (release); readers acquire `published_seq`, read the index entry and the
  * bytes, then check `ring_tail` (acquire) to know the bytes were not overwritten meanwhile.
- * Subscriber slot hand-offs go through `state` with release/acquire.
+ * Subscriber slot hand-offs go through `state` (CAS, seq_cst).
  */
 #ifndef KVR_SHM_RELAY_SH_H
 #define KVR_SHM_RELAY_SH_H
@@ -47,14 +52,32 @@ enum {
     KVR_STREAM_TYPES = 5
 };
 
-/* Subscriber slot states. */
+/*
+ * Subscriber slot states, and who may take each transition (all by CAS from the expected
+ * state; docs/concurrency.md has the diagram):
+ *
+ *   FREE -> CLAIMED        worker, after it won the slot's `owner` word (0 -> its id)
+ *   CLAIMED -> REQUESTED   worker, once generation and its own fields are written
+ *   REQUESTED -> LIVE      publisher: admitted at snap_seq with snapshot copy snap_index
+ *   REQUESTED|LIVE -> CLOSED    publisher: close_reason says why
+ *   REQUESTED|LIVE|CLOSED -> RELEASING   worker, when its stream ends for any reason
+ *   RELEASING -> FREE      publisher: drops the snapshot reference it tracks, then clears
+ *                          `owner` (after the state: a new claim starts from FREE)
+ *   any but FREE -> RELEASING   publisher, when the owner process is dead
+ */
 enum {
     KVR_SUB_FREE = 0,
     KVR_SUB_CLAIMED = 1,   /* a worker is filling it in */
     KVR_SUB_REQUESTED = 2, /* waiting for the publisher to admit it */
     KVR_SUB_LIVE = 3,      /* admitted: snapshot at snap_seq, deltas from snap_seq + 1 */
     KVR_SUB_CLOSED = 4,    /* closed by the publisher: close_reason says why */
+    KVR_SUB_RELEASING = 5, /* the worker is done with it; the publisher frees it */
 };
+
+/* The owner word: ((uint64_t)pid << 32) | (process slot + 1); 0 = nobody. */
+#define KVR_SUB_OWNER(pid, slot) (((uint64_t)(uint32_t)(pid) << 32) | (uint64_t)((slot) + 1))
+#define KVR_SUB_OWNER_PID(w)     ((int32_t)((w) >> 32))
+#define KVR_SUB_OWNER_SLOT(w)    ((int)((w) & 0xFFFFFFFFu) - 1)
 
 typedef struct {
     _Atomic uint64_t seq;   /* the delta's sequence; 0 = empty */
@@ -68,22 +91,21 @@ static_assert(sizeof(kvr_relay_frame_t) == 32, "frame index entry");
 typedef struct {
     _Atomic uint64_t seq;  /* sequence the copy is exact at */
     _Atomic uint64_t generation;
-    uint32_t refs;         /* subscribers streaming it (publisher-owned count) */
+    uint32_t refs;         /* the publisher's private count, mirrored for debugging only */
     _Atomic uint32_t valid;
     uint64_t pad_[5];
 } kvr_relay_snap_t;
 static_assert(sizeof(kvr_relay_snap_t) == 64, "snapshot slot");
 
 typedef struct {
-    _Atomic uint32_t state;
-    _Atomic uint32_t close_reason; /* RelayErrorReason when CLOSED */
-    int32_t owner_slot;            /* worker process slot */
-    int32_t owner_pid;
-    uint64_t generation;           /* the layout_generation it subscribed to */
-    _Atomic uint64_t snap_seq;     /* N, set by the publisher at admission */
-    _Atomic int32_t snap_index;    /* snapshot copy, set at admission */
+    _Atomic uint32_t state;        /* KVR_SUB_*, every change a CAS */
+    _Atomic uint32_t close_reason; /* RelayErrorReason when CLOSED (publisher, before the CAS) */
+    _Atomic uint64_t owner;        /* KVR_SUB_OWNER of the claiming worker; the claim itself */
+    uint64_t generation;           /* the layout_generation it subscribed to (worker, CLAIMED) */
+    _Atomic uint64_t snap_seq;     /* N, set by the publisher before REQUESTED -> LIVE */
+    _Atomic int32_t snap_index;    /* snapshot copy, set by the publisher with snap_seq */
     _Atomic uint32_t snap_done;    /* set by the worker once the snapshot is sent */
-    _Atomic uint64_t cursor;       /* next delta sequence the worker will send */
+    _Atomic uint64_t cursor;       /* next delta the worker sends: publisher at admission, then worker */
     uint64_t pad_[2];
 } kvr_relay_sub_t;
 static_assert(sizeof(kvr_relay_sub_t) == 64, "subscriber slot");

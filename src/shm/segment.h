@@ -62,20 +62,27 @@ enum { KVR_ROLE_SUPERVISOR = 0, KVR_ROLE_WORKER = 1, KVR_ROLE_PUBLISHER = 2 };
 
 /*
  * One process slot, one cache line. pid/state are written by the claiming process (CAS
- * from FREE) and by the supervisor's reap; role is informational.
+ * from FREE) and by the supervisor's reap; role is informational. `ready` is set by the
+ * process once it serves and cleared by the supervisor (reap, or a hang it detected).
+ * `heartbeat` is advanced by the process every loop iteration (kvr_seg_heartbeat) and
+ * sampled by the supervisor's watchdog; relaxed: only its movement matters.
  */
 typedef struct {
     _Atomic int32_t pid;
     _Atomic uint32_t state;
     uint32_t role;
-    _Atomic uint32_t ready; /* set by the process once it serves; read by the supervisor */
-    uint32_t pad_[12];
+    _Atomic uint32_t ready;
+    _Atomic uint64_t heartbeat;
+    uint32_t pad_[10];
 } kvr_proc_sh_t;
 static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache line");
 
 /*
- * Supervisor status shared with every process (readiness, drain). Written by the supervisor
- * only, read by workers with relaxed loads: a probe may see a value one event late.
+ * Supervisor status shared with every process (readiness, drain), read with relaxed loads:
+ * a probe may see a value one event late. The supervisor writes all of it except the
+ * running counts' increments: a worker adds itself to workers_running and the publisher
+ * sets publisher_running once they serve; the supervisor takes them back (reap, or a hang
+ * its watchdog found), guarded by the process slot's `ready` flag so each is undone once.
  */
 typedef struct {
     _Atomic uint32_t draining;
@@ -87,7 +94,8 @@ typedef struct {
     _Atomic uint64_t worker_restarts;
     _Atomic uint64_t publisher_restarts;
     _Atomic uint64_t started_unix_ms;
-    uint64_t pad_[3];
+    _Atomic uint64_t hangs_killed; /* processes the watchdog found hung and killed */
+    uint64_t pad_[2];
 } kvr_ctl_sh_t;
 static_assert(sizeof(kvr_ctl_sh_t) == 72, "ctl layout");
 
@@ -175,6 +183,13 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role);
 
 /* Finds the slot of pid (ACTIVE or DEAD), or -1. */
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid);
+
+/* The calling process is alive and looping: advance its heartbeat (workers, publisher). */
+static inline void kvr_seg_heartbeat(kvr_seg_t *seg)
+{
+    if (seg->slot >= 0)
+        atomic_fetch_add_explicit(&seg->procs[seg->slot].heartbeat, 1, memory_order_relaxed);
+}
 
 static inline void *kvr_seg_at(const kvr_seg_t *seg, uint64_t off)
 {

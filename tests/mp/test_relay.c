@@ -134,32 +134,27 @@ static uint32_t wait_admitted(rx_t *x, int sub)
 
 static void read_snapshot(rx_t *x, int sub, kvr_mirror_t *m, uint64_t gen)
 {
-    kvr_relay_sub_t *s = &x->relay.sh->sub[sub];
     uint32_t chunks = kvr_cbi1_chunk_count(x->relay.sh->bucket_count);
 
+    (void)gen;
     for (uint32_t c = 0; c < chunks; c++) {
-        size_t len = kvr_relay_snapshot_chunk(&x->relay, atomic_load(&s->snap_index), gen, atomic_load(&s->snap_seq), c,
-                                              x->buf, x->cap);
+        size_t len = kvr_relay_sub_chunk(&x->relay, sub, c, x->buf, x->cap);
         cr_assert_gt(len, 0);
         cr_assert_eq(feed(m, x->buf, len), KVR_MIRROR_OK);
     }
-    atomic_store(&s->snap_done, 1);
-    kvr_relay_wake(x->fds.publisher);
 }
 
 /* Reads every published frame after the cursor; returns -1 if one is gone (lagged). */
 static int drain_frames(rx_t *x, int sub, kvr_mirror_t *m)
 {
-    kvr_relay_sub_t *s = &x->relay.sh->sub[sub];
     for (;;) {
-        uint64_t c = atomic_load(&s->cursor);
-        ssize_t n = kvr_relay_read_frame(&x->relay, c, x->buf, x->cap);
+        uint64_t c;
+        ssize_t n = kvr_relay_sub_next_frame(&x->relay, sub, x->buf, x->cap, &c);
         if (n == 0)
             return 0;
         if (n < 0)
             return -1;
         cr_assert_eq(feed(m, x->buf, (size_t)n), KVR_MIRROR_OK, "frame %llu", (unsigned long long)c);
-        atomic_store(&s->cursor, c + 1);
     }
 }
 
@@ -308,6 +303,191 @@ Test(relay, change_log_overflow_rebuilds_from_the_index, .timeout = 60)
     quiesce(&x);
     cr_assert_eq(drain_frames(&x, fresh, &m), 0);
     assert_replica_exact(&x, &m); /* all 100 blocks, none of them guessed */
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
+
+/* ------------------------------------------------------------------ slot protocol (issue 11) */
+
+#define STORM_CHILDREN 6
+#define STORM_SECONDS 6.0
+
+static uint32_t sub_state(rx_t *x, int i)
+{
+    return atomic_load(&x->relay.sh->sub[i].state);
+}
+
+/* One play-worker of the storm: opens subscriptions and ends them at every point of their
+ * life — while waiting for admission, mid-snapshot, after a cut, after reading deltas —
+ * the way cancelled gRPC streams do. Every open is closed exactly once. */
+static void storm_child(rx_t *x, int slot, uint64_t gen, unsigned seed, const char *actions)
+{
+    uint32_t chunks = kvr_cbi1_chunk_count(x->relay.sh->bucket_count);
+    double end = now_s() + STORM_SECONDS;
+
+    if (kvr_seg_proc_claim_at(&x->seg, slot, KVR_ROLE_WORKER) != slot)
+        _exit(3);
+    while (now_s() < end) {
+        kvr_relay_sub_view_t v;
+        int sub = kvr_relay_sub_open(&x->relay, slot, gen);
+        int action = actions[rand_r(&seed) % strlen(actions)] - '0';
+        double until = now_s() + 1.0;
+        if (sub < 0) {
+            usleep(200);
+            continue;
+        }
+        if (action == 0) /* give up while the publisher may be deciding */
+            usleep(rand_r(&seed) % 500);
+        if (action > 0) /* wait for the publisher's verdict, bounded */
+            while (kvr_relay_sub_poll(&x->relay, sub, &v) == KVR_SUBP_WAITING && now_s() < until)
+                ;
+        if (action >= 2 && kvr_relay_sub_poll(&x->relay, sub, &v) == KVR_SUBP_LIVE) {
+            uint32_t take = action == 2 ? (uint32_t)(rand_r(&seed) % (chunks + 1)) : chunks;
+            for (uint32_t c = 0; c < take; c++)
+                if (kvr_relay_sub_chunk(&x->relay, sub, c, x->buf, x->cap) == 0)
+                    _exit(4);
+            if (action == 3) {
+                uint64_t seq;
+                for (int k = 0; k < 8 && kvr_relay_sub_next_frame(&x->relay, sub, x->buf, x->cap, &seq) > 0; k++)
+                    ;
+            }
+            usleep(rand_r(&seed) % 3000);
+        }
+        kvr_relay_sub_close(&x->relay, sub);
+    }
+    _exit(0);
+}
+
+/*
+ * Many subscribers open and cancel while the publisher admits, publishes (one delta per
+ * event) and cuts laggards. With plain stores, a worker's release could be overwritten by
+ * the publisher's LIVE or CLOSED and the slot was never reclaimed. Every slot must come back
+ * FREE with no snapshot reference held, and a new subscriber must still converge.
+ * `actions` picks the play-workers' behaviours (the digits of storm_child's cases).
+ */
+static void slot_storm(const char *actions)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    pid_t kids[STORM_CHILDREN];
+    uint64_t gen;
+    int fresh, busy = 0, n = 0;
+    double end;
+
+    /* one delta per event; a filter of 2 MiB, so that taking a snapshot copy (between the
+     * publisher's look at a slot and its verdict) takes a while, as in production */
+    setenv("KVRELAY_PUBLICATION_THRESHOLD", "1", 1);
+    setenv("KVRELAY_EXPECTED_UNIQUE_BLOCKS", "1000000", 1);
+    rx_open(&x);
+    gen = atomic_load(&x.relay.sh->generation);
+    put_n(&x, 0, 40, 11);
+    quiesce(&x);
+    for (int i = 0; i < STORM_CHILDREN; i++) {
+        kids[i] = fork();
+        cr_assert_geq(kids[i], 0);
+        if (kids[i] == 0)
+            storm_child(&x, 3 + i, gen, 1234u + (unsigned)i, actions);
+    }
+    /* deltas all along: every PUT and DELETE of a new hash is one publication */
+    end = now_s() + STORM_SECONDS;
+    while (now_s() < end) {
+        char key[32];
+        snprintf(key, sizeof(key), "storm-%d", n % 300);
+        if (n % 600 < 300)
+            kvr_store_put(&x.st, key, strlen(key), "s", 1, 0xABC000ull + (uint64_t)(n % 300));
+        else
+            kvr_store_release(&x.st, key, strlen(key), NULL);
+        n++;
+        usleep(300);
+    }
+    for (int i = 0; i < STORM_CHILDREN; i++) {
+        int status;
+        cr_assert_eq(waitpid(kids[i], &status, 0), kids[i]);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "storm child %d: status %d", i, status);
+    }
+    cr_assert_gt(atomic_load(&x.relay.sh->published_seq), 100, "too few deltas to cut anyone");
+    /* The children closed everything they opened and their process slots still look alive,
+     * so nothing here relies on dead-owner repair: every slot must be freed by protocol. */
+    end = now_s() + 5;
+    do {
+        busy = 0;
+        kvr_relay_wake(x.fds.publisher);
+        usleep(20000);
+        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+            busy += sub_state(&x, i) != KVR_SUB_FREE || atomic_load(&x.relay.sh->sub[i].owner) != 0;
+    } while (busy > 0 && now_s() < end);
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS && busy > 0; i++)
+        if (sub_state(&x, i) != KVR_SUB_FREE)
+            cr_log_error("slot %d left in state %u", i, sub_state(&x, i));
+    cr_assert_eq(busy, 0, "%d subscriber slots never came back after the storm", busy);
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+        cr_assert_eq(x.relay.sh->snap[k].refs, 0, "snapshot copy %d still referenced", k);
+    /* and the relay still serves: a new subscriber gets a whole snapshot and converges */
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    fresh = kvr_relay_sub_open(&x.relay, 0, gen);
+    cr_assert_geq(fresh, 0);
+    cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
+    read_snapshot(&x, fresh, &m, gen);
+    put_n(&x, 40, 50, 11);
+    quiesce(&x);
+    cr_assert_eq(drain_frames(&x, fresh, &m), 0);
+    assert_replica_exact(&x, &m);
+    kvr_relay_sub_close(&x.relay, fresh);
+    kvr_mirror_destroy(&m);
+    for (int i = 0; i < STORM_CHILDREN; i++)
+        kvr_store_reap_slot(&x.st, 3 + i);
+    rx_close(&x);
+}
+
+/* Cancellations before admission racing the publisher's verdict, and streams that send
+ * their whole snapshot and then end: no snapshot is abandoned half-way. */
+Test(relay, slot_storm_admission_race, .timeout = 120)
+{
+    slot_storm("03");
+}
+
+/* Every way a stream can end, including mid-snapshot and after a cut. */
+Test(relay, slot_storm_every_slot_comes_back, .timeout = 120)
+{
+    slot_storm("0123");
+}
+
+/*
+ * publish() must never lose a delta: with the allocation of its message buffer failing
+ * once (the second allocation publish() makes: images, then the message), the consumer
+ * either stays exact (the delta is retried) or sees a new generation — never a mirror that
+ * is silently behind.
+ */
+Test(relay, publish_allocation_failure_loses_no_delta, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub;
+    uint64_t gen;
+
+    kvr_pub_fail_alloc_at = 2; /* inherited by the publisher forked in rx_open */
+    rx_open(&x);
+    kvr_pub_fail_alloc_at = 0;
+    gen = atomic_load(&x.relay.sh->generation);
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    sub = kvr_relay_sub_open(&x.relay, 0, gen); /* admitted at 0, before any allocation */
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    read_snapshot(&x, sub, &m, gen);
+    put_n(&x, 0, 30, 5); /* the first delta's buffers are allocated now: one fails */
+    quiesce(&x);
+    if (atomic_load(&x.relay.sh->generation) != gen) {
+        /* the other allowed outcome: a new generation, and a resubscription converges */
+        kvr_relay_sub_close(&x.relay, sub);
+        kvr_mirror_destroy(&m);
+        gen = atomic_load(&x.relay.sh->generation);
+        cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+        sub = kvr_relay_sub_open(&x.relay, 0, gen);
+        cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+        read_snapshot(&x, sub, &m, gen);
+    }
+    cr_assert_eq(drain_frames(&x, sub, &m), 0);
+    assert_replica_exact(&x, &m);
+    kvr_relay_sub_close(&x.relay, sub);
     kvr_mirror_destroy(&m);
     rx_close(&x);
 }
