@@ -30,7 +30,10 @@ MAX_LINE = 8 * 1024
 MAX_HEADERS = 64
 MAX_HEAD_BYTES = 64 * 1024
 DEFAULT_MAX_BODY = 1 << 32  # 4 GiB: above kvrelay's largest --max-block-size
-READ_CHUNK = 64 * 1024  # one receive while a head is read; bodies go straight to their buffer
+# One receive while a head is read. Small on purpose: what arrives with the head beyond it
+# (at most this much of a body) is the only part of a body ever copied; the rest is received
+# straight into the caller's buffer.
+READ_CHUNK = 8 * 1024
 
 
 class ProtocolError(Exception):
@@ -76,7 +79,8 @@ class Connection:
             if ssl_context is not None:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
             else:
-                tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+                t = max(float(timeout), 0.001)  # a zero timeval would mean "never time out"
+                tv = struct.pack("ll", int(t), int((t % 1) * 1e6))
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
                 sock.settimeout(None)

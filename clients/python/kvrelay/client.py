@@ -4,7 +4,10 @@ kvrelay.Client — one kvrelay node over HTTP/1.1 keep-alive, behaving like the 
 
     get(key) -> bytes | None                 GET /kv/<key>; 404 and every failure -> None
     get_into(key, buffer) -> int | None      GET straight into a writable buffer; the number
-                                             of bytes, or None (miss, error, other length)
+                                             of bytes, or None (miss, error, other length).
+                                             Only what arrives with the response head (at
+                                             most 8 KiB) is copied; the rest is received in
+                                             place (recv_into, MSG_WAITALL)
     put(key, value) -> bool                  PUT from any bytes-like (a memoryview is sent
                                              as it is, never copied); True on 200 / 201
     contains(key) -> bool                    HEAD
