@@ -27,17 +27,28 @@ say() { echo "fresh-machine-check: $*" >&2; }
 
 case "${1:-}" in
 --run-check)
-    # make run in the background in its own process group; poll /readyz; SIGTERM that group.
-    cmd='setsid make run >/tmp/make-run.log 2>&1 & pid=$!
+    # make run in the background; poll /readyz; SIGTERM the supervisor (found by walking down
+    # the process tree from make's PID), which must drain and exit 0, and make with it.
+    cmd='make run >/tmp/make-run.log 2>&1 & pid=$!
 ok=0
-for i in $(seq 1 600); do
+for i in $(seq 1 900); do
     code=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:9130/readyz 2>/dev/null || true)
     [ "$code" = 200 ] && { ok=1; break; }
     kill -0 $pid 2>/dev/null || break
     sleep 1
 done
 if [ $ok = 1 ]; then echo "make run: /readyz answered 200 after ${i} s"; else echo "make run: /readyz never answered 200"; tail -40 /tmp/make-run.log; fi
-kill -TERM -- -$pid 2>/dev/null || true
+sup=""; todo=$pid
+for depth in 1 2 3 4 5 6; do
+    next=""
+    for p in $todo; do
+        case "$(readlink /proc/$p/exe 2>/dev/null)" in */kvrelay-supervisor) sup=$p;; esac
+        next="$next $(cat /proc/$p/task/*/children 2>/dev/null)"
+    done
+    [ -n "$sup" ] && break
+    todo=$next
+done
+if [ -n "$sup" ]; then kill -TERM "$sup"; else echo "make run: no kvrelay-supervisor under make"; kill -TERM $pid; fi
 rc=0; wait $pid || rc=$?
 tail -3 /tmp/make-run.log
 echo "make run: exited $rc after SIGTERM"

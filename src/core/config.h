@@ -32,6 +32,9 @@ typedef struct {
     uint64_t hang_timeout_ms; /* watchdog: a heartbeat still for this long is a hang */
     uint64_t idle_timeout_ms;
     uint64_t io_timeout_ms;
+    uint64_t max_inflight_bytes;
+    uint64_t h2o_max_connections;
+    uint64_t h2o_max_body;
     char hugepages[16];
     char log_level[16];
     char port_file[KVR_CFG_STR_MAX];

@@ -884,7 +884,7 @@ int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
     kvr_store_sh_t *sh = st->sh;
     kvr_seg_hdr_t *h = st->seg->hdr;
     kvr_entry_t *ent = st->ix.ent;
-    uint64_t ub = 0, tr = 0, rb = 0, lb = 0, pinned = 0, zombies = 0;
+    uint64_t ub = 0, tr = 0, rb = 0, lb = 0, pinned = 0, zombies = 0, reserved = 0;
     uint32_t *pins = calloc(h->max_blocks, sizeof(uint32_t));
     uint8_t *bm = calloc((h->npages + 7) / 8 + 1, 1);
     int rc = KVR_OK;
@@ -935,6 +935,7 @@ int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
             rb += e->length;
             lb += e->length * e->refs;
         }
+        reserved += e->state == KVR_ENT_RESERVED;
         if (e->state == KVR_ENT_RESERVED)
             CHECK(atomic_load(&st->seg->procs[KVR_ENT_OWNER(e)].state) == KVR_PROC_ACTIVE,
                   "reservation %llu owned by a dead slot", (unsigned long long)i);
@@ -955,6 +956,7 @@ done:
         out->logical_bytes = lb;
         out->pinned_blocks = pinned;
         out->zombie_blocks = zombies;
+        out->reserved_blocks = reserved;
     }
     free(pins);
     free(bm);

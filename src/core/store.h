@@ -59,7 +59,7 @@ typedef struct {
     uint64_t unique_blocks, total_refs, resident_bytes, logical_bytes, dedup_savings_bytes;
     uint64_t dedup_hits, get_hits, get_misses;
     uint64_t capacity_bytes, evictions, evicted_bytes, put_new, put_conflicts, deletes;
-    uint64_t put_nospace, pinned_blocks, zombie_blocks, free_pages, total_pages, repairs, lock_recoveries;
+    uint64_t put_nospace, pinned_blocks, zombie_blocks, reserved_blocks, free_pages, total_pages, repairs, lock_recoveries;
     uint64_t log_appended, log_dropped;
 } kvr_store_stats_t;
 

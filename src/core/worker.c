@@ -3,7 +3,9 @@
 
 #include "core/log.h"
 #include "core/store.h"
+#include "io/api.h"
 #include "io/grpc.h"
+#include "io/h1.h"
 #include "io/http.h"
 
 #include <malloc.h>
@@ -34,10 +36,12 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
 {
     static kvr_relay_t relay;
     kvr_grpc_t *grpc = NULL;
-    uint64_t last_tick = 0;
+    uint64_t last_tick = 0, last_h1_tick = 0;
     char role[32];
     kvr_store_t store;
+    static kvr_api_t api;
     kvr_http_t *http;
+    kvr_h1_t *h1;
     struct sigaction sa;
     sigset_t none;
     uint64_t deadline = 0;
@@ -63,8 +67,12 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         _exit(70);
     store.notify_fd = fds->publisher;
     kvr_relay_attach(&relay, seg, cfg, fds);
-    http = kvr_http_create(cfg, seg, &store, &relay, listen_fd);
+    kvr_api_init(&api, cfg, seg, &store, &relay);
+    http = kvr_http_create(cfg, &api);
     if (http == NULL)
+        _exit(70);
+    h1 = kvr_h1_create(cfg, &api, http, listen_fd);
+    if (h1 == NULL)
         _exit(70);
     if (grpc_fd >= 0) {
         grpc = kvr_grpc_create(cfg, seg, &store, &relay, kvr_http_loop(http), grpc_fd, fds->worker[slot]);
@@ -80,6 +88,11 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_http_run_once(http, 50);
         t = now_ms();
+        if (t - last_h1_tick >= 50) {
+            last_h1_tick = t;
+            kvr_h1_tick(h1);
+        }
+        kvr_h1_flush(h1);
         if (grpc != NULL) {
             if (t - last_tick >= 50) {
                 last_tick = t;
@@ -90,11 +103,13 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         if (term_requested && deadline == 0) {
             kvr_info("draining (grace %llu ms)", (unsigned long long)cfg->shutdown_grace_ms);
             deadline = t + cfg->shutdown_grace_ms;
+            api.draining = 1;
+            kvr_h1_start_drain(h1);
             kvr_http_start_drain(http);
             if (grpc != NULL)
                 kvr_grpc_start_drain(grpc);
         }
-        if (deadline != 0 && ((kvr_http_drained(http) && (grpc == NULL || kvr_grpc_connections(grpc) == 0)) ||
+        if (deadline != 0 && ((kvr_http_drained(http) && kvr_h1_connections(h1) == 0 && (grpc == NULL || kvr_grpc_connections(grpc) == 0)) ||
                               t >= deadline))
             break;
     }

@@ -1,66 +1,55 @@
 /*
- * http.h — the worker's HTTP surface on h2o 2.2 (HTTP/1.1 keep-alive, h2c, TLS with ALPN).
+ * http.h — the h2o 2.2 side of the worker's HTTP surface: TLS (ALPN h2 and http/1.1) and HTTP/2
+ * cleartext (prior knowledge). Cleartext HTTP/1.1 is served by the io_uring path (h1.h), which
+ * accepts every connection and hands a socket here when its first bytes are a TLS ClientHello
+ * or the HTTP/2 preface (peeked, so no byte is lost).
  *
- * Endpoints (spec/kvcache-http.md §3): GET/PUT/HEAD/DELETE /kv/<key>, GET /kv/<key>/exists,
- * GET /kv/stats, GET /metrics, GET /healthz, GET /readyz, and the debug views GET /debug/store
- * (a full consistency scan of the store), /debug/relay (publication state, JSON) and
- * /debug/filter (the publisher's filter buckets, little-endian words).
+ * Requests go through the same request layer (api.h). h2o 2.2 buffers every request body whole
+ * before the handler runs, so this path has its own bounds: at most --h2o-max-connections
+ * connections per worker (further ones wait, unread, in the io_uring path) and bodies of at most
+ * --h2o-max-body (413 / REFUSED_STREAM above); the body is then copied once into the reservation.
+ * GET bodies are handed to h2o as iovecs of the pinned block; the pin is released when h2o
+ * disposes of the request, never earlier.
  *
- * Routing is on the raw path (query stripped): exactly /kv/stats is the stats document;
- * /kv/<x>/exists is an existence probe of <x>; any other /kv/<x> is a block. <x> is then
- * percent-decoded.
- *
- * GET bodies are sent straight from the segment: the block is pinned, its arena spans are
- * handed to h2o as iovecs (streamed in batches through the generator's proceed callback),
- * and the pin is released when h2o disposes of the request (a dispose callback on an
- * object in the request's pool), never earlier.
- *
- * Connections are tracked (socket on_close) so that the worker can (1) cut connections
- * whose response writes stall longer than --io-timeout, and (2) drain on SIGTERM: stop
- * accepting, let in-flight requests finish, close idle keep-alive connections.
+ * Connections are tracked (socket on_close) so that the worker can cut those whose bytes have
+ * not moved for --io-timeout while a request is in flight, and drain on SIGTERM.
  */
 #ifndef KVR_IO_HTTP_H
 #define KVR_IO_HTTP_H
 
 #include "common.h"
 #include "core/config.h"
-#include "core/relay.h"
-#include "core/store.h"
-#include "shm/stats.h"
-
-#define KVR_HTTP_METHODS  5 /* GET PUT HEAD DELETE other */
-#define KVR_HTTP_STATUSES 14
-#define KVR_HTTP_BUCKETS  16
-/* the counters must fit between KVR_ST_HTTP_REQ and KVR_ST_HTTP_HIST, and so on */
-static_assert(KVR_ST_HTTP_REQ + KVR_HTTP_METHODS * KVR_HTTP_STATUSES <= KVR_ST_HTTP_HIST, "HTTP counters");
-static_assert(KVR_ST_HTTP_HIST + KVR_HTTP_METHODS * (KVR_HTTP_BUCKETS + 2) <= KVR_ST_RELAY, "HTTP histograms");
+#include "io/api.h"
 
 typedef struct kvr_http_s kvr_http_t;
 
-/*
- * Creates the HTTP server of one worker on an h2o event loop it creates, serving the
- * listening socket listen_fd. Returns NULL on failure (logged).
- */
-kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay,
-                            int listen_fd);
+/* Creates the h2o side of one worker on an h2o event loop it creates. NULL on failure (logged). */
+kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_api_t *api);
+
+/* Hands an accepted socket to h2o. KVR_OK, or KVR_AGAIN when h2o is at its connection cap
+ * (the caller keeps the socket and tries again later). */
+int kvr_http_adopt(kvr_http_t *h, int fd);
+
+/* 1 when TLS is configured. */
+int kvr_http_tls(const kvr_http_t *h);
+
+/* Calls cb(data) whenever fd (an eventfd) is readable; the callback reads it. */
+int kvr_http_watch_fd(kvr_http_t *h, int fd, void (*cb)(void *data), void *data);
 
 /* Runs the loop once for at most max_wait_ms; does periodic housekeeping. */
 void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms);
 
-/* Begins draining: stop accepting, no new keep-alive. */
+/* Begins draining: no new keep-alive, idle connections close. */
 void kvr_http_start_drain(kvr_http_t *h);
 
-/* 1 once draining and no connection carries an in-flight request or unread input. */
+/* 1 once draining and no connection is left. */
 int kvr_http_drained(kvr_http_t *h);
+
+uint64_t kvr_http_connections(const kvr_http_t *h);
 
 /* The h2o loop, for other I/O joining it (the gRPC server). */
 void *kvr_http_loop(kvr_http_t *h);
 
 void kvr_http_destroy(kvr_http_t *h);
-
-/* Prometheus names of the method and status dimensions, for the metrics page. */
-extern const char *const kvr_http_method_names[KVR_HTTP_METHODS];
-extern const int kvr_http_status_codes[KVR_HTTP_STATUSES];
-extern const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS];
 
 #endif

@@ -94,6 +94,46 @@ int kvr_uring_send(kvr_uring_t *u, int fd, const void *buf, size_t len, kvr_urin
     return KVR_OK;
 }
 
+int kvr_uring_recv_flags(kvr_uring_t *u, int fd, void *buf, size_t len, int flags, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+    if (sqe == NULL)
+        return -EBUSY;
+    io_uring_prep_recv(sqe, fd, buf, len, flags);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+    if (sqe == NULL)
+        return -EBUSY;
+    io_uring_prep_recvmsg(sqe, fd, msg, 0);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+    if (sqe == NULL)
+        return -EBUSY;
+    io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+int kvr_uring_cancel(kvr_uring_t *u, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+    if (sqe == NULL)
+        return -EBUSY;
+    io_uring_prep_cancel(sqe, op, 0);
+    io_uring_sqe_set_data(sqe, NULL); /* the cancel's own completion is ignored */
+    return KVR_OK;
+}
+
 unsigned kvr_uring_process(kvr_uring_t *u)
 {
     struct io_uring_cqe *cqe;

@@ -1,0 +1,655 @@
+/* api.c — see api.h for the design. */
+#include "io/api.h"
+
+#include "core/log.h"
+#include "io/metrics.h"
+#include "wire/json.h"
+#include "wire/keys.h"
+
+#include <openssl/crypto.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <time.h>
+
+const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
+/* 0 is "any other status"; -1 ends the list. */
+const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 411,
+                                                      413, 431, 500, 501, 503, 507, 0,   -1};
+const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                          0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+
+uint64_t kvr_api_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
+{
+    memset(a, 0, sizeof(*a));
+    a->cfg = cfg;
+    a->seg = seg;
+    a->store = store;
+    a->relay = relay;
+    a->token_len = strlen(cfg->token);
+    a->inflight_cap = (cfg->max_inflight_bytes ? cfg->max_inflight_bytes : cfg->memory / 4) /
+                      (cfg->workers ? cfg->workers : 1);
+}
+
+static int memis(const char *p, size_t n, const char *lit)
+{
+    size_t l = strlen(lit);
+    return n == l && memcmp(p, lit, l) == 0;
+}
+
+unsigned kvr_api_method(const char *m, size_t n)
+{
+    if (memis(m, n, "GET"))
+        return KVR_M_GET;
+    if (memis(m, n, "PUT"))
+        return KVR_M_PUT;
+    if (memis(m, n, "HEAD"))
+        return KVR_M_HEAD;
+    if (memis(m, n, "DELETE"))
+        return KVR_M_DELETE;
+    return KVR_M_OTHER;
+}
+
+void kvr_api_res_reset(kvr_api_res_t *res)
+{
+    /* The key and inline buffers need no clearing: their lengths say what is valid. */
+    memset(res, 0, offsetof(kvr_api_res_t, key));
+    res->inline_len = 0;
+}
+
+/* ------------------------------------------------------------------ response builders */
+
+static void set_status(kvr_api_res_t *res, int status)
+{
+    static const struct {
+        int status;
+        const char *reason;
+    } reasons[] = {{200, "OK"},
+                   {201, "Created"},
+                   {400, "Bad Request"},
+                   {401, "Unauthorized"},
+                   {404, "Not Found"},
+                   {405, "Method Not Allowed"},
+                   {409, "Conflict"},
+                   {411, "Length Required"},
+                   {413, "Payload Too Large"},
+                   {431, "Request Header Fields Too Large"},
+                   {500, "Internal Server Error"},
+                   {501, "Not Implemented"},
+                   {503, "Service Unavailable"},
+                   {507, "Insufficient Storage"}};
+    res->status = status;
+    res->reason = "Unknown";
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(reasons); i++)
+        if (reasons[i].status == status)
+            res->reason = reasons[i].reason;
+}
+
+/* An inline JSON body built by the caller in j (over res->inline_buf). */
+static void send_json(kvr_api_res_t *res, int status, kvr_json_t *j)
+{
+    res->body = KVR_API_BODY_INLINE;
+    res->ctype = "application/json";
+    if (j->overflow) {
+        static const char msg[] = "{\"error\":\"Internal\",\"message\":\"response too large\"}";
+        memcpy(res->inline_buf, msg, sizeof(msg) - 1);
+        res->inline_len = sizeof(msg) - 1;
+        status = 500;
+    } else {
+        res->inline_len = j->len;
+    }
+    res->length = res->inline_len;
+    set_status(res, status);
+}
+
+void kvr_api_error(kvr_api_res_t *res, int status, const char *code, const char *msg)
+{
+    kvr_json_t j;
+
+    kvr_json_init(&j, res->inline_buf, sizeof(res->inline_buf));
+    kvr_json_raw(&j, "{");
+    kvr_json_key(&j, "error", 1);
+    kvr_json_str(&j, code, strlen(code));
+    kvr_json_key(&j, "message", 0);
+    kvr_json_str(&j, msg, strlen(msg));
+    kvr_json_raw(&j, "}");
+    send_json(res, status, &j);
+}
+
+static void send_text(kvr_api_res_t *res, int status, const char *body)
+{
+    size_t n = strlen(body);
+    memcpy(res->inline_buf, body, n);
+    res->inline_len = n;
+    res->length = n;
+    res->body = KVR_API_BODY_INLINE;
+    res->ctype = "text/plain";
+    set_status(res, status);
+}
+
+static void send_405(kvr_api_res_t *res, const char *allow)
+{
+    kvr_api_error(res, 405, "MethodNotAllowed", "method not allowed for this resource");
+    res->hdr_name = "allow";
+    res->hdr_value = allow;
+}
+
+static void json_field(kvr_json_t *j, const char *name, uint64_t v, int first)
+{
+    kvr_json_key(j, name, first);
+    kvr_json_u64(j, v);
+}
+
+static void json_begin(kvr_json_t *j, kvr_api_res_t *res)
+{
+    kvr_json_init(j, res->inline_buf, sizeof(res->inline_buf));
+    kvr_json_raw(j, "{");
+}
+
+/* ------------------------------------------------------------------ /kv/<key> */
+
+static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
+{
+    int rc = kvr_store_get(a->store, key, klen, &res->ref);
+
+    if (rc == KVR_ENOTFOUND) {
+        kvr_api_error(res, 404, "NoSuchBlock", "no such block");
+        return;
+    }
+    if (rc == KVR_EBUSY) {
+        kvr_api_error(res, 503, "Busy", "too many blocks in flight in this worker");
+        res->hdr_name = "retry-after";
+        res->hdr_value = "1";
+        return;
+    }
+    if (rc != KVR_OK) {
+        kvr_api_error(res, 500, "Internal", "store error");
+        return;
+    }
+    res->pinned = 1;
+    res->body = KVR_API_BODY_BLOCK;
+    res->length = res->ref.length;
+    res->ctype = "application/octet-stream";
+    set_status(res, 200);
+}
+
+static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
+{
+    uint64_t len = 0;
+
+    res->body = KVR_API_BODY_INLINE;
+    res->head_only = 1;
+    if (!kvr_store_exists(a->store, key, klen, &len)) {
+        set_status(res, 404);
+        res->length = 0;
+        return;
+    }
+    set_status(res, 200);
+    res->length = len;
+    res->ctype = "application/octet-stream";
+}
+
+/* The PUT's success document: {"hash":..,"bytes":..,"created":..}. */
+static void put_answer(kvr_api_res_t *res, int created)
+{
+    kvr_json_t j;
+
+    json_begin(&j, res);
+    kvr_json_key(&j, "hash", 1);
+    kvr_json_str(&j, res->key, res->klen);
+    json_field(&j, "bytes", res->put_len, 0);
+    kvr_json_key(&j, "created", 0);
+    kvr_json_raw(&j, created ? "true}" : "false}");
+    send_json(res, created ? 201 : 200, &j);
+}
+
+static void put_failed(kvr_api_res_t *res, int rc)
+{
+    switch (rc) {
+    case KVR_ECONFLICT:
+        kvr_api_error(res, 409, "Conflict", "a block of another length is stored under this key");
+        return;
+    case KVR_ENOSPACE:
+        kvr_api_error(res, 507, "InsufficientStorage", "no room for the block even after eviction");
+        return;
+    case KVR_EINVAL:
+        kvr_api_error(res, 400, "InvalidRequest", "invalid key");
+        return;
+    default:
+        kvr_api_error(res, 500, "Internal", "store error");
+    }
+}
+
+static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res, const uint8_t *key,
+                             size_t klen)
+{
+    uint64_t canon;
+    int rc;
+
+    if (rq->seq_hash != NULL) {
+        if (kvr_parse_u64(rq->seq_hash, rq->seq_hash_len, &canon) != KVR_OK) {
+            kvr_api_error(res, 400, "InvalidRequest", "X-KV-Sequence-Hash must be a u64 in decimal or 0x hex");
+            return;
+        }
+    } else {
+        canon = kvr_store_default_canon(key, klen);
+    }
+    if (rq->body_len > a->cfg->max_block_size) {
+        kvr_api_error(res, 413, "EntityTooLarge", "block larger than --max-block-size");
+        return;
+    }
+    if (rq->length_unknown) {
+        res->put = KVR_API_PUT_DEFERRED;
+        return;
+    }
+    /* One reservation always goes ahead, so a block larger than the share is never stuck. */
+    if (!rq->buffered && a->inflight > 0 && a->inflight + rq->body_len > a->inflight_cap) {
+        res->put = KVR_API_PUT_WAIT;
+        return;
+    }
+    memcpy(res->key, key, klen);
+    res->klen = (uint16_t)klen;
+    res->put_len = rq->body_len;
+    rc = kvr_store_put_begin(a->store, key, klen, rq->body_len, canon, &res->txn);
+    if (rc == KVR_OK) {
+        res->put = KVR_API_PUT_RESERVED; /* answered by kvr_api_put_end */
+        a->inflight += rq->body_len;
+        return;
+    }
+    if (rc == KVR_PUT_DEDUP) {
+        res->put = KVR_API_PUT_DEDUP;
+        put_answer(res, 0); /* sent once the body is consumed */
+        return;
+    }
+    put_failed(res, rc);
+}
+
+size_t kvr_api_txn_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, struct iovec *iov, size_t max)
+{
+    return kvr_store_txn_iov(a->store, &res->txn, off, iov, max);
+}
+
+void kvr_api_put_write(kvr_api_t *a, kvr_api_res_t *res, uint64_t off, const void *data, uint64_t len)
+{
+    if (len > 0)
+        (void)kvr_store_put_write(a->store, &res->txn, off, data, len);
+}
+
+void kvr_api_put_end(kvr_api_t *a, kvr_api_res_t *res, int ok)
+{
+    uint32_t left;
+    int rc;
+
+    if (res->put == KVR_API_PUT_RESERVED) {
+        res->put = KVR_API_PUT_NONE;
+        a->inflight -= res->put_len;
+        if (!ok) {
+            kvr_store_put_abort(a->store, &res->txn);
+            return;
+        }
+        rc = kvr_store_put_commit(a->store, &res->txn);
+        if (rc == KVR_PUT_CREATED || rc == KVR_PUT_DEDUP)
+            put_answer(res, rc == KVR_PUT_CREATED);
+        else
+            put_failed(res, rc);
+    } else if (res->put == KVR_API_PUT_DEDUP) {
+        res->put = KVR_API_PUT_NONE;
+        if (!ok) /* the reference the head took goes again: as if the PUT never came */
+            (void)kvr_store_release(a->store, res->key, res->klen, &left);
+    } else {
+        res->put = KVR_API_PUT_NONE; /* DEFERRED, WAIT: nothing was taken */
+    }
+}
+
+static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
+{
+    kvr_json_t j;
+    uint32_t left = 0;
+    int rc = kvr_store_release(a->store, key, klen, &left);
+
+    if (rc == KVR_ENOTFOUND) {
+        kvr_api_error(res, 404, "NoSuchBlock", "no such block");
+        return;
+    }
+    if (rc != KVR_OK) {
+        kvr_api_error(res, 500, "Internal", "store error");
+        return;
+    }
+    json_begin(&j, res);
+    kvr_json_key(&j, "hash", 1);
+    kvr_json_str(&j, key, klen);
+    json_field(&j, "refs", left, 0);
+    kvr_json_raw(&j, "}");
+    send_json(res, 200, &j);
+}
+
+static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
+{
+    kvr_json_t j;
+    int e = kvr_store_exists(a->store, key, klen, NULL);
+
+    json_begin(&j, res);
+    kvr_json_key(&j, "hash", 1);
+    kvr_json_str(&j, key, klen);
+    kvr_json_key(&j, "exists", 0);
+    kvr_json_raw(&j, e ? "true}" : "false}");
+    send_json(res, 200, &j);
+}
+
+/* ------------------------------------------------------------------ documents */
+
+static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
+{
+    kvr_json_t j;
+    kvr_store_stats_t s;
+
+    kvr_store_stats(a->store, &s);
+    json_begin(&j, res);
+    json_field(&j, "unique_blocks", s.unique_blocks, 1);
+    json_field(&j, "total_refs", s.total_refs, 0);
+    json_field(&j, "resident_bytes", s.resident_bytes, 0);
+    json_field(&j, "logical_bytes", s.logical_bytes, 0);
+    json_field(&j, "dedup_savings_bytes", s.dedup_savings_bytes, 0);
+    json_field(&j, "dedup_hits", s.dedup_hits, 0);
+    json_field(&j, "get_hits", s.get_hits, 0);
+    json_field(&j, "get_misses", s.get_misses, 0);
+    json_field(&j, "capacity_bytes", s.capacity_bytes, 0);
+    json_field(&j, "evictions", s.evictions, 0);
+    json_field(&j, "evicted_bytes", s.evicted_bytes, 0);
+    json_field(&j, "put_new", s.put_new, 0);
+    json_field(&j, "put_conflicts", s.put_conflicts, 0);
+    json_field(&j, "deletes", s.deletes, 0);
+    kvr_json_raw(&j, "}");
+    send_json(res, 200, &j);
+}
+
+static void handle_debug_store(kvr_api_t *a, kvr_api_res_t *res)
+{
+    kvr_json_t j;
+    kvr_store_stats_t scan;
+    int ok = kvr_store_check(a->store, &scan) == KVR_OK;
+
+    json_begin(&j, res);
+    kvr_json_key(&j, "ok", 1);
+    kvr_json_raw(&j, ok ? "true" : "false");
+    json_field(&j, "unique_blocks", scan.unique_blocks, 0);
+    json_field(&j, "total_refs", scan.total_refs, 0);
+    json_field(&j, "resident_bytes", scan.resident_bytes, 0);
+    json_field(&j, "logical_bytes", scan.logical_bytes, 0);
+    json_field(&j, "pinned_blocks", scan.pinned_blocks, 0);
+    json_field(&j, "zombie_blocks", scan.zombie_blocks, 0);
+    json_field(&j, "reserved_blocks", scan.reserved_blocks, 0);
+    kvr_json_raw(&j, "}");
+    send_json(res, ok ? 200 : 500, &j);
+}
+
+static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
+{
+    kvr_json_t j;
+    const kvr_relay_sh_t *sh = a->relay->sh;
+    uint64_t subs = 0;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        subs += atomic_load(&sh->sub[i].state) == KVR_SUB_LIVE;
+    json_begin(&j, res);
+    json_field(&j, "generation", atomic_load(&sh->generation), 1);
+    json_field(&j, "published_seq", atomic_load(&sh->published_seq), 0);
+    json_field(&j, "catalog_revision", atomic_load(&sh->catalog_revision), 0);
+    json_field(&j, "bucket_count", sh->bucket_count, 0);
+    json_field(&j, "seed", sh->seed, 0);
+    json_field(&j, "dc_id", sh->dc_id, 0);
+    json_field(&j, "incarnation", sh->incarnation, 0);
+    json_field(&j, "publisher_pid", atomic_load(&sh->publisher_pid), 0);
+    json_field(&j, "live_pool_subscribers", subs, 0);
+    json_field(&j, "log_head", atomic_load(&a->store->log->head), 0);
+    json_field(&j, "log_tail", atomic_load(&a->store->log->tail), 0);
+    kvr_json_raw(&j, "}");
+    send_json(res, 200, &j);
+}
+
+/* A body on the heap (freed by kvr_api_done). */
+static void send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ctype)
+{
+    res->heap = buf;
+    res->body = KVR_API_BODY_HEAP;
+    res->length = len;
+    res->ctype = ctype;
+    set_status(res, 200);
+}
+
+/* The publisher's working filter as bucket_count little-endian u64 words (x86: as stored). */
+static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
+{
+    size_t len = a->relay->sh->bucket_count * 8;
+    uint8_t *copy = malloc(len ? len : 1);
+
+    if (copy == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    for (uint64_t i = 0; i < a->relay->sh->bucket_count; i++)
+        kvr_put_le64(copy + i * 8, __atomic_load_n(&a->relay->filter[i], __ATOMIC_RELAXED));
+    send_heap(res, (char *)copy, len, "application/octet-stream");
+}
+
+static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
+{
+    size_t len = 0;
+    char *text = kvr_metrics_render(a->seg, a->store, &len);
+
+    if (text == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    send_heap(res, text, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static int ready(kvr_api_t *a)
+{
+    const kvr_ctl_sh_t *c = &a->seg->hdr->ctl;
+    return !atomic_load_explicit(&c->draining, memory_order_relaxed) && !a->draining &&
+           atomic_load_explicit(&c->workers_running, memory_order_relaxed) >=
+               atomic_load_explicit(&c->workers_expected, memory_order_relaxed) &&
+           atomic_load_explicit(&c->publisher_running, memory_order_relaxed) >=
+               atomic_load_explicit(&c->publisher_expected, memory_order_relaxed);
+}
+
+/* Constant-time bearer check. */
+static int authorized(kvr_api_t *a, const kvr_api_req_t *rq)
+{
+    char pad[KVR_CFG_STR_MAX];
+    size_t n;
+
+    if (a->token_len == 0)
+        return 1;
+    if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)
+        return 0;
+    n = rq->auth_len - 7;
+    /* compare a fixed number of bytes whatever the presented length */
+    memset(pad, 0, sizeof(pad));
+    memcpy(pad, rq->auth + 7, n < sizeof(pad) ? n : sizeof(pad));
+    return (CRYPTO_memcmp(pad, a->cfg->token, a->token_len) == 0) & (n == a->token_len);
+}
+
+/* ------------------------------------------------------------------ routing */
+
+static int get_or_head(unsigned m)
+{
+    return m == KVR_M_GET || m == KVR_M_HEAD;
+}
+
+/* Everything outside /kv/; returns 0 when the path is not one of them. */
+static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    const char *p = rq->path;
+    size_t n = rq->path_len;
+
+    if (memis(p, n, "/metrics")) {
+        if (!get_or_head(rq->method))
+            send_405(res, "GET, HEAD");
+        else
+            handle_metrics(a, res);
+        return 1;
+    }
+    if (memis(p, n, "/debug/store")) {
+        if (rq->method != KVR_M_GET)
+            send_405(res, "GET");
+        else
+            handle_debug_store(a, res);
+        return 1;
+    }
+    if (memis(p, n, "/debug/relay") || memis(p, n, "/debug/filter")) {
+        if (rq->method != KVR_M_GET)
+            send_405(res, "GET");
+        else if (a->relay == NULL || a->relay->sh == NULL)
+            kvr_api_error(res, 404, "NotFound", "the relay is not configured");
+        else if (p[7] == 'r')
+            handle_debug_relay(a, res);
+        else
+            handle_debug_filter(a, res);
+        return 1;
+    }
+    return 0;
+}
+
+static void route_kv(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    const char *p = rq->path + 4;
+    size_t n = rq->path_len - 4, klen = 0;
+    uint8_t key[KVR_KEY_MAX];
+    int rc;
+
+    if (memis(p, n, "stats")) {
+        if (!get_or_head(rq->method))
+            send_405(res, "GET, HEAD");
+        else
+            handle_stats(a, res);
+        return;
+    }
+    if (n >= 7 && memcmp(p + n - 7, "/exists", 7) == 0) { /* the rest is the key */
+        if (!get_or_head(rq->method)) {
+            send_405(res, "GET, HEAD");
+            return;
+        }
+        rc = kvr_key_decode(p, n - 7, key, sizeof(key), &klen);
+        if (rc != KVR_KEY_OK)
+            kvr_api_error(res, 400, "InvalidRequest", kvr_key_error(rc));
+        else
+            handle_exists(a, res, key, klen);
+        return;
+    }
+    if (rq->method == KVR_M_OTHER) {
+        send_405(res, "GET, HEAD, PUT, DELETE");
+        return;
+    }
+    rc = kvr_key_decode(p, n, key, sizeof(key), &klen);
+    if (rc != KVR_KEY_OK) {
+        kvr_api_error(res, 400, "InvalidRequest", kvr_key_error(rc));
+        return;
+    }
+    switch (rq->method) {
+    case KVR_M_GET:
+        handle_get_block(a, res, key, klen);
+        break;
+    case KVR_M_HEAD:
+        handle_head_block(a, res, key, klen);
+        break;
+    case KVR_M_PUT:
+        handle_put_block(a, rq, res, key, klen);
+        break;
+    default:
+        handle_delete_block(a, res, key, klen);
+    }
+}
+
+void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    const char *p = rq->path;
+    size_t n = rq->path_len;
+
+    if (rq->head_bytes > KVR_API_MAX_HEAD) {
+        kvr_api_error(res, 431, "InvalidRequest", "request headers larger than 16 KiB");
+        res->close = 1;
+    } else if (memis(p, n, "/healthz")) {
+        send_text(res, 200, "ok\n");
+    } else if (memis(p, n, "/readyz")) {
+        if (ready(a))
+            send_text(res, 200, "ready\n");
+        else
+            send_text(res, 503, "not ready\n");
+    } else if (!authorized(a, rq)) {
+        kvr_api_error(res, 401, "Unauthorized", "missing or invalid bearer token");
+        res->hdr_name = "www-authenticate";
+        res->hdr_value = "Bearer";
+    } else if (route_other(a, rq, res)) {
+        /* done */
+    } else if (n < 4 || memcmp(p, "/kv/", 4) != 0) {
+        kvr_api_error(res, 404, "NotFound", "no such resource");
+    } else {
+        route_kv(a, rq, res);
+    }
+    /* A PUT answered from its head leaves a body on the connection: it is consumed after the
+     * answer (keep-alive) when it is no larger than a block may be, except for a client without
+     * a valid token, which gets nothing more of this connection. */
+    if (rq->method == KVR_M_PUT && (rq->body_len > 0 || rq->length_unknown) && res->put == KVR_API_PUT_NONE) {
+        if (res->status == 401 || res->status == 413 || rq->length_unknown)
+            res->close = 1;
+        else
+            res->drain = 1;
+    }
+    if (rq->method == KVR_M_HEAD)
+        res->head_only = 1;
+}
+
+/* ------------------------------------------------------------------ sending and accounting */
+
+const char *kvr_api_body_bytes(const kvr_api_res_t *res)
+{
+    return res->body == KVR_API_BODY_HEAP ? res->heap : res->inline_buf;
+}
+
+size_t kvr_api_block_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, struct iovec *iov, size_t max)
+{
+    return kvr_store_ref_iov(a->store, &res->ref, off, iov, max);
+}
+
+static unsigned status_index(int status)
+{
+    for (unsigned i = 0; i < KVR_HTTP_STATUSES - 2; i++)
+        if (kvr_http_status_codes[i] == status)
+            return i;
+    return KVR_HTTP_STATUSES - 2; /* other */
+}
+
+void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t start_us, uint64_t bytes_in,
+                  uint64_t bytes_out)
+{
+    kvr_stats_block_t *b = a->store->my_stats;
+    uint64_t us = kvr_api_now_us() - start_us;
+    double secs = (double)us / 1e6;
+    unsigned base = KVR_ST_HTTP_HIST + method * (KVR_HTTP_BUCKETS + 2), k;
+
+    if (res->put != KVR_API_PUT_NONE)
+        kvr_api_put_end(a, res, 0);
+    if (res->pinned) {
+        kvr_store_unpin(a->store, &res->ref);
+        res->pinned = 0;
+    }
+    free(res->heap);
+    res->heap = NULL;
+    kvr_stat_add(b, KVR_ST_HTTP_REQ + method * KVR_HTTP_STATUSES + status_index(res->status), 1);
+    for (k = 0; k < KVR_HTTP_BUCKETS && secs > kvr_http_bucket_bounds[k]; k++)
+        ;
+    if (k < KVR_HTTP_BUCKETS)
+        kvr_stat_add(b, base + k, 1);
+    kvr_stat_add(b, base + KVR_HTTP_BUCKETS, us);
+    kvr_stat_add(b, base + KVR_HTTP_BUCKETS + 1, 1);
+    kvr_stat_add(b, KVR_ST_HTTP_BYTES_OUT, bytes_out);
+    kvr_stat_add(b, KVR_ST_HTTP_BYTES_IN, bytes_in);
+}

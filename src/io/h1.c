@@ -1,0 +1,970 @@
+/* h1.c — see h1.h for the design. */
+#include "io/h1.h"
+
+#include "core/log.h"
+#include "io/phr.h"
+#include "io/uring.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define H1_IOV          64  /* spans per recvmsg/sendmsg */
+#define H1_MAX_HEADERS  64
+#define H1_OUT_MAX      512 /* response head */
+#define H1_LINGER_MS    2000
+#define H1_ACCEPT_PAUSE_MS 100
+#define H1_RETRY_AFTER  "1"
+
+static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+#define H2_PREFACE_LEN (sizeof(h2_preface) - 1)
+
+enum {
+    ST_SNIFF,   /* first bytes peeked: TLS / HTTP/2 go to h2o */
+    ST_HEAD,    /* reading a request head */
+    ST_BODY,    /* receiving a PUT body into its reservation */
+    ST_DISCARD, /* consuming a body that is not stored (dedup hit, bodies of other methods) */
+    ST_CHUNKED, /* collecting a chunked body */
+    ST_WAIT,    /* PUT waiting for the in-flight budget, nothing read */
+    ST_SEND,    /* sending the response */
+    ST_LINGER,  /* answered and closing: our side shut, the peer's remaining bytes discarded */
+};
+
+typedef struct h1c_s h1c_t;
+
+struct kvr_h1_s {
+    const kvr_config_t *cfg;
+    kvr_api_t *api;
+    kvr_http_t *http;
+    kvr_uring_t ring;
+    int listen_fd;
+    kvr_uring_op_t accept_op;
+    int accepting;        /* an accept is in flight */
+    int draining;
+    uint64_t accept_paused_until;
+    int fd_exhausted;     /* logged once per episode */
+    char scratch[64];     /* a valid address for recv(MSG_TRUNC), which discards without copying */
+    h1c_t *conns;         /* every open connection */
+    uint64_t nconns;
+    unsigned chunked_conns;
+    uint64_t last_tick_ms;
+    char date[40];        /* "Date: ...\r\n", refreshed every second */
+    time_t date_sec;
+};
+
+struct h1c_s {
+    h1c_t *prev, *next;
+    kvr_h1_t *s;
+    int fd;
+    uint8_t state;
+    uint8_t rbusy, wbusy; /* an operation of each direction in flight */
+    uint8_t closing;      /* shut down: freed once nothing is in flight */
+    uint8_t keep;         /* keep-alive after this response */
+    uint8_t expect100;
+    uint8_t chunked;
+    uint8_t in_req;       /* res holds a handled request: kvr_api_done owed */
+    uint8_t sent100;
+    uint8_t sniff_wait;   /* peeked, waiting for a decision at the next tick */
+    uint8_t post_drain;   /* consuming the body of a request answered from its head */
+    kvr_uring_op_t rop, wop;
+    uint64_t last_ms;     /* last byte moved, or the state began */
+    uint64_t linger_until;
+    uint64_t start_us;
+    unsigned method;
+    uint64_t body_len, body_got;
+    uint64_t bytes_in, bytes_out;
+    size_t hlen;          /* bytes in hbuf */
+    size_t hused;         /* bytes of hbuf that belong to the current request */
+    size_t last_len;      /* hlen at the last incomplete parse */
+    kvr_api_req_t rq;     /* points into hbuf until the request is done */
+    struct msghdr msg;
+    struct iovec iov[H1_IOV + 1];
+    size_t out_len;
+    uint64_t resp_total, resp_sent;
+    char *cbuf;           /* chunked body */
+    size_t clen, cdec, ccap;
+    struct phr_chunked_decoder dec;
+    char out[H1_OUT_MAX];
+    kvr_api_res_t res;
+    char hbuf[KVR_H1_HEAD_MAX];
+};
+
+static void conn_read(h1c_t *c);
+static void conn_write(h1c_t *c);
+static void conn_next(h1c_t *c);
+static void on_read(kvr_uring_op_t *op, int res);
+static void on_write(kvr_uring_op_t *op, int res);
+static void start_request(h1c_t *c);
+static void conn_unlink(h1c_t *c);
+static void begin_body(h1c_t *c);
+
+static uint64_t now_ms(void)
+{
+    return kvr_api_now_us() / 1000;
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static void conn_free(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (c->in_req) {
+        kvr_api_done(s->api, &c->res, c->method, c->start_us, c->bytes_in, c->bytes_out);
+        c->in_req = 0;
+    }
+    if (c->cbuf != NULL) {
+        free(c->cbuf);
+        s->chunked_conns--;
+    }
+    conn_unlink(c);
+    close(c->fd);
+    free(c);
+}
+
+/* Ends the connection: in-flight operations complete with errors once the socket is shut;
+ * the record goes with the last of them. */
+static void conn_close(h1c_t *c)
+{
+    if (!c->closing) {
+        c->closing = 1;
+        shutdown(c->fd, SHUT_RDWR);
+        /* An abandoned PUT gives its reservation back now, not at free time. */
+        if (c->in_req && c->res.put != KVR_API_PUT_NONE)
+            kvr_api_put_end(c->s->api, &c->res, 0);
+    }
+    if (!c->rbusy && !c->wbusy)
+        conn_free(c);
+}
+
+static void conn_unlink(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    s->nconns--;
+}
+
+/* Called from the peek's completion: nothing of ours is in flight and nothing was consumed. */
+static void adopt_to_h2o(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (kvr_http_adopt(s->http, c->fd) != KVR_OK) {
+        /* h2o is at --h2o-max-connections: the client waits here and we look again later */
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: TLS/h2c connection waits: %llu open in h2o",
+                            (unsigned long long)kvr_http_connections(s->http));
+        c->sniff_wait = 1;
+        return;
+    }
+    conn_unlink(c); /* the descriptor lives on in h2o */
+    free(c);
+}
+
+static void conn_new(kvr_h1_t *s, int fd)
+{
+    h1c_t *c = malloc(sizeof(*c));
+    int one = 1;
+
+    if (c == NULL) {
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: out of memory for a connection");
+        close(fd);
+        return;
+    }
+    memset(c, 0, offsetof(h1c_t, out));
+    kvr_api_res_reset(&c->res);
+    c->s = s;
+    c->fd = fd;
+    c->rop.cb = on_read;
+    c->rop.data = c;
+    c->wop.cb = on_write;
+    c->wop.data = c;
+    c->last_ms = now_ms();
+    c->state = ST_SNIFF;
+    c->next = s->conns;
+    if (s->conns != NULL)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    conn_read(c);
+}
+
+/* ------------------------------------------------------------------ responses */
+
+static void refresh_date(kvr_h1_t *s)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+
+    if (t == s->date_sec)
+        return;
+    s->date_sec = t;
+    gmtime_r(&t, &tm);
+    strftime(s->date, sizeof(s->date), "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+}
+
+/* Builds the response head and starts sending head + body. */
+static void respond(h1c_t *c)
+{
+    kvr_api_res_t *res = &c->res;
+    kvr_h1_t *s = c->s;
+    int n;
+
+    if (res->close || s->draining)
+        c->keep = 0;
+    refresh_date(s);
+    n = snprintf(c->out, sizeof(c->out), "HTTP/1.1 %d %s\r\nServer: kvrelay\r\n%sContent-Length: %llu\r\n", res->status,
+                 res->reason, s->date, (unsigned long long)res->length);
+    if (res->ctype != NULL)
+        n += snprintf(c->out + n, sizeof(c->out) - n, "Content-Type: %s\r\n", res->ctype);
+    if (res->hdr_name != NULL)
+        n += snprintf(c->out + n, sizeof(c->out) - n, "%s: %s\r\n", res->hdr_name, res->hdr_value);
+    n += snprintf(c->out + n, sizeof(c->out) - n, "%s\r\n", c->keep ? "" : "Connection: close\r\n");
+    c->out_len = (size_t)n < sizeof(c->out) ? (size_t)n : sizeof(c->out) - 1;
+    c->resp_total = c->out_len + (res->head_only ? 0 : res->length);
+    c->resp_sent = 0;
+    c->state = ST_SEND;
+    c->last_ms = now_ms();
+    conn_write(c);
+}
+
+/* An error found by the transport itself (framing, limits): JSON, then the connection ends. */
+static void respond_error_hdr(h1c_t *c, int status, const char *code, const char *msg, const char *hname,
+                              const char *hval)
+{
+    if (!c->in_req) {
+        kvr_api_res_reset(&c->res);
+        c->in_req = 1;
+        c->start_us = kvr_api_now_us();
+    }
+    if (c->res.put != KVR_API_PUT_NONE)
+        kvr_api_put_end(c->s->api, &c->res, 0);
+    if (c->res.pinned) {
+        kvr_store_unpin(c->s->api->store, &c->res.ref);
+        c->res.pinned = 0;
+    }
+    free(c->res.heap);
+    c->res.heap = NULL;
+    kvr_api_error(&c->res, status, code, msg);
+    c->res.hdr_name = hname;
+    c->res.hdr_value = hval;
+    c->keep = 0;
+    respond(c);
+}
+
+static void respond_error(h1c_t *c, int status, const char *code, const char *msg)
+{
+    respond_error_hdr(c, status, code, msg, NULL, NULL);
+}
+
+/* Fills the iovecs for what is left to send. */
+static size_t send_iov(h1c_t *c)
+{
+    kvr_api_res_t *res = &c->res;
+    uint64_t off = c->resp_sent;
+    size_t n = 0;
+
+    if (off < c->out_len) {
+        c->iov[n].iov_base = c->out + off;
+        c->iov[n].iov_len = c->out_len - off;
+        n++;
+        off = 0;
+    } else {
+        off -= c->out_len;
+    }
+    if (res->head_only || off >= res->length)
+        return n;
+    if (res->body == KVR_API_BODY_BLOCK) {
+        n += kvr_api_block_iov(c->s->api, res, off, c->iov + n, H1_IOV);
+    } else {
+        c->iov[n].iov_base = (char *)kvr_api_body_bytes(res) + off;
+        c->iov[n].iov_len = res->length - off;
+        n++;
+    }
+    return n;
+}
+
+static void conn_write(h1c_t *c)
+{
+    memset(&c->msg, 0, sizeof(c->msg));
+    c->msg.msg_iov = c->iov;
+    c->msg.msg_iovlen = send_iov(c);
+    if (kvr_uring_sendmsg(&c->s->ring, c->fd, &c->msg, &c->wop) != KVR_OK) {
+        conn_close(c);
+        return;
+    }
+    c->wbusy = 1;
+}
+
+/* The response is out: account for it, then the next request or the end. */
+static void response_done(h1c_t *c)
+{
+    if (c->keep && c->res.drain && !c->expect100) {
+        /* Answered from the head: the body follows and is consumed before the next request
+         * (body_complete comes back here with drain cleared). */
+        c->res.drain = 0;
+        c->post_drain = 1;
+        c->state = ST_DISCARD;
+        c->last_ms = now_ms();
+        begin_body(c);
+        return;
+    }
+    kvr_api_done(c->s->api, &c->res, c->method, c->start_us, c->bytes_in, c->bytes_out);
+    c->in_req = 0;
+    if (!c->keep || c->res.drain) {
+        /* Lingering close: our side ends now; whatever the peer still sends is discarded for
+         * a moment so that it reads our answer instead of a reset. */
+        shutdown(c->fd, SHUT_WR);
+        c->state = ST_LINGER;
+        c->last_ms = now_ms();
+        c->linger_until = c->last_ms + H1_LINGER_MS;
+        conn_read(c);
+        return;
+    }
+    conn_next(c);
+}
+
+static void on_write(kvr_uring_op_t *op, int res)
+{
+    h1c_t *c = op->data;
+
+    c->wbusy = 0;
+    if (c->closing || res <= 0) {
+        conn_close(c);
+        return;
+    }
+    c->last_ms = now_ms();
+    if (c->state == ST_SEND)
+        c->resp_sent += (uint64_t)res;
+    if (c->resp_sent > c->out_len)
+        c->bytes_out = c->resp_sent - c->out_len;
+    if (c->state == ST_SEND && c->resp_sent < c->resp_total) {
+        conn_write(c);
+        return;
+    }
+    if (c->state == ST_SEND) {
+        response_done(c);
+        return;
+    }
+    /* "100 Continue" went out: the body may come now. */
+    conn_read(c);
+}
+
+/* ------------------------------------------------------------------ request heads */
+
+static int hdr_is(const struct phr_header *h, const char *name)
+{
+    size_t n = strlen(name);
+    return h->name_len == n && strncasecmp(h->name, name, n) == 0;
+}
+
+static int val_is(const struct phr_header *h, const char *v)
+{
+    size_t n = strlen(v);
+    return h->value_len == n && strncasecmp(h->value, v, n) == 0;
+}
+
+/* Strict Content-Length: digits only, no overflow. */
+static int parse_length(const char *p, size_t n, uint64_t *out)
+{
+    uint64_t v = 0;
+
+    if (n == 0 || n > 19)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* Framing and the headers the request layer needs. 0, or -1 after answering an error. */
+static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int minor)
+{
+    int have_len = 0, te = 0, conn_close_hdr = 0, conn_keep = 0;
+    uint64_t len = 0, l;
+
+    for (size_t i = 0; i < nh; i++) {
+        const struct phr_header *h = &hd[i];
+        if (h->name == NULL) {
+            respond_error(c, 400, "InvalidRequest", "obsolete header line folding");
+            return -1;
+        }
+        if (hdr_is(h, "content-length")) {
+            if (parse_length(h->value, h->value_len, &l) < 0 || (have_len && l != len)) {
+                respond_error(c, 400, "InvalidRequest", "invalid or conflicting Content-Length");
+                return -1;
+            }
+            have_len = 1;
+            len = l;
+        } else if (hdr_is(h, "transfer-encoding")) {
+            if (te || !val_is(h, "chunked")) {
+                respond_error(c, 501, "NotImplemented", "only Transfer-Encoding: chunked is supported");
+                return -1;
+            }
+            te = 1;
+        } else if (hdr_is(h, "connection")) {
+            conn_close_hdr |= val_is(h, "close");
+            conn_keep |= val_is(h, "keep-alive");
+        } else if (hdr_is(h, "expect")) {
+            if (!val_is(h, "100-continue")) {
+                respond_error(c, 400, "InvalidRequest", "unsupported Expect");
+                return -1;
+            }
+            c->expect100 = 1;
+        } else if (hdr_is(h, "authorization")) {
+            c->rq.auth = h->value;
+            c->rq.auth_len = h->value_len;
+        } else if (hdr_is(h, "x-kv-sequence-hash")) {
+            c->rq.seq_hash = h->value;
+            c->rq.seq_hash_len = h->value_len;
+        }
+    }
+    if (te && have_len) { /* RFC 9112 §6.1: a request smuggling vector; refuse and close */
+        respond_error(c, 400, "InvalidRequest", "Content-Length together with Transfer-Encoding");
+        return -1;
+    }
+    c->keep = minor >= 1 ? !conn_close_hdr : conn_keep;
+    c->chunked = (uint8_t)te;
+    c->body_len = len;
+    c->rq.body_len = len;
+    c->rq.length_unknown = te;
+    return 0;
+}
+
+/* Bytes of the body that came in with the head. */
+static size_t preread(const h1c_t *c)
+{
+    return c->hlen - c->hused;
+}
+
+static void begin_body(h1c_t *c);
+static void response_done(h1c_t *c);
+
+/* Parses a complete head out of hbuf; asks for more when it is not complete. */
+static void parse_head(h1c_t *c)
+{
+    const char *method, *path;
+    size_t mlen, plen, nh = H1_MAX_HEADERS;
+    struct phr_header hd[H1_MAX_HEADERS];
+    int minor, n;
+
+    n = phr_parse_request(c->hbuf, c->hlen, &method, &mlen, &path, &plen, &minor, hd, &nh, c->last_len);
+    if (n == -2) {
+        if (c->hlen >= KVR_API_MAX_HEAD) {
+            respond_error(c, 431, "InvalidRequest", "request headers larger than 16 KiB");
+            return;
+        }
+        c->last_len = c->hlen;
+        conn_read(c);
+        return;
+    }
+    c->start_us = kvr_api_now_us();
+    c->in_req = 1;
+    kvr_api_res_reset(&c->res);
+    memset(&c->rq, 0, sizeof(c->rq));
+    c->expect100 = c->sent100 = c->post_drain = 0;
+    c->bytes_in = c->bytes_out = 0;
+    c->body_got = 0;
+    c->method = n > 0 ? kvr_api_method(method, mlen) : KVR_M_OTHER;
+    if (n < 0) {
+        respond_error(c, 400, "InvalidRequest", "malformed request head");
+        return;
+    }
+    if ((size_t)n > KVR_API_MAX_HEAD) {
+        respond_error(c, 431, "InvalidRequest", "request headers larger than 16 KiB");
+        return;
+    }
+    c->hused = (size_t)n;
+    c->last_len = 0;
+    c->rq.method = c->method;
+    c->rq.path = path;
+    c->rq.path_len = plen;
+    for (size_t i = 0; i < plen; i++)
+        if (path[i] == '?') {
+            c->rq.path_len = i;
+            break;
+        }
+    c->rq.head_bytes = (size_t)n;
+    if (read_headers(c, hd, nh, minor) < 0)
+        return;
+    start_request(c);
+}
+
+/* Asks the request layer; carries out what it decides. */
+static void start_request(h1c_t *c)
+{
+    kvr_api_res_t *res = &c->res;
+
+    if (c->method != KVR_M_PUT && (c->body_len > 0 || c->chunked)) {
+        if (c->chunked || c->body_len > c->s->cfg->max_block_size) {
+            respond_error(c, c->chunked ? 400 : 413, c->chunked ? "InvalidRequest" : "EntityTooLarge",
+                          "this request's body is not accepted");
+            return;
+        }
+        kvr_api_handle(c->s->api, &c->rq, res);
+        c->state = ST_DISCARD; /* answered once the unused body has been consumed */
+        begin_body(c);
+        return;
+    }
+    kvr_api_handle(c->s->api, &c->rq, res);
+    switch (res->put) {
+    case KVR_API_PUT_WAIT:
+        c->state = ST_WAIT;
+        c->last_ms = now_ms();
+        return;
+    case KVR_API_PUT_RESERVED:
+        c->state = ST_BODY;
+        begin_body(c);
+        return;
+    case KVR_API_PUT_DEDUP:
+        c->state = ST_DISCARD;
+        begin_body(c);
+        return;
+    case KVR_API_PUT_DEFERRED:
+        if (c->s->chunked_conns >= KVR_H1_CHUNKED_CONNS) {
+            respond_error_hdr(c, 503, "Busy", "too many chunked uploads in this worker; retry", "retry-after",
+                              H1_RETRY_AFTER);
+            return;
+        }
+        c->s->chunked_conns++;
+        c->cbuf = NULL;
+        c->clen = c->cdec = c->ccap = 0;
+        memset(&c->dec, 0, sizeof(c->dec));
+        c->dec.consume_trailer = 1;
+        c->state = ST_CHUNKED;
+        begin_body(c);
+        return;
+    default:
+        respond(c);
+    }
+}
+
+/* ------------------------------------------------------------------ bodies */
+
+static void body_complete(h1c_t *c)
+{
+    kvr_api_res_t *res = &c->res;
+
+    c->hused += c->body_len < preread(c) ? c->body_len : preread(c);
+    if (c->post_drain) {
+        c->post_drain = 0;
+        response_done(c);
+        return;
+    }
+    if (res->put != KVR_API_PUT_NONE)
+        kvr_api_put_end(c->s->api, res, 1);
+    respond(c);
+}
+
+/* Consumes what arrived with the head, then reads the rest (after "100 Continue"). */
+static void begin_body(h1c_t *c)
+{
+    size_t pre = preread(c);
+
+    c->last_ms = now_ms();
+    if (c->state == ST_CHUNKED) {
+        conn_read(c); /* the preread bytes are taken in on_read's chunked path */
+        return;
+    }
+    if (pre > c->body_len)
+        pre = (size_t)c->body_len;
+    if (c->state == ST_BODY && pre > 0)
+        kvr_api_put_write(c->s->api, &c->res, 0, c->hbuf + c->hused, pre);
+    c->body_got = pre;
+    c->bytes_in = pre;
+    if (c->body_got == c->body_len) {
+        body_complete(c);
+        return;
+    }
+    if (c->expect100 && !c->sent100) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        c->sent100 = 1;
+        if (kvr_uring_send(&c->s->ring, c->fd, cont, sizeof(cont) - 1, &c->wop) != KVR_OK) {
+            conn_close(c);
+            return;
+        }
+        c->wbusy = 1; /* on_write starts the read */
+        return;
+    }
+    conn_read(c);
+}
+
+/* Chunked: new raw bytes are at cbuf[cdec, clen); decode them in place. */
+static void chunked_input(h1c_t *c)
+{
+    size_t n = c->clen - c->cdec;
+    ssize_t left = phr_decode_chunked(&c->dec, c->cbuf + c->cdec, &n);
+
+    c->clen = c->cdec + n; /* decoded prefix; the decoder dropped the framing */
+    c->cdec = c->clen;
+    if (left == -1) {
+        respond_error(c, 400, "InvalidRequest", "malformed chunked body");
+        return;
+    }
+    if (c->cdec > KVR_H1_CHUNKED_MAX) {
+        respond_error(c, 413, "EntityTooLarge", "chunked body larger than 8 MiB");
+        return;
+    }
+    if (left == -2) {
+        conn_read(c);
+        return;
+    }
+    if (left > 0) { /* the next request's first bytes: back into the head buffer */
+        if ((size_t)left <= sizeof(c->hbuf)) {
+            memcpy(c->hbuf, c->cbuf + c->cdec, (size_t)left);
+            c->hlen = (size_t)left;
+        } else {
+            c->keep = 0;
+        }
+    } else {
+        c->hlen = 0;
+    }
+    c->rq.length_unknown = 0;
+    c->rq.body_len = c->body_len = c->cdec;
+    c->bytes_in = c->cdec;
+    kvr_api_res_reset(&c->res);
+    kvr_api_handle(c->s->api, &c->rq, &c->res);
+    if (c->res.put == KVR_API_PUT_WAIT) { /* the body is here already: no budget to wait for */
+        c->rq.buffered = 1;
+        kvr_api_res_reset(&c->res);
+        kvr_api_handle(c->s->api, &c->rq, &c->res);
+    }
+    if (c->res.put == KVR_API_PUT_RESERVED)
+        kvr_api_put_write(c->s->api, &c->res, 0, c->cbuf, c->cdec);
+    free(c->cbuf);
+    c->cbuf = NULL;
+    c->s->chunked_conns--;
+    c->hused = 0;    /* every preread byte went into cbuf; hbuf holds only what follows */
+    c->body_len = 0; /* body_complete must not count preread again */
+    body_complete(c);
+}
+
+static int chunked_grow(h1c_t *c, size_t need)
+{
+    size_t cap = c->ccap ? c->ccap : 64u << 10;
+    char *p;
+
+    while (cap < need)
+        cap *= 2;
+    if (cap > KVR_H1_CHUNKED_MAX + (64u << 10))
+        cap = KVR_H1_CHUNKED_MAX + (64u << 10);
+    if (cap < need)
+        return -1;
+    if (cap == c->ccap)
+        return 0;
+    p = realloc(c->cbuf, cap);
+    if (p == NULL)
+        return -1;
+    c->cbuf = p;
+    c->ccap = cap;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ reads */
+
+static void conn_read(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+    uint64_t want;
+    int rc;
+
+    if (c->closing) {
+        conn_close(c);
+        return;
+    }
+    switch (c->state) {
+    case ST_SNIFF:
+        rc = kvr_uring_recv_flags(&s->ring, c->fd, c->hbuf, H2_PREFACE_LEN, MSG_PEEK, &c->rop);
+        break;
+    case ST_HEAD:
+        rc = kvr_uring_recv(&s->ring, c->fd, c->hbuf + c->hlen, sizeof(c->hbuf) - c->hlen, &c->rop);
+        break;
+    case ST_BODY:
+        memset(&c->msg, 0, sizeof(c->msg));
+        c->msg.msg_iov = c->iov;
+        c->msg.msg_iovlen = kvr_api_txn_iov(s->api, &c->res, c->body_got, c->iov, H1_IOV);
+        rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, &c->rop);
+        break;
+    case ST_DISCARD:
+    case ST_LINGER:
+        want = c->state == ST_LINGER ? (1u << 30) : c->body_len - c->body_got;
+        rc = kvr_uring_recv_flags(&s->ring, c->fd, s->scratch, want > (1u << 30) ? (1u << 30) : want, MSG_TRUNC,
+                                  &c->rop);
+        break;
+    case ST_CHUNKED:
+        if (preread(c) > 0) { /* bytes that came with the head first */
+            size_t pre = preread(c);
+            if (chunked_grow(c, c->clen + pre) < 0) {
+                respond_error(c, 413, "EntityTooLarge", "chunked body larger than 8 MiB");
+                return;
+            }
+            memcpy(c->cbuf + c->clen, c->hbuf + c->hused, pre);
+            c->clen += pre;
+            c->hused = c->hlen;
+            chunked_input(c);
+            return;
+        }
+        if (chunked_grow(c, c->clen + (16u << 10)) < 0) {
+            respond_error(c, 413, "EntityTooLarge", "chunked body larger than 8 MiB");
+            return;
+        }
+        rc = kvr_uring_recv(&s->ring, c->fd, c->cbuf + c->clen, c->ccap - c->clen, &c->rop);
+        break;
+    default:
+        return;
+    }
+    if (rc != KVR_OK) {
+        conn_close(c);
+        return;
+    }
+    c->rbusy = 1;
+}
+
+/* The first bytes decide who serves the connection. */
+static void sniffed(h1c_t *c, int n)
+{
+    size_t cmp = (size_t)n < H2_PREFACE_LEN ? (size_t)n : H2_PREFACE_LEN;
+
+    if (kvr_http_tls(c->s->http)) { /* a TLS port serves TLS only: h2o refuses the rest */
+        adopt_to_h2o(c);
+        return;
+    }
+    if (memcmp(c->hbuf, h2_preface, cmp) == 0) {
+        if (cmp >= 4) { /* "PRI " is the HTTP/2 preface and nothing else */
+            adopt_to_h2o(c);
+            return;
+        }
+        c->sniff_wait = 1; /* too few bytes to tell: look again at the next tick */
+        return;
+    }
+    c->state = ST_HEAD;
+    c->hlen = 0;
+    conn_read(c);
+}
+
+static void on_read(kvr_uring_op_t *op, int res)
+{
+    h1c_t *c = op->data;
+
+    c->rbusy = 0;
+    if (c->closing) {
+        conn_close(c);
+        return;
+    }
+    if (res <= 0) {
+        if (c->state == ST_BODY || c->state == ST_DISCARD || c->state == ST_CHUNKED)
+            KVR_LOG_RATELIMITED(KVR_LOG_DEBUG, "h1: connection ended inside a body (%d)", res);
+        conn_close(c);
+        return;
+    }
+    c->last_ms = now_ms();
+    switch (c->state) {
+    case ST_SNIFF:
+        sniffed(c, res);
+        return;
+    case ST_HEAD:
+        c->hlen += (size_t)res;
+        parse_head(c);
+        return;
+    case ST_BODY:
+    case ST_DISCARD:
+        c->body_got += (uint64_t)res;
+        c->bytes_in += (uint64_t)res;
+        if (c->body_got >= c->body_len)
+            body_complete(c);
+        else
+            conn_read(c);
+        return;
+    case ST_CHUNKED:
+        c->clen += (size_t)res;
+        chunked_input(c);
+        return;
+    case ST_LINGER:
+        conn_read(c);
+        return;
+    default:
+        return;
+    }
+}
+
+/* Keep-alive: the next request, which may already be (partly) in the head buffer. */
+static void conn_next(h1c_t *c)
+{
+    size_t left = c->hlen - c->hused;
+
+    if (left > 0)
+        memmove(c->hbuf, c->hbuf + c->hused, left);
+    c->hlen = left;
+    c->hused = 0;
+    c->last_len = 0;
+    c->state = ST_HEAD;
+    c->last_ms = now_ms();
+    if (c->s->draining) {
+        conn_close(c);
+        return;
+    }
+    if (left > 0)
+        parse_head(c);
+    else
+        conn_read(c);
+}
+
+/* ------------------------------------------------------------------ accept */
+
+static void arm_accept(kvr_h1_t *s)
+{
+    if (s->accepting || s->draining || s->listen_fd < 0)
+        return;
+    if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
+        s->accepting = 1;
+}
+
+static void on_accept(kvr_uring_op_t *op, int res)
+{
+    kvr_h1_t *s = op->data;
+
+    s->accepting = 0;
+    if (res >= 0) {
+        if (s->fd_exhausted) {
+            kvr_info("h1: accepting again (%llu connections open)", (unsigned long long)s->nconns);
+            s->fd_exhausted = 0;
+        }
+        if (s->draining)
+            close(res);
+        else
+            conn_new(s, res);
+        arm_accept(s);
+        return;
+    }
+    if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
+        /* As nginx does: stop accepting for a moment, keep serving what is open. */
+        if (!s->fd_exhausted)
+            kvr_warn("h1: cannot accept (%s) with %llu connections open; pausing accept", strerror(-res),
+                     (unsigned long long)s->nconns);
+        s->fd_exhausted = 1;
+        s->accept_paused_until = now_ms() + H1_ACCEPT_PAUSE_MS;
+        return;
+    }
+    if (res != -ECANCELED)
+        arm_accept(s);
+}
+
+static void on_ring(void *data)
+{
+    kvr_h1_t *s = data;
+    kvr_uring_process(&s->ring);
+    kvr_uring_flush(&s->ring);
+}
+
+kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd)
+{
+    kvr_h1_t *s = calloc(1, sizeof(*s));
+
+    if (s == NULL)
+        return NULL;
+    s->cfg = cfg;
+    s->api = api;
+    s->http = http;
+    s->listen_fd = listen_fd;
+    if (kvr_uring_init(&s->ring, 1024) != KVR_OK) {
+        free(s);
+        return NULL;
+    }
+    s->accept_op.cb = on_accept;
+    s->accept_op.data = s;
+    if (kvr_http_watch_fd(http, s->ring.efd, on_ring, s) != KVR_OK) {
+        kvr_uring_exit(&s->ring);
+        free(s);
+        return NULL;
+    }
+    s->last_tick_ms = now_ms();
+    arm_accept(s);
+    kvr_uring_flush(&s->ring);
+    return s;
+}
+
+void kvr_h1_flush(kvr_h1_t *s)
+{
+    kvr_uring_flush(&s->ring);
+}
+
+/* A PUT that waited for the in-flight budget asks again; past --io-timeout it gets 503. */
+static void retry_wait(h1c_t *c, uint64_t t)
+{
+    kvr_api_res_reset(&c->res);
+    kvr_api_handle(c->s->api, &c->rq, &c->res);
+    if (c->res.put != KVR_API_PUT_WAIT) {
+        c->state = c->res.put == KVR_API_PUT_RESERVED ? ST_BODY : ST_DISCARD;
+        if (c->res.put == KVR_API_PUT_RESERVED || c->res.put == KVR_API_PUT_DEDUP)
+            begin_body(c);
+        else
+            respond(c);
+        return;
+    }
+    if (t - c->last_ms > c->s->cfg->io_timeout_ms) {
+        respond_error_hdr(c, 503, "Busy", "too many PUT bodies in flight; retry", "retry-after", H1_RETRY_AFTER);
+    }
+}
+
+void kvr_h1_tick(kvr_h1_t *s)
+{
+    uint64_t t = now_ms();
+    h1c_t *c, *next;
+
+    if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
+        arm_accept(s);
+    for (c = s->conns; c != NULL; c = next) {
+        next = c->next;
+        if (c->closing)
+            continue;
+        if (c->state == ST_WAIT) {
+            retry_wait(c, t);
+        } else if (c->state == ST_SNIFF && c->sniff_wait && !c->rbusy) {
+            c->sniff_wait = 0;
+            conn_read(c); /* the peek saw too few bytes to decide, or h2o was full */
+            if (t - c->last_ms > s->cfg->io_timeout_ms)
+                conn_close(c);
+        } else if (c->state == ST_LINGER) {
+            if (t > c->linger_until)
+                conn_close(c);
+        } else if (c->state == ST_HEAD && c->hlen == 0) {
+            if (t - c->last_ms > s->cfg->idle_timeout_ms || s->draining)
+                conn_close(c);
+        } else if (t - c->last_ms > s->cfg->io_timeout_ms) {
+            KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: cutting a connection with no progress for %llu ms",
+                                (unsigned long long)(t - c->last_ms));
+            conn_close(c);
+        }
+    }
+    kvr_uring_flush(&s->ring);
+}
+
+void kvr_h1_start_drain(kvr_h1_t *s)
+{
+    if (s->draining)
+        return;
+    s->draining = 1;
+    if (s->accepting)
+        kvr_uring_cancel(&s->ring, &s->accept_op);
+    kvr_h1_tick(s);
+}
+
+uint64_t kvr_h1_connections(const kvr_h1_t *s)
+{
+    return s->nconns;
+}

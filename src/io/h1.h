@@ -1,0 +1,52 @@
+/*
+ * h1.h — cleartext HTTP/1.1 on the worker's io_uring: the data plane's fast path.
+ *
+ * Every connection of the worker's listener is accepted here (IORING_OP_ACCEPT). Its first
+ * bytes are looked at without being consumed (MSG_PEEK): a TLS ClientHello or the HTTP/2
+ * preface hands the socket to h2o (http.c) with no byte lost; everything else is served here.
+ *
+ * Per connection the worker holds one fixed head buffer (16 KiB + slack: 431 beyond) and one
+ * response record; nothing it allocates grows with a body. A PUT is decided from its head by
+ * the request layer (api.h); a new block's body is received with recvmsg straight into the
+ * spans of its reservation in the arena, a dedup hit's body is discarded in the kernel
+ * (MSG_TRUNC). The only body bytes copied in user space are those that arrived in the same
+ * read as the head (at most the head buffer). A GET is one sendmsg of the response head and
+ * the pinned block's spans; the pin is released when the last byte has been handed to the
+ * kernel. Chunked request bodies are the exception: they are collected in a heap buffer of at
+ * most KVR_H1_CHUNKED_MAX bytes (413 beyond), at most KVR_H1_CHUNKED_CONNS at a time per
+ * worker (503 beyond), and then stored with one copy.
+ *
+ * Timeouts: --io-timeout cuts a request when no byte has moved in either direction for that
+ * long (any progress resets it); --idle-timeout closes a connection idle between requests.
+ * Out of file descriptors, the worker stops accepting for 100 ms at a time (logged once per
+ * episode) and keeps serving the connections it has.
+ */
+#ifndef KVR_IO_H1_H
+#define KVR_IO_H1_H
+
+#include "common.h"
+#include "io/api.h"
+#include "io/http.h"
+
+#define KVR_H1_HEAD_MAX     (KVR_API_MAX_HEAD + 512) /* head buffer per connection */
+#define KVR_H1_CHUNKED_MAX  (8u << 20)
+#define KVR_H1_CHUNKED_CONNS 8
+
+typedef struct kvr_h1_s kvr_h1_t;
+
+/* Serves listen_fd on a ring of its own whose completions join the h2o loop of http. */
+kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd);
+
+/* Pushes queued submissions; the worker calls it once per loop iteration. */
+void kvr_h1_flush(kvr_h1_t *s);
+
+/* Timeouts, accept back-off, waiting PUTs; every 50 ms or so. */
+void kvr_h1_tick(kvr_h1_t *s);
+
+/* Stops accepting; idle connections close, busy ones after their response. */
+void kvr_h1_start_drain(kvr_h1_t *s);
+
+/* Connections still open. */
+uint64_t kvr_h1_connections(const kvr_h1_t *s);
+
+#endif
