@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# bench-dataplane.sh — the data plane's figures (issue 10, acceptance 6): kvrelay, memcached,
+# Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
+# on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
+#
+#   scripts/bench-dataplane.sh [--quick] [--out DIR] [--memory SIZE] [--sizes "256K 2M 32M 80M"]
+#
+# For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB) and every store, one store at a time,
+# started fresh (so one store's memory never weighs on another's run):
+#   1. warm:  PUT the GET set (64 keys below 32 MiB, 16 from 32 MiB), then GET it for a moment
+#             (not measured)
+#   2. GET:   16 connections, GETs of those resident blocks, every body verified (XXH3)
+#   3. fill:  PUT new keys worth 1.5 x --memory (not measured; reported apart): every store's
+#             memory is touched once, so this VM's first-touch page faults do not decide step 4,
+#             and the store is full
+#   4. PUT:   16 connections, PUTs of NEW keys (never PUT before: no dedup hit), the store full
+#             and evicting all along (SET for Redis and memcached)
+# then 16 KiB GETs over 64 connections (kvrelay, memcached, and the null server as the ceiling).
+# Measured runs have no warmup of their own (steps 1 and 3 are the warmup), so the server CPU
+# read from /proc around a run (utime+stime of the server and every process under it, and of
+# children it has reaped) is the CPU of the measured requests.
+#
+# Stores: kvrelay (defaults: one worker per core; --memory M, evicting), memcached (-m M
+# -I 128m -t 2), Redis 7 (no persistence, allkeys-lru; maxmemory unlimited during the GET steps
+# because Redis counts its clients' query and reply buffers — 16 x 80 MiB and more — as used
+# memory and would evict the GET set; maxmemory M from the fill on), the null server (2 worker
+# processes with SO_REUSEPORT, epoll; GET bodies of the run's size).
+# --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
+# by GB/s, about 12 minutes. Output: DIR/<date>-dataplane.md (every figure, the targets, the
+# commands, versions) and name=value lines on stdout.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+QUICK=0
+OUT=bench/results
+MEM=2G
+SIZES="256K 2M 32M 80M"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) QUICK=1 ;;
+    --out) OUT=$2; shift ;;
+    --memory) MEM=$2; shift ;;
+    --sizes) SIZES=$2; shift ;;
+    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+    *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+bytes_of() { case $1 in *K) echo $(( ${1%K} * 1024 ));; *M) echo $(( ${1%M} * 1048576 ));; *G) echo $(( ${1%G} * 1073741824 ));; *) echo "$1";; esac; }
+MEMB=$(bytes_of "$MEM")
+MEMMB=$(( MEMB >> 20 ))
+
+# ---------------------------------------------------------------- dependencies and build
+"$ROOT/scripts/install-deps.sh" --bench
+make -s all build/bench/null_server >/dev/null
+BENCH=$ROOT/build/kvrelay-bench
+NULL=$ROOT/build/bench/null_server
+for b in "$BENCH" "$NULL" "$ROOT/build/kvrelay-supervisor"; do
+    [ -x "$b" ] || { echo "bench-dataplane: $b is missing" >&2; exit 1; }
+done
+
+if [ "$QUICK" = 1 ]; then REPS=1; DUR=1; WARM=0.5; else REPS=3; DUR=4; WARM=1; fi
+CONNS=16
+SYSTEMS="null kvrelay memcached redis"
+
+WORK=$(mktemp -d /tmp/kvrelay-dataplane.XXXXXX)
+RES=$WORK/results.jsonl
+: > "$RES"
+SPID=""
+stop_store() {
+    [ -n "$SPID" ] || return 0
+    kill "$SPID" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SPID" 2>/dev/null || true
+    wait "$SPID" 2>/dev/null || true
+    SPID=""
+}
+cleanup() { stop_store; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# Debian's python3 (a pyenv shim in PATH costs ~100 ms a call; two calls frame every run)
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 1 100); do
+        $PY -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "bench-dataplane: nothing listens on $1" >&2; return 1
+}
+# CPU clock ticks of a process tree: utime+stime of every live process under the root, plus
+# cutime+cstime (children already reaped) — kvrelay is a supervisor with worker children.
+cpu_ticks() {
+    $PY - "$1" <<'EOF'
+import os, sys
+root = int(sys.argv[1]); kids = {}; stat = {}
+for d in os.listdir('/proc'):
+    if d.isdigit():
+        try:
+            f = open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        stat[int(d)] = int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+        kids.setdefault(int(f[1]), []).append(int(d))
+def tot(p, depth=0):
+    if depth > 8:
+        return 0
+    return stat.get(p, 0) + sum(tot(c, depth + 1) for c in kids.get(p, []))
+print(tot(root))
+EOF
+}
+
+# ---------------------------------------------------------------- the stores
+PORT=0
+PROTO=http
+start_store() { # system size
+    local sys=$1 size=$2 u=""
+    local -a cmd
+    PORT=$(free_port)
+    case $sys in
+    null)
+        cmd=("$NULL" --bind 127.0.0.1:$PORT --workers 2 --get-size "$size")
+        PROTO=http ;;
+    kvrelay)
+        cmd=("$ROOT/build/kvrelay-supervisor" --http-bind 127.0.0.1:$PORT --grpc-bind off --memory "$MEM"
+             --shutdown-grace 2s --log-level warn)
+        PROTO=http ;;
+    memcached)
+        [ "$(id -u)" -eq 0 ] && u="-u nobody"
+        # shellcheck disable=SC2206
+        cmd=(memcached $u -l 127.0.0.1 -p $PORT -U 0 -m $MEMMB -I 128m -t 2 -c 4096)
+        PROTO=memcache ;;
+    redis)
+        cmd=(redis-server --port $PORT --bind 127.0.0.1 --save "" --appendonly no --protected-mode no
+             --maxmemory 0 --maxmemory-policy allkeys-lru --logfile "$WORK/redis.log")
+        PROTO=resp ;;
+    esac
+    "${cmd[@]}" 2>>"$WORK/$sys.log" &
+    SPID=$!
+    echo "$size: ${cmd[*]}" >> "$WORK/stores.txt"
+    if ! wait_port "$PORT"; then
+        echo "bench-dataplane: $sys did not start; its log:" >&2
+        tail -20 "$WORK/$sys.log" >&2 2>/dev/null || true
+        exit 1
+    fi
+}
+
+# kvrelay-bench once; its figures, labelled (warm, get, fill, put), and the server CPU measured
+# around it go into the results.
+bench() { # label sys size conns -- kvrelay-bench args...
+    local label=$1 sys=$2 size=$3 conns=$4 rep=$5 out c0 c1 cmd
+    shift 5
+    out=$WORK/run-$label-$sys-$size-$rep.json
+    cmd="$BENCH --protocol $PROTO --target 127.0.0.1:$PORT --size $size --connections $conns $* --json $out --quiet"
+    c0=$(cpu_ticks "$SPID")
+    # shellcheck disable=SC2086
+    if ! $cmd > "$WORK/last.txt" 2>&1; then
+        echo "bench-dataplane: $sys $label $size x$conns failed:" >&2; cat "$WORK/last.txt" >&2
+    fi
+    c1=$(cpu_ticks "$SPID")
+    $PY - "$out" "$sys" "$label" "$size" "$conns" "$rep" "$((c1 - c0))" "$cmd" >> "$RES" <<'EOF'
+import json, os, sys
+out, sysname, op, size, conns, rep, ticks, cmd = sys.argv[1:9]
+r = json.load(open(out)) if os.path.exists(out) else {}
+r.update(system=sysname, op=op, size=size, conns=int(conns), rep=int(rep),
+         server_cpu_s=int(ticks) / os.sysconf('SC_CLK_TCK'), command=cmd)
+print(json.dumps(r))
+EOF
+}
+
+T0=$(date +%s)
+for size in $SIZES; do
+    b=$(bytes_of "$size")
+    keys=64; [ "$b" -ge $((32 << 20)) ] && keys=16
+    fill=$(( (MEMB * 3 / 2 + b - 1) / b ))
+    for sys in $SYSTEMS; do
+        start_store "$sys" "$size"
+        pre=$sys-$size-get
+        bench warm "$sys" "$size" $CONNS 0 --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
+        for rep in $(seq 1 $REPS); do
+            bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
+        done
+        [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
+        bench fill "$sys" "$size" $CONNS 0 --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \
+            --requests $fill --duration 120 --timeout 30
+        for rep in $(seq 1 $REPS); do
+            bench put "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-put-$rep" \
+                --duration $DUR --timeout 30
+        done
+        [ "$sys" = redis ] && redis-cli -p "$PORT" info stats | tr -d '\r' | grep -E '^evicted_keys' \
+            | sed "s/^/redis $size: /" >> "$WORK/evictions.txt"
+        stop_store
+    done
+done
+for sys in null kvrelay memcached; do
+    start_store "$sys" 16K
+    pre=$sys-16K-get
+    bench warm "$sys" 16K 64 0 --workload get --preload --keys 256 --key-prefix "$pre" --duration $WARM
+    for rep in $(seq 1 $REPS); do
+        bench get "$sys" 16K 64 "$rep" --workload get --keys 256 --key-prefix "$pre" --duration $DUR
+    done
+    stop_store
+done
+ELAPSED=$(( $(date +%s) - T0 ))
+
+# ---------------------------------------------------------------- report
+mkdir -p "$OUT"
+STAMP=$(date -u +%Y-%m-%d-%H%M)
+VERS=$WORK/versions.txt
+{
+    echo "kvrelay $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified in the working tree)')"
+    redis-server --version; memcached -V
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load before the report: $(cut -d' ' -f1-3 /proc/loadavg)"
+    cat "$WORK/evictions.txt" 2>/dev/null || true
+} > "$VERS" 2>&1
+$PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --quick "$QUICK" \
+    --memory "$MEM" --reps "$REPS" --duration "$DUR" --elapsed "$ELAPSED" \
+    --invocation "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" \
+    --md "$OUT/$STAMP-dataplane.md"
+echo "report=$OUT/$STAMP-dataplane.md"

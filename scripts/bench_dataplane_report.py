@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""bench_dataplane_report.py — turns scripts/bench-dataplane.sh's raw results into the Markdown
+report and name=value lines on stdout.
+
+Input: one JSON object per line (kvrelay-bench's --json output plus system/op/size/conns/rep,
+the server CPU seconds measured around the run and the command line); op is get, put or fill
+(the unmeasured PUTs that fill each store before its PUT figure, shown apart). Repetitions are
+reduced to the one of median GB/s (req/s for 16 KiB), as scripts/bench_report.py does.
+The targets are those of issue 10, acceptance 6.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_report import errors, g, gbps, p99_ms, rps  # noqa: E402
+
+SIZES = ["16K", "256K", "2M", "32M", "80M"]
+SYSTEMS = ["null", "kvrelay", "memcached", "redis"]
+OPS = ["get", "put", "fill", "warm"]
+BIG = ("32M", "80M")
+
+
+def p50_ms(r):
+    return float(g(r, "latency_ms", "p50"))
+
+
+def moved_gb(r):
+    return float(g(r, "bytes", default=0)) / 1e9
+
+
+def cpu_per_gb(r):
+    m = moved_gb(r)
+    return r.get("server_cpu_s", 0.0) / m if m > 0 else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed", "invocation"):
+        ap.add_argument("--" + a, required=True)
+    ap.add_argument("--quick", default="0")
+    a = ap.parse_args()
+
+    rows = [json.loads(l) for l in open(a.results) if l.strip()]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["op"], r["size"], r["conns"]), []).append(r)
+    med = {}
+    for k, rs in groups.items():
+        rs = sorted(rs, key=lambda r: (gbps(r), rps(r)))
+        med[k] = rs[len(rs) // 2]
+
+    def fig(s, op, size, conns=16):
+        return med.get((s, op, size, conns))
+
+    kv = []  # name=value lines
+
+    def put_kv(name, value):
+        kv.append(f"{name}={value}")
+
+    out = []
+    w = out.append
+    mode = "quick" if a.quick == "1" else "full"
+    w("# The data plane: kvrelay, memcached, Redis and a null server, measured side by side\n")
+    w(f"Mode: {mode} ({a.reps} repetition(s) of {a.duration} s per figure, the median by GB/s); "
+      f"store memory {a.memory}; the whole run took {a.elapsed} s. Every store is driven by `kvrelay-bench` "
+      "over loopback (every GET body verified by XXH3), one store at a time, each started fresh for every "
+      "block size. The null server (`bench/null_server.c`) stores nothing: its GET answers the expected bytes "
+      "from one preallocated pool, its PUT receives the body into a 256 KiB scratch buffer — the ceiling of "
+      "this client on this machine.\n")
+    w(f"Run: `{a.invocation}`\n")
+    w("Method per block size and store: PUT the GET set and read it for a moment (unmeasured); **GET** of those "
+      "resident blocks; **fill**: PUT new keys worth 1.5x the store's memory (unmeasured for the targets, shown "
+      "below: it pays this VM's first-touch page faults and fills the store); **PUT** of new keys, the store "
+      "full and evicting. Server CPU: utime+stime of the server's whole process tree (kvrelay: supervisor and "
+      "workers), read from /proc around each measured run, per GB of payload the run moved.\n")
+
+    w("## Every figure\n")
+    w("| op | size | conns | store | req/s | GB/s | p50 ms | p99 ms | errors | server CPU s/GB | client CPU s/GB "
+      "| kvrelay / store |")
+    w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    keys = sorted({(k[1], k[2], k[3]) for k in med if k[1] in ("get", "put")},
+                  key=lambda t: (OPS.index(t[0]), t[2], SIZES.index(t[1]) if t[1] in SIZES else 9))
+    for op, size, conns in keys:
+        base = fig("kvrelay", op, size, conns)
+        for s in SYSTEMS:
+            r = fig(s, op, size, conns)
+            if r is None:
+                continue
+            cg = cpu_per_gb(r)
+            m = moved_gb(r)
+            ccpu = float(g(r, "cpu", "total_s", default=0.0)) / m if m > 0 else None
+            ratio = ""
+            if base is not None and s != "kvrelay":
+                if size == "16K" and rps(r) > 0:
+                    ratio = f"{rps(base) / rps(r):.2f}"
+                elif gbps(r) > 0:
+                    ratio = f"{gbps(base) / gbps(r):.2f}"
+            name = f"{op}_{size}_c{conns}_{s}"
+            put_kv(name + "_gbps", f"{gbps(r):.3f}")
+            put_kv(name + "_rps", f"{rps(r):.1f}")
+            put_kv(name + "_p50_ms", f"{p50_ms(r):.3f}")
+            put_kv(name + "_p99_ms", f"{p99_ms(r):.3f}")
+            put_kv(name + "_errors", errors(r))
+            put_kv(name + "_server_cpu_s_per_gb", "" if cg is None else f"{cg:.3f}")
+            w(f"| {op.upper()} | {size} | {conns} | {s} | {rps(r):,.1f} | {gbps(r):.2f} | {p50_ms(r):.2f} | "
+              f"{p99_ms(r):.2f} | {errors(r)} | {'-' if cg is None else f'{cg:.3f}'} | "
+              f"{'-' if ccpu is None else f'{ccpu:.3f}'} | {ratio} |")
+    w("")
+
+    w("## Fill (first PUTs into fresh memory; not a target figure)\n")
+    w("| size | store | req/s | GB/s | p99 ms | errors | server CPU s/GB |")
+    w("|---|---|---:|---:|---:|---:|---:|")
+    for size in SIZES:
+        for s in SYSTEMS:
+            r = fig(s, "fill", size)
+            if r is None:
+                continue
+            cg = cpu_per_gb(r)
+            w(f"| {size} | {s} | {rps(r):,.1f} | {gbps(r):.2f} | {p99_ms(r):.2f} | {errors(r)} | "
+              f"{'-' if cg is None else f'{cg:.3f}'} |")
+    w("")
+
+    w("## The targets (issue 10, acceptance 6)\n")
+    w("| target | size | measured | wanted | |")
+    w("|---|---|---:|---|---|")
+    met = missed = 0
+
+    def target(tag, what, size, value, wanted, ok, fmt="{:.2f}"):
+        nonlocal met, missed
+        if value is None:
+            w(f"| {what} | {size} | - | {wanted} | not measured |")
+            put_kv(f"target_{tag}_{size}", "not_measured")
+            return
+        verdict = "met" if ok else "MISSED"
+        met += ok
+        missed += not ok
+        w(f"| {what} | {size} | {fmt.format(value)} | {wanted} | {verdict} |")
+        put_kv(f"ratio_{tag}_{size}", fmt.format(value))
+        put_kv(f"target_{tag}_{size}", verdict)
+
+    def ratio(op, size, peer, fn=gbps, conns=16):
+        k, p = fig("kvrelay", op, size, conns), fig(peer, op, size, conns)
+        if k is None or p is None or fn(p) <= 0:
+            return None
+        return fn(k) / fn(p)
+
+    for size in SIZES[1:]:
+        if fig("kvrelay", "get", size) is None:
+            continue
+        r = ratio("get", size, "null")
+        target("get_vs_null", "kvrelay GET / null GET", size, r, ">= 0.95", r is not None and r >= 0.95)
+        r = ratio("get", size, "memcached")
+        target("get_vs_memcached", "kvrelay GET / memcached GET", size, r, ">= 1.0", r is not None and r >= 1.0)
+        r = ratio("put", size, "null")
+        target("put_vs_null", "kvrelay PUT / null PUT", size, r, ">= 0.85", r is not None and r >= 0.85)
+        r = ratio("put", size, "memcached")
+        target("put_vs_memcached", "kvrelay PUT / memcached SET", size, r, ">= 1.0", r is not None and r >= 1.0)
+        if size in BIG:
+            r = ratio("put", size, "redis")
+            target("put_vs_redis", "kvrelay PUT / Redis SET", size, r, ">= 2.0", r is not None and r >= 2.0)
+            for op in ("get", "put"):
+                k, m = fig("kvrelay", op, size), fig("memcached", op, size)
+                if k is not None and m is not None:
+                    target(f"p99_{op}_vs_memcached", f"{op.upper()} p99 kvrelay / memcached (ms: "
+                           f"{p99_ms(k):.0f} vs {p99_ms(m):.0f})", size, p99_ms(k) / p99_ms(m) if p99_ms(m) else None,
+                           "<= 1.0", p99_ms(m) > 0 and p99_ms(k) <= p99_ms(m))
+        if size != "256K":
+            for op in ("get", "put"):
+                k = fig("kvrelay", op, size)
+                kc = cpu_per_gb(k) if k else None
+                peers = [(p, cpu_per_gb(fig(p, op, size))) for p in ("memcached", "redis") if fig(p, op, size)]
+                peers = [(p, c) for p, c in peers if c is not None]
+                if kc is None or not peers:
+                    continue
+                best = min(c for _, c in peers)
+                shown = ", ".join(f"{p} {c:.3f}" for p, c in peers)
+                target(f"cpu_{op}_vs_peers", f"{op.upper()} server CPU s/GB, kvrelay / lowest peer "
+                       f"(kvrelay {kc:.3f}; {shown})", size, kc / best if best > 0 else None, "< 1.0", kc < best)
+    r = ratio("get", "16K", "memcached", fn=rps, conns=64)
+    target("get16k_c64_vs_memcached", "kvrelay GET / memcached GET, 64 conns (req/s)", "16K", r, ">= 1.0",
+           r is not None and r >= 1.0)
+    w("")
+    w(f"{met} met, {missed} missed.\n")
+    put_kv("targets_met", met)
+    put_kv("targets_missed", missed)
+
+    errs = [(k, errors(r)) for k, r in med.items() if errors(r)]
+    if errs:
+        w("## Errors\n")
+        for k, n in sorted(errs):
+            r = med[k]
+            w(f"- {k[0]} {k[1]} {k[2]} x{k[3]}: {n} errors: {json.dumps(r.get('error_samples', {}))}")
+        w("")
+
+    w("## Versions and machine\n")
+    w("```")
+    w(open(a.versions).read().rstrip())
+    w("```\n")
+    w("## Command lines\n")
+    def short(c):  # paths relative to the repository; the run's scratch directory as $WORK
+        return c.replace(a.work, "$WORK").replace(a.root + "/", "")
+
+    w("The stores, as started (block size: command line; ports are ephemeral):\n")
+    w("```")
+    w(short(open(a.stores).read().rstrip()))
+    w("```\n")
+    w("The client runs, in order (warm and fill runs are not figures):\n")
+    w("```")
+    for r in rows:
+        c = r.get("command", "")
+        if c:
+            w(f"[{r['op']}] {short(c)}")
+    w("```")
+    open(a.md, "w").write("\n".join(out) + "\n")
+    print("\n".join(kv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
