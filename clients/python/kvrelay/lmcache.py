@@ -8,12 +8,13 @@ kvrelay for LMCache, both modes.
                       "class_name": "KvrelayL2Adapter",
                       "adapter_params": {"url": "http://127.0.0.1:9130", "num_workers": 8}}'
 
-   The contract followed (LMCache, dev branch as of 2026, files
-   ``lmcache/v1/distributed/l2_adapters/native_plugin_l2_adapter.py`` — the factory that calls
-   ``connector_cls(**adapter_params)`` and checks the method names —,
-   ``lmcache/v1/distributed/l2_adapters/native_connector_l2_adapter.py`` — the bridge that
-   calls them — and ``csrc/storage_backends/connector_interface.h`` /
-   ``connector_pybind_utils.h`` — the semantics of the native clients):
+   The contract followed (LMCache's GitHub dev branch, 2026 — the files at the commits read:
+   ``lmcache/v1/distributed/l2_adapters/native_plugin_l2_adapter.py`` @68c638a6, the factory
+   that calls ``connector_cls(**adapter_params)`` and checks the method names;
+   ``lmcache/v1/distributed/l2_adapters/native_connector_l2_adapter.py`` @0b43a455, the bridge
+   that calls them; ``csrc/storage_backends/connector_interface.h`` @8a72c30f,
+   ``connector_base.h`` @0b8d0c02 and ``connector_pybind_utils.h`` @a4ef094e, the semantics
+   of the native clients):
 
      event_fd() -> int                      one eventfd, readable when completions wait
      submit_batch_get(keys, memoryviews)    -> future id; fills each view with its key's value
@@ -40,10 +41,12 @@ kvrelay for LMCache, both modes.
    a batch past it completes at once with ok=False.
 
 2. In-process mode: ``KvrelayRemoteConnector``, loaded by URL scheme through
-   ``remote_storage_plugins`` (LMCache ``lmcache/v1/storage_backend/connector/__init__.py``,
-   ``ConnectorManager._remote_adapters_plugin_launcher``, which instantiates the named
-   ``ConnectorAdapter`` class with no arguments and picks it when ``can_parse(remote_url)``;
-   the connector follows ``base_connector.py``'s ``RemoteConnector``). Configuration::
+   ``remote_storage_plugins`` (LMCache ``lmcache/v1/storage_backend/connector/__init__.py``
+   @0109660c, ``ConnectorManager._remote_adapters_plugin_launcher``, which instantiates the
+   named ``ConnectorAdapter`` class with no arguments and picks it when
+   ``can_parse(remote_url)``; the connector follows ``base_connector.py`` @01712fbd's
+   ``RemoteConnector``, the value layout ``lmcache/v1/protocol.py``'s ``RemoteMetadata``).
+   Configuration::
 
        remote_url: "kvrelay://127.0.0.1:9130"          # or kvrelay://h1:9130,h2:9130?replication=2
        remote_serde: "naive"

@@ -6,10 +6,10 @@ kvrelay as SGLang HiCache's L3 storage backend, loaded dynamically::
         "module_path": "kvrelay.sglang", "class_name": "KvrelayHiCacheStorage",
         "interface_v1": 1, "url": "http://127.0.0.1:9130"}'
 
-The contract followed (SGLang main as of 2026): ``python/sglang/srt/mem_cache/storage/
-backend_factory.py`` (``_create_dynamic_backend`` constructs ``cls(storage_config, kwargs)``
-and requires a ``HiCacheStorage`` subclass), ``python/sglang/srt/managers/cache_controller.py``
-(``attach_storage_backend`` calls ``register_mem_pool_host(host_pool)``; with
+The contract followed (SGLang's GitHub main branch, 2026, at commit 001067ff):
+``python/sglang/srt/mem_cache/storage/backend_factory.py`` (``_create_dynamic_backend``
+constructs ``cls(storage_config, kwargs)`` and requires a ``HiCacheStorage`` subclass),
+``python/sglang/srt/managers/cache_controller.py`` (``attach_storage_backend`` calls ``register_mem_pool_host(host_pool)``; with
 ``interface_v1`` set it drives ``batch_get_v1`` / ``batch_set_v1`` in batches of up to
 ``STORAGE_BATCH_SIZE`` = 128 pages, indexing the result list — a ``None`` return kills the
 prefetch thread for good), and ``python/sglang/srt/mem_cache/hicache_storage.py`` (the base
