@@ -41,11 +41,10 @@ class ProtocolError(Exception):
 
 
 class Response:
-    __slots__ = ("status", "headers", "length", "will_close")
+    __slots__ = ("status", "length", "will_close")
 
-    def __init__(self, status: int, headers: dict, length: int, will_close: bool):
+    def __init__(self, status: int, length: int, will_close: bool):
         self.status = status
-        self.headers = headers
         self.length = length
         self.will_close = will_close
 
@@ -175,37 +174,42 @@ class Connection:
             raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
         lines = bytes(self._buf[self._pos:end]).split(b"\r\n")
         self._pos = end + 4
-        for line in lines:
-            if len(line) + 2 > MAX_LINE:
-                raise ProtocolError(f"response line over {MAX_LINE} bytes")
+        if max(map(len, lines)) + 2 > MAX_LINE:
+            raise ProtocolError(f"response line over {MAX_LINE} bytes")
         if len(lines) - 1 > MAX_HEADERS:
             raise ProtocolError(f"more than {MAX_HEADERS} header lines")
-        parts = lines[0].split(None, 2)
+        first = lines[0]
+        parts = first.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-            raise ProtocolError(f"bad status line {lines[0][:60]!r}")
+            raise ProtocolError(f"bad status line {first[:60]!r}")
         status = int(parts[1])
-        version = parts[0]
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise ProtocolError(f"bad header line {line[:60]!r}")
-            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
         if 100 <= status < 200:
             raise ProtocolError(f"unexpected interim response {status}")
-        conn_hdr = headers.get("connection", "").lower()
-        will_close = "close" in conn_hdr or (version == b"HTTP/1.0" and "keep-alive" not in conn_hdr)
-        if "transfer-encoding" in headers:
-            raise ProtocolError("Transfer-Encoding responses are not accepted")
-        if "content-length" in headers:
-            length = _parse_length(headers["content-length"], self.max_body)
+        # Only three headers matter here; the others are checked for shape and skipped
+        # (pipelined existence checks parse thousands of heads: no dict per head).
+        length_value = None
+        connection = b""
+        for line in lines[1:]:
+            i = line.find(b":")
+            if i <= 0:
+                raise ProtocolError(f"bad header line {line[:60]!r}")
+            c0 = line[0] | 0x20
+            if c0 == 0x63:  # c...
+                name = line[:i].strip().lower()
+                if name == b"content-length":
+                    length_value = line[i + 1:]
+                elif name == b"connection":
+                    connection = line[i + 1:].lower()
+            elif c0 == 0x74 and line[:i].strip().lower() == b"transfer-encoding":
+                raise ProtocolError("Transfer-Encoding responses are not accepted")
+        will_close = b"close" in connection or (parts[0] == b"HTTP/1.0" and b"keep-alive" not in connection)
+        if length_value is not None:
+            length = _parse_length(length_value.decode("latin-1"), self.max_body)
         elif head_request or status in (204, 304):
             length = 0
         else:
             raise ProtocolError("response without Content-Length")
-        if head_request:
-            return Response(status, headers, 0, will_close)
-        return Response(status, headers, length, will_close)
+        return Response(status, 0 if head_request else length, will_close)
 
     def _recv_into(self, mv: memoryview) -> None:
         """Fills mv completely from the socket (bounded: each call receives at least one

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -103,6 +104,24 @@ def addr_to_url(addr: str) -> str:
     elif a.isdigit():
         a = f"127.0.0.1:{a}"
     return a if "://" in a else "http://" + a
+
+
+_SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+_QUOTE_TABLE = {c: f"%{c:02X}" for c in range(128) if chr(c) not in _SAFE}
+
+
+@functools.lru_cache(maxsize=16384)  # bound: 16,384 recent keys (a few MiB)
+def _quote_str(s: str) -> str:
+    if s.isascii():
+        return s.translate(_QUOTE_TABLE)
+    return urllib.parse.quote(s, safe="")
+
+
+def quote_key(key) -> str:
+    """urllib.parse.quote(str(key), safe="") — the reference driver's encoding. Engines ask
+    for the same keys again and again (every lookup re-checks a prompt's prefix), so the
+    encodings of recent keys are remembered."""
+    return _quote_str(str(key))
 
 
 def byte_view(value) -> memoryview:
@@ -232,7 +251,7 @@ class Client:
         return self._pool.opened
 
     def path(self, key) -> str:
-        return self.base_path + "/kv/" + urllib.parse.quote(str(key), safe="")
+        return self.base_path + "/kv/" + quote_key(key)
 
     def _head(self, method: str, path: str, length: Optional[int] = None, extra: str = "") -> bytes:
         h = f"{method} {path} HTTP/1.1\r\n{self._fixed_headers}{extra}"

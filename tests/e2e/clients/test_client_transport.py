@@ -131,3 +131,18 @@ def test_parser_accepts_at_the_limits():
             assert c.get("k") == b"hello" and c.errors == 0
     finally:
         srv.close()
+
+
+def test_quote_key_is_the_reference_encoding():
+    """The fast path encoder equals urllib.parse.quote(str(key), safe="") on random keys."""
+    import random
+    import urllib.parse
+
+    from kvrelay.client import quote_key
+
+    rng = random.Random(12)
+    alphabet = "abcXYZ019_.-~/@ +%=?&#\u00e9\u20ac\x01\x7f"
+    for _ in range(5000):
+        k = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert quote_key(k) == urllib.parse.quote(k, safe=""), k
+    assert quote_key(12345) == "12345"
