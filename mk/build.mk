@@ -55,6 +55,9 @@ BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 # The load generator users run against a live server (issue 6): tools/kvrelay-bench/*.c.
 KVBENCH_SRCS := $(wildcard tools/kvrelay-bench/*.c)
 KVBENCH      = $(if $(KVBENCH_SRCS),$(BUILD)/kvrelay-bench)
+# The null server (bench/null_server.c, issue 10) is a tool of scripts/bench-dataplane.sh and of
+# the e2e tests, not a benchmark that prints figures: `all` builds it, `make bench` does not run it.
+NULLSRV      = $(if $(wildcard bench/null_server.c),$(BUILD)/bench/null_server)
 
 .DEFAULT_GOAL := all
 
@@ -66,7 +69,7 @@ include mk/wire.mk
 
 .PHONY: all run test test-unit test-mp test-e2e bench fuzz fuzz-run format clean
 
-all: $(LIB) $(PROGS) $(KVBENCH)
+all: $(LIB) $(PROGS) $(KVBENCH) $(NULLSRV)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -122,7 +125,7 @@ test: all $(UNIT_BIN) $(MP_BIN)
 	@$(MAKE) --no-print-directory test-e2e
 
 bench: all $(BENCHES)
-	@for b in $(BENCHES); do $$b || exit 1; done
+	@for b in $(filter-out $(NULLSRV),$(BENCHES)); do $$b || exit 1; done
 
 FUZZ_SRCS := $(wildcard tests/fuzz/*.c)
 FUZZERS    = $(patsubst tests/fuzz/%.c,build-fuzz/%,$(FUZZ_SRCS))

@@ -3,7 +3,7 @@
 # Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
 # on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
 #
-#   scripts/bench-dataplane.sh [--quick] [--out DIR] [--memory SIZE] [--sizes "256K 2M 32M 80M"]
+#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE] [--sizes "256K 2M 32M 80M"]
 #
 # For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB) and every store, one store at a time,
 # started fresh (so one store's memory never weighs on another's run):
@@ -25,6 +25,11 @@
 # because Redis counts its clients' query and reply buffers — 16 x 80 MiB and more — as used
 # memory and would evict the GET set; maxmemory M from the fill on), the null server (2 worker
 # processes with SO_REUSEPORT, epoll; GET bodies of the run's size).
+# --profile: after the figures of kvrelay, memcached and the null server at each size, one more
+# GET and one more PUT run (2 s each, not figures) under `strace -c -f` attached to every process
+# of the server (system calls per request), and another under `perf record` (where the server's
+# CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
+# DIR/<date>-dataplane-profiles/. Adds about a minute per size.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
 # by GB/s, about 12 minutes. Output: DIR/<date>-dataplane.md (every figure, the targets, the
 # commands, versions) and name=value lines on stdout.
@@ -33,12 +38,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 QUICK=0
+PROFILE=0
 OUT=bench/results
 MEM=2G
 SIZES="256K 2M 32M 80M"
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
+    --profile) PROFILE=1 ;;
     --out) OUT=$2; shift ;;
     --memory) MEM=$2; shift ;;
     --sizes) SIZES=$2; shift ;;
@@ -121,10 +128,10 @@ start_store() { # system size
     PORT=$(free_port)
     case $sys in
     null)
-        cmd=("$NULL" --bind 127.0.0.1:$PORT --workers 2 --get-size "$size")
+        cmd=("$NULL" --bind "127.0.0.1:$PORT" --workers 2 --get-size "$size")
         PROTO=http ;;
     kvrelay)
-        cmd=("$ROOT/build/kvrelay-supervisor" --http-bind 127.0.0.1:$PORT --grpc-bind off --memory "$MEM"
+        cmd=("$ROOT/build/kvrelay-supervisor" --http-bind "127.0.0.1:$PORT" --grpc-bind off --memory "$MEM"
              --shutdown-grace 2s --log-level warn)
         PROTO=http ;;
     memcached)
@@ -133,7 +140,7 @@ start_store() { # system size
         cmd=(memcached $u -l 127.0.0.1 -p $PORT -U 0 -m $MEMMB -I 128m -t 2 -c 4096)
         PROTO=memcache ;;
     redis)
-        cmd=(redis-server --port $PORT --bind 127.0.0.1 --save "" --appendonly no --protected-mode no
+        cmd=(redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --protected-mode no
              --maxmemory 0 --maxmemory-policy allkeys-lru --logfile "$WORK/redis.log")
         PROTO=resp ;;
     esac
@@ -170,6 +177,58 @@ print(json.dumps(r))
 EOF
 }
 
+# ---------------------------------------------------------------- profiles (--profile)
+PDIR=$WORK/profiles
+mkdir -p "$PDIR"
+tree_pids() { # the server and every process under it, comma-separated
+    $PY - "$1" <<'EOF'
+import os, sys
+kids = {}
+for d in os.listdir('/proc'):
+    if d.isdigit():
+        try:
+            ppid = int(open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()[1])
+        except OSError:
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+out, todo = [], [int(sys.argv[1])]
+while todo:
+    p = todo.pop()
+    out.append(p)
+    todo.extend(kids.get(p, []))
+print(",".join(map(str, out)))
+EOF
+}
+# One run under strace -c, one under perf record; PUTs get a key prefix of their own per run
+# (a repeated key would be a dedup hit for kvrelay).
+profile() { # op sys size -- kvrelay-bench args
+    local op=$1 sys=$2 size=$3 pids base tpid tool pfx
+    shift 3
+    pids=$(tree_pids "$SPID")
+    base=$PDIR/$sys-$op-$size
+    for tool in strace perf; do
+        pfx=()
+        [ "$op" = put ] && pfx=(--key-prefix "$sys-$size-prof-$tool")
+        if [ $tool = strace ]; then
+            # shellcheck disable=SC2046,SC2086
+            strace -c -f -qq -o "$base.strace" $(printf -- '-p %s ' ${pids//,/ }) &
+            tpid=$!
+            sleep 0.5
+        else
+            perf record -q -F 499 -o "$base.perf" -p "$pids" -- sleep 2.5 >/dev/null 2>&1 &
+            tpid=$!
+            sleep 0.2
+        fi
+        "$BENCH" --protocol $PROTO --target "127.0.0.1:$PORT" --size "$size" --connections $CONNS "$@" "${pfx[@]}" \
+            --duration 2 --json "$base.$tool.json" --quiet >/dev/null 2>&1 || true
+        [ $tool = strace ] && kill -INT $tpid 2>/dev/null
+        wait $tpid 2>/dev/null || true
+    done
+    perf report -i "$base.perf" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep . | head -25 \
+        > "$base.perf.txt" || true
+    echo "$op $sys $size $base" >> "$PDIR/index.txt"
+}
+
 T0=$(date +%s)
 for size in $SIZES; do
     b=$(bytes_of "$size")
@@ -182,6 +241,9 @@ for size in $SIZES; do
         for rep in $(seq 1 $REPS); do
             bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
         done
+        if [ "$PROFILE" = 1 ] && [ "$sys" != redis ]; then
+            profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
+        fi
         [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
         bench fill "$sys" "$size" $CONNS 0 --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \
             --requests $fill --duration 120 --timeout 30
@@ -189,6 +251,9 @@ for size in $SIZES; do
             bench put "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-put-$rep" \
                 --duration $DUR --timeout 30
         done
+        if [ "$PROFILE" = 1 ] && [ "$sys" != redis ]; then
+            profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
+        fi
         [ "$sys" = redis ] && redis-cli -p "$PORT" info stats | tr -d '\r' | grep -E '^evicted_keys' \
             | sed "s/^/redis $size: /" >> "$WORK/evictions.txt"
         stop_store
@@ -215,8 +280,13 @@ VERS=$WORK/versions.txt
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load before the report: $(cut -d' ' -f1-3 /proc/loadavg)"
     cat "$WORK/evictions.txt" 2>/dev/null || true
 } > "$VERS" 2>&1
-$PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --quick "$QUICK" \
+$PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --profiles "$PDIR" --quick "$QUICK" \
     --memory "$MEM" --reps "$REPS" --duration "$DUR" --elapsed "$ELAPSED" \
     --invocation "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" \
     --md "$OUT/$STAMP-dataplane.md"
+if [ "$PROFILE" = 1 ]; then
+    mkdir -p "$OUT/$STAMP-dataplane-profiles"
+    cp "$PDIR"/*.strace "$PDIR"/*.perf.txt "$PDIR"/*.json "$OUT/$STAMP-dataplane-profiles/" 2>/dev/null || true
+    echo "profiles=$OUT/$STAMP-dataplane-profiles"
+fi
 echo "report=$OUT/$STAMP-dataplane.md"

@@ -35,11 +35,92 @@ def cpu_per_gb(r):
     return r.get("server_cpu_s", 0.0) / m if m > 0 else None
 
 
+COPY = ("copy_user", "copy_to_user", "copy_from_user", "memcpy", "memmove", "copy_page", "rep_movs",
+        "_copy_to_iter", "_copy_from_iter", "copyout", "copyin")
+FAULT = ("clear_page", "page_fault", "handle_mm_fault", "do_anonymous_page", "do_fault", "exc_page_fault",
+         "shmem_fault", "shmem_get_folio", "__handle_mm_fault")
+
+
+def strace_calls(path):
+    """{syscall: calls} from `strace -c` output."""
+    calls = {}
+    try:
+        for line in open(path):
+            f = line.split()
+            if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+                try:
+                    calls[f[-1]] = int(f[3])
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return calls
+
+
+def perf_shares(path):
+    """(copy %, page-fault %, top lines) of the server's samples from `perf report --sort dso,sym`."""
+    copy = fault = 0.0
+    top = []
+    try:
+        for line in open(path):
+            f = line.split()
+            if not f or not f[0].endswith("%"):
+                continue
+            try:
+                pct = float(f[0].rstrip("%"))
+            except ValueError:
+                continue
+            sym = " ".join(f[1:])
+            if any(c in sym for c in COPY):
+                copy += pct
+            elif any(c in sym for c in FAULT):
+                fault += pct
+            if len(top) < 12:
+                top.append(line.rstrip())
+    except OSError:
+        pass
+    return copy, fault, top
+
+
+def profiles_section(w, pdir, short):
+    index = os.path.join(pdir, "index.txt")
+    if not pdir or not os.path.exists(index):
+        return
+    w("## Profiles (--profile; not figures: strace slows the server)\n")
+    w("System calls per request: `strace -c -f` attached to every process of the server during a 2 s run "
+      "(calls / requests of that run). CPU shares: `perf record -F 499` on the server's processes during another "
+      "2 s run, self time; copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
+    w("| op | size | store | requests | syscalls / request (top) | copy % | fault % |")
+    w("|---|---|---|---:|---|---:|---:|")
+    entries = [l.split() for l in open(index) if l.strip()]
+    for op, sysname, size, base in entries:
+        try:
+            reqs = int(json.load(open(base + ".strace.json")).get("requests", 0))
+        except (OSError, ValueError):
+            reqs = 0
+        calls = strace_calls(base + ".strace")
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+        per = ", ".join(f"{n} {c / reqs:.1f}" for n, c in top) if reqs else "-"
+        copy, fault, _ = perf_shares(base + ".perf.txt")
+        w(f"| {op.upper()} | {size} | {sysname} | {reqs} | {per} | {copy:.1f} | {fault:.1f} |")
+    w("")
+    w("Where the server's CPU went (perf, top symbols by self time):\n")
+    for op, sysname, size, base in entries:
+        _, _, top = perf_shares(base + ".perf.txt")
+        if top:
+            w(f"{op.upper()} {size} {sysname}:")
+            w("```")
+            w("\n".join(top))
+            w("```")
+    w("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed", "invocation"):
         ap.add_argument("--" + a, required=True)
     ap.add_argument("--quick", default="0")
+    ap.add_argument("--profiles", default="")
     a = ap.parse_args()
 
     rows = [json.loads(l) for l in open(a.results) if l.strip()]
@@ -186,6 +267,11 @@ def main():
     put_kv("targets_met", met)
     put_kv("targets_missed", missed)
 
+    def short(c):  # paths relative to the repository; the run's scratch directory as $WORK
+        return c.replace(a.work, "$WORK").replace(a.root + "/", "")
+
+    profiles_section(w, a.profiles, short)
+
     errs = [(k, errors(r)) for k, r in med.items() if errors(r)]
     if errs:
         w("## Errors\n")
@@ -199,9 +285,6 @@ def main():
     w(open(a.versions).read().rstrip())
     w("```\n")
     w("## Command lines\n")
-    def short(c):  # paths relative to the repository; the run's scratch directory as $WORK
-        return c.replace(a.work, "$WORK").replace(a.root + "/", "")
-
     w("The stores, as started (block size: command line; ports are ephemeral):\n")
     w("```")
     w(short(open(a.stores).read().rstrip()))
