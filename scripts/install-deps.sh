@@ -4,6 +4,7 @@
 #
 #   scripts/install-deps.sh           build + tests (what `make`, `make run` and `make test` need)
 #   scripts/install-deps.sh --bench   also the peers and clients of scripts/bench-peers.sh
+#   scripts/install-deps.sh --container   also podman and mmdebstrap (tests/e2e/test_podman.py)
 #
 # Idempotent and quiet when everything is present; needs root (or sudo) otherwise.
 set -eu
@@ -17,13 +18,18 @@ libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-
 # Tests: unit framework, the e2e runner and the real clients it drives.
 TESTS="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
 protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached
-python3-venv python3-setuptools python3-wheel python3-pip"
+python3-venv python3-setuptools python3-wheel python3-pip
+python3-kubernetes python3-yaml"
 # Benchmarks: the peers and their own clients (scripts/bench-peers.sh).
 BENCH="redis-server redis-tools memcached libmemcached-tools nginx-light iperf3 wrk gnuplot-nox
 linux-perf strace"
 
+# Containers: tests/e2e/test_podman.py (the image from a minimal Debian 12 root, kube play).
+CONTAINER="podman runc catatonit mmdebstrap"
+
 PKGS="$BUILD $TESTS"
 [ "${1:-}" = "--bench" ] && PKGS="$PKGS $BENCH"
+[ "${1:-}" = "--container" ] && PKGS="$PKGS $CONTAINER"
 
 missing=""
 for p in $PKGS; do
