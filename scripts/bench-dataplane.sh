@@ -229,6 +229,23 @@ profile() { # op sys size -- kvrelay-bench args
     echo "$op $sys $size $base" >> "$PDIR/index.txt"
 }
 
+# What each store says it evicted by the end of its PUT steps (the PUT figures are of a full store).
+evictions() { # system size
+    local n=""
+    case $1 in
+    kvrelay) n=$(curl -s "http://127.0.0.1:$PORT/metrics" | sed -n 's/^kvrelay_evictions_total //p') ;;
+    memcached)
+        exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+        printf 'stats\r\nquit\r\n' >&3
+        n=$(tr -d '\r' <&3 | sed -n 's/^STAT evictions //p')
+        exec 3<&- ;;
+    redis) n=$(redis-cli -p "$PORT" info stats | tr -d '\r' | sed -n 's/^evicted_keys://p') ;;
+    *) return 0 ;;
+    esac
+    echo "evictions $1 $2: ${n:-unknown}"
+}
+
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$(date +%s)
 for size in $SIZES; do
     b=$(bytes_of "$size")
@@ -254,8 +271,7 @@ for size in $SIZES; do
         if [ "$PROFILE" = 1 ] && [ "$sys" != redis ]; then
             profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
         fi
-        [ "$sys" = redis ] && redis-cli -p "$PORT" info stats | tr -d '\r' | grep -E '^evicted_keys' \
-            | sed "s/^/redis $size: /" >> "$WORK/evictions.txt"
+        evictions "$sys" "$size" >> "$WORK/evictions.txt"
         stop_store
     done
 done
@@ -277,7 +293,7 @@ VERS=$WORK/versions.txt
 {
     echo "kvrelay $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified in the working tree)')"
     redis-server --version; memcached -V
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load before the report: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load average at the start: $LOAD0, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
     cat "$WORK/evictions.txt" 2>/dev/null || true
 } > "$VERS" 2>&1
 $PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --profiles "$PDIR" --quick "$QUICK" \
