@@ -31,7 +31,7 @@
 # CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
 # DIR/<date>-dataplane-profiles/. Adds about a minute per size.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
-# by GB/s, about 12 minutes. Output: DIR/<date>-dataplane.md (every figure, the targets, the
+# by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure, the targets, the
 # commands, versions) and name=value lines on stdout.
 set -euo pipefail
 

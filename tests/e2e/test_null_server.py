@@ -47,7 +47,8 @@ class NullServer:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        self.stop()
+        self.proc.kill()
+        self.proc.wait(timeout=10)
         self.log.seek(0)
         raise AssertionError(f"null_server did not start: {self.log.read().decode(errors='replace')}")
 
@@ -71,7 +72,12 @@ class NullServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        self.log.seek(0)
+        log = self.log.read().decode(errors="replace")
         self.log.close()
+        # a worker that died (or a sanitizer report) makes the parent exit non-zero
+        assert self.proc.returncode == 0, f"null_server exited {self.proc.returncode}:\n{log}"
+        assert "Sanitizer" not in log and "runtime error" not in log, log
 
 
 @pytest.fixture
@@ -248,8 +254,7 @@ def test_workers_and_sigterm(tmp_path):
     s = NullServer(tmp_path, "--workers", "2")
     kids = s.children()
     assert len(kids) == 2
-    s.stop()
-    assert s.proc.returncode == 0
+    s.stop()  # asserts exit status 0
     deadline = time.monotonic() + 5 * SLOW
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
         time.sleep(0.05)
