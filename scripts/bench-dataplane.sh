@@ -3,7 +3,8 @@
 # Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
 # on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
 #
-#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE] [--sizes "256K 2M 32M 80M"]
+#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE]
+#                              [--sizes "256K 2M 32M 80M"]
 #
 # For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB) and every store, one store at a time,
 # started fresh (so one store's memory never weighs on another's run):
@@ -31,8 +32,8 @@
 # CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
 # DIR/<date>-dataplane-profiles/. Adds about a minute per size.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
-# by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure, the targets, the
-# commands, versions) and name=value lines on stdout.
+# by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure,
+# the targets, the commands, versions) and name=value lines on stdout.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --memory) MEM=$2; shift ;;
     --sizes) SIZES=$2; shift ;;
-    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
