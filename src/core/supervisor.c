@@ -14,9 +14,9 @@
  *    worker would be left running, the back-off of the first to restart is cut to 100 ms
  *    (a crash loop then costs one fork per 100 ms, never the whole service).
  *  - Watchdog: every worker and the publisher advance a heartbeat in their process slot
- *    each loop iteration. One whose heartbeat has not moved for --hang-timeout is taken
- *    out of readiness at once (/readyz 503), logged, SIGKILLed, and then reaped, repaired
- *    and replaced like any other death.
+ *    each loop iteration. One whose heartbeat has not moved for half of --hang-timeout
+ *    leaves readiness at once (/readyz 503) until it moves again; at the full timeout it
+ *    is logged, SIGKILLed, and then reaped, repaired and replaced like any other death.
  *  - SIGTERM/SIGINT: mark draining (readiness fails), close our copies of the listeners,
  *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
  *    second after the grace. Exit 0.
@@ -65,6 +65,7 @@ typedef struct {
     unsigned young_deaths;
     uint64_t hb_seen;  /* heartbeat value last sampled ... */
     uint64_t hb_at_ms; /* ... and when it last moved */
+    int suspect;       /* heartbeat late: taken out of readiness, not yet killed */
     int hung;          /* the watchdog killed it */
 } child_t;
 
@@ -118,6 +119,7 @@ static int spawn(sup_t *s, child_t *c)
     c->state = CH_RUNNING;
     c->started_ms = now_ms();
     c->hung = 0;
+    c->suspect = 0;
     c->hb_seen = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
     c->hb_at_ms = c->started_ms;
     if (c->role == KVR_ROLE_PUBLISHER)
@@ -135,15 +137,27 @@ static child_t *find_child(sup_t *s, pid_t pid)
     return NULL;
 }
 
-/* Takes a child out of readiness (once: guarded by its slot's ready flag). */
-static void take_readiness(sup_t *s, child_t *c)
+/* Takes a child out of readiness (once: guarded by its slot's ready flag). 1 if it was in. */
+static int take_readiness(sup_t *s, child_t *c)
 {
-    if (atomic_exchange(&s->seg.procs[c->slot].ready, 0)) {
-        if (c->role == KVR_ROLE_PUBLISHER)
-            atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
-        else
-            atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
-    }
+    if (!atomic_exchange(&s->seg.procs[c->slot].ready, 0))
+        return 0;
+    if (c->role == KVR_ROLE_PUBLISHER)
+        atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
+    else
+        atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+    return 1;
+}
+
+/* Undoes take_readiness for a suspect whose heartbeat moved again (only this thread writes
+ * ready = 0 after start-up, so nothing races us but the child's death, which reaping sees). */
+static void give_readiness(sup_t *s, child_t *c)
+{
+    atomic_store(&s->seg.procs[c->slot].ready, 1);
+    if (c->role == KVR_ROLE_PUBLISHER)
+        atomic_store(&s->seg.hdr->ctl.publisher_running, 1);
+    else
+        atomic_fetch_add(&s->seg.hdr->ctl.workers_running, 1);
 }
 
 static const char *role_name(const child_t *c)
@@ -152,30 +166,46 @@ static const char *role_name(const child_t *c)
 }
 
 /*
- * The watchdog: a serving child whose heartbeat has not moved for --hang-timeout is hung
- * (a loop, a blocked syscall, SIGSTOP). Readiness drops at once; SIGKILL then turns the
- * hang into an ordinary death, which reap_children repairs and replaces.
+ * The watchdog, in two steps. A serving child whose heartbeat has not moved for half of
+ * --hang-timeout is suspect: it leaves readiness at once (/readyz 503, so that balancers
+ * stop sending it connections) and comes back if its heartbeat moves again (a long but
+ * finite stall). One still for the whole --hang-timeout is hung (a loop, a blocked
+ * syscall, SIGSTOP): logged and SIGKILLed, which turns the hang into an ordinary death that
+ * reap_children repairs and replaces.
  */
 static void watchdog(sup_t *s, uint64_t t)
 {
+    uint64_t limit = s->cfg->hang_timeout_ms;
+
     for (int i = 0; i < s->nch && !s->draining; i++) {
         child_t *c = &s->ch[i];
-        uint64_t hb;
+        uint64_t hb, still;
         if (c->state != CH_RUNNING || c->hung)
             continue;
         hb = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
-        if (hb != c->hb_seen || !atomic_load(&s->seg.procs[c->slot].ready)) {
-            c->hb_seen = hb; /* moving, or still starting up: not judged yet */
+        if (hb != c->hb_seen || (!c->suspect && !atomic_load(&s->seg.procs[c->slot].ready))) {
+            c->hb_seen = hb; /* moving, or still starting up: not judged */
             c->hb_at_ms = t;
+            if (c->suspect) {
+                c->suspect = 0;
+                give_readiness(s, c);
+                kvr_warn("%s %d (pid %d): heartbeat moves again; ready", role_name(c), c->index, (int)c->pid);
+            }
             continue;
         }
-        if (t - c->hb_at_ms < s->cfg->hang_timeout_ms)
+        still = t - c->hb_at_ms;
+        if (!c->suspect && still >= limit / 2 && take_readiness(s, c)) {
+            c->suspect = 1;
+            kvr_warn("%s %d (pid %d): no heartbeat for %llu ms; out of readiness", role_name(c), c->index, (int)c->pid,
+                     (unsigned long long)still);
+        }
+        if (still < limit)
             continue;
         c->hung = 1;
         take_readiness(s, c);
         atomic_fetch_add(&s->seg.hdr->ctl.hangs_killed, 1);
         kvr_warn("%s %d (pid %d) hung: no heartbeat for %llu ms; killing it", role_name(c), c->index, (int)c->pid,
-                 (unsigned long long)(t - c->hb_at_ms));
+                 (unsigned long long)still);
         kill(c->pid, SIGKILL);
     }
 }
@@ -469,8 +499,8 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         if (!s->draining)
             wait_ms = respawn_due(s, t);
         watchdog(s, t);
-        if (wait_ms > s->cfg->hang_timeout_ms / 4)
-            wait_ms = s->cfg->hang_timeout_ms / 4; /* sample heartbeats often enough */
+        if (wait_ms > 250)
+            wait_ms = 250; /* sample heartbeats often enough (--hang-timeout >= 500 ms) */
         if (s->draining) {
             if (!any_running(s))
                 break;

@@ -1,0 +1,214 @@
+"""
+Supervision (docs/architecture.md, "Supervision"): the watchdog finds a worker that stopped
+advancing its heartbeat (here: SIGSTOP), takes /readyz down at once, kills and replaces it;
+a storm of SIGKILLs never leaves the server without a serving worker, because a worker
+killed from outside is replaced at once; and every process says what it is in ps.
+"""
+
+import http.client
+import os
+import random
+import resource
+import signal
+import threading
+import time
+
+from conftest import SLOW
+from test_faults import Load
+
+HANG_S = 2.0
+STORM_S = float(os.environ.get("KVRELAY_KILL_STORM_SECONDS", "30"))
+
+
+def _probe(srv, path, timeout):
+    """One request on a fresh connection: the status, or 0 when nothing came back in time."""
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        return r.status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        c.close()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
+    # The timeout comes through its environment twin, KVRELAY_HANG_TIMEOUT.
+    srv = kvrelay("--memory", "64M", "--workers", "2", env={"KVRELAY_HANG_TIMEOUT": f"{HANG_S:g}s"})
+    srv.kills_expected = True
+    workers = srv.worker_pids()
+    assert len(workers) == 2, workers
+    victim = workers[0]
+    # keep-alive connections, some of them served by the survivor; a short timeout finds out
+    # which are the stopped worker's
+    conns = []
+    for _ in range(8):
+        c = srv.connection(timeout=0.3)
+        if srv.request("GET", "/healthz", conn=c).status == 200:
+            conns.append(c)
+    os.kill(victim, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        first_503 = None
+        seen = {}
+        deadline = t0 + (HANG_S + 1.0) * SLOW + 2.0
+        while first_503 is None and time.monotonic() < deadline and conns:
+            for c in list(conns):
+                r = srv.request("GET", "/readyz", conn=c)
+                seen[r.status] = seen.get(r.status, 0) + 1
+                if r.status == 0:
+                    conns.remove(c)  # the stopped worker's: it never answers
+                elif r.status == 503:
+                    first_503 = time.monotonic() - t0
+                    break
+        print("readyz statuses", seen, "conns left", len(conns))
+        assert first_503 is not None, (
+            f"/readyz never said 503 with worker {victim} stopped (hang timeout {HANG_S}s); "
+            f"log:\n{srv.log_tail(30)}")
+        assert first_503 <= (HANG_S + 1.0) * SLOW, f"/readyz said 503 only after {first_503:.2f}s"
+
+        # the supervisor killed the stopped worker and started another in its place
+        pids = srv.wait_workers(2, exclude=[victim], limit=10)
+        assert not _alive(victim), f"stopped worker {victim} is still there"
+        assert "hung" in srv.log_text(), srv.log_tail(30)
+        # new connections are answered again, whichever socket they land on
+        statuses = [_probe(srv, "/healthz", 2.0 * SLOW) for _ in range(20)]
+        assert statuses == [200] * 20, f"new connections after the replacement: {statuses}"
+        assert srv.wait_ready(10 * SLOW), "/readyz did not return to 200"
+        print(f"503 after {first_503:.2f}s; workers now {pids}")
+    finally:
+        for c in conns:
+            c.close()
+        if _alive(victim):
+            os.kill(victim, signal.SIGCONT)
+
+
+def test_kill_storm_keeps_one_worker_serving(kvrelay):
+    """A SIGKILL to a random worker every second (4 workers), with PUT/GET load: a probe on a
+    fresh connection every 100 ms finds a worker that answers at least 95 % of the time, and
+    every acknowledged block is there afterwards."""
+    srv = kvrelay("--memory", "1G", "--workers", "4")
+    srv.kills_expected = True
+    assert len(srv.worker_pids()) == 4
+    stop = threading.Event()
+    ticks = {"ok": 0, "down": 0}
+    kills = []
+
+    def prober():
+        while not stop.is_set():
+            t = time.monotonic()
+            # up to 4 fresh connections (SO_REUSEPORT spreads them over the workers' sockets)
+            served = any(_probe(srv, "/healthz", 0.25 * SLOW) == 200 for _ in range(4))
+            ticks["ok" if served else "down"] += 1
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+
+    load = Load(srv, threads=2, duration=STORM_S + 1, max_bytes_per_thread=120 * (1 << 20)).start()
+    pt = threading.Thread(target=prober, daemon=True)
+    pt.start()
+    rng = random.Random(11)
+    end = time.monotonic() + STORM_S
+    try:
+        while time.monotonic() < end:
+            pids = srv.worker_pids()
+            if pids:
+                victim = rng.choice(pids)
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    kills.append(victim)
+                except ProcessLookupError:
+                    pass
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        pt.join(10)
+    load.join()
+    total = ticks["ok"] + ticks["down"]
+    share = ticks["ok"] / total if total else 0.0
+    print(f"kill storm: {len(kills)} kills in {STORM_S:.0f}s, probes {ticks}, served {share:.1%}")
+    assert len(kills) >= STORM_S - 2, kills
+    assert total >= STORM_S * 5, f"too few probes: {ticks}"
+    assert share >= 0.95, f"a worker served only {share:.1%} of the probes during the storm: {ticks}"
+
+    srv.wait_workers(4, limit=15)
+    assert srv.wait_ready(15 * SLOW), "/readyz did not return to 200 after the storm"
+    assert not load.violations, load.violations[:10]
+    assert len(load.acked) > 20, load.counts
+    for key, data in load.acked.items():
+        r = srv.get(key, timeout=30)
+        assert r.status == 200, f"acknowledged block {key} lost in the storm: {r!r}"
+        assert r.body == data, f"acknowledged block {key} damaged in the storm"
+    srv.assert_consistent()
+
+
+def _replace_repeatedly(srv, nworkers, sig, rounds):
+    """Sends sig to the same worker slot `rounds` times, each time to the replacement of the
+    one before (so every death is young); returns the seconds each replacement took."""
+    victim = srv.worker_pids()[0]
+    took = []
+    for _ in range(rounds):
+        before = set(srv.worker_pids())
+        os.kill(victim, sig)
+        t0 = time.monotonic()
+        deadline = t0 + 15 * SLOW
+        new = set()
+        while time.monotonic() < deadline:
+            now = set(srv.worker_pids())
+            new = now - before
+            if new and len(now) == nworkers and victim not in now:
+                break
+            time.sleep(0.01)
+        assert new, f"worker {victim} was not replaced within 15 s"
+        took.append(round(time.monotonic() - t0, 3))
+        victim = new.pop()
+    return took
+
+
+def test_outside_kills_are_replaced_at_once(kvrelay):
+    """SIGKILL from outside is not the worker's fault: eight young deaths in a row of the same
+    slot are each replaced at once (the old policy backed off 100 ms doubling to 10 s)."""
+    srv = kvrelay("--memory", "64M", "--workers", "2")
+    srv.kills_expected = True
+    took = _replace_repeatedly(srv, 2, signal.SIGKILL, 8)
+    assert max(took) <= 1.0 * SLOW, f"replacement delays after SIGKILLs: {took}"
+    assert srv.wait_ready(10 * SLOW)
+
+
+def test_crash_loop_of_the_only_worker_never_leaves_it_down(kvrelay):
+    """A worker that keeps crashing (SIGSEGV) young is backed off, but when it is the only one
+    the back-off is cut to 100 ms: the server is never left without a worker for long."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # no core files from the crashes
+    try:
+        srv = kvrelay("--memory", "64M", "--workers", "1")
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+    srv.kills_expected = True
+    took = _replace_repeatedly(srv, 1, signal.SIGSEGV, 8)
+    assert max(took) <= 1.0 * SLOW, f"replacement delays of the only worker after crashes: {took}"
+    assert "restarts without its back-off" in srv.log_text(), srv.log_tail(20)
+    assert srv.wait_ready(10 * SLOW)
+
+
+def test_process_titles(kvrelay):
+    srv = kvrelay("--memory", "64M", "--workers", "2")
+
+    def title(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")[0].decode()
+        with open(f"/proc/{pid}/comm") as f:
+            return cmd, f.read().strip()
+
+    assert title(srv.pid) == ("kvrelay: supervisor", "kvr supervisor")
+    kids = sorted(title(p) for p in srv.children())
+    assert kids == [("kvrelay: publisher", "kvr publisher"), ("kvrelay: worker 0", "kvr worker 0"),
+                    ("kvrelay: worker 1", "kvr worker 1")], kids
