@@ -88,8 +88,8 @@ def profiles_section(w, pdir, short):
         return
     w("## Profiles (--profile; not figures: strace slows the server)\n")
     w("System calls per request: `strace -c -f` attached to every process of the server during a 2 s run "
-      "(calls / requests of that run). CPU shares: `perf record -F 499` on the server's processes during another "
-      "2 s run, self time; copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
+      "(calls / requests of that run; operations submitted through io_uring show only as io_uring_enter). "
+      "CPU shares: `perf record -F 499` on the server's processes during another 2 s run, self time; copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
     w("| op | size | store | requests | syscalls / request (top) | copy % | fault % |")
     w("|---|---|---|---:|---|---:|---:|")
     entries = [l.split() for l in open(index) if l.strip()]
@@ -117,7 +117,8 @@ def profiles_section(w, pdir, short):
 
 def main():
     ap = argparse.ArgumentParser()
-    for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed", "invocation"):
+    for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed",
+              "invocation"):
         ap.add_argument("--" + a, required=True)
     ap.add_argument("--quick", default="0")
     ap.add_argument("--profiles", default="")
