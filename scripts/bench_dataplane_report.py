@@ -89,7 +89,8 @@ def profiles_section(w, pdir, short):
     w("## Profiles (--profile; not figures: strace slows the server)\n")
     w("System calls per request: `strace -c -f` attached to every process of the server during a 2 s run "
       "(calls / requests of that run; operations submitted through io_uring show only as io_uring_enter). "
-      "CPU shares: `perf record -F 499` on the server's processes during another 2 s run, self time; copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
+      "CPU shares: `perf record -F 499` on the server's processes during another 2 s run, self time; "
+      "copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
     w("| op | size | store | requests | syscalls / request (top) | copy % | fault % |")
     w("|---|---|---|---:|---|---:|---:|")
     entries = [l.split() for l in open(index) if l.strip()]
