@@ -1,5 +1,5 @@
 /*
- * ckf.c — Cuckoo filter addressing, mutation and dirty tracking (spec/dynamo-relay.md §4).
+ * ckf.c — Cuckoo filter addressing, mutation and dirty tracking (docs/relay-contract.md, "The filter").
  *
  * Hot paths: prepare() and alt() are one XXH3 call each on 8 and 2 bytes (XXH_INLINE_ALL
  * lets the compiler specialise the short-input paths); a bucket test is one SWAR

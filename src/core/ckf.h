@@ -1,5 +1,5 @@
 /*
- * ckf.h — the Cuckoo filter kvrelay publishes (spec/dynamo-relay.md §4.2-§4.5).
+ * ckf.h — the Cuckoo filter kvrelay publishes (docs/relay-contract.md, "The filter").
  *
  * Layout: the filter is a dense array of bucket_count u64 words (power of two in
  * 2..2^24); each word holds four 16-bit fingerprint slots, slot s = (word >> 16s) & 0xFFFF,

@@ -41,7 +41,7 @@ typedef struct {
     char segment_path[KVR_CFG_STR_MAX]; /* warm restart: the segment lives in this file */
     int segment_reset;                  /* discard an existing segment file */
     char log_format[16];                /* text | json */
-    /* relay (spec/dynamo-relay.md, "kvrelay's profile") */
+    /* relay (docs/relay-contract.md) */
     char model[KVR_CFG_STR_MAX];
     uint64_t kv_block_size;
     char hash_format[16];

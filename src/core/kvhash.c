@@ -1,5 +1,5 @@
 /*
- * kvhash.c — canonical KV block and sequence hashes (spec/dynamo-relay.md §4.1).
+ * kvhash.c — canonical KV block and sequence hashes (docs/relay-contract.md; vectors in tests/data/kvhash/).
  *
  * Each window's bytes (LE u32 tokens, then the block's multimodal hashes as sorted LE u64)
  * are laid out in one buffer and hashed with one XXH3 call: a stack buffer covers windows

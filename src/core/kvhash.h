@@ -1,5 +1,5 @@
 /*
- * kvhash.h — Dynamo's canonical KV block hashing (spec/dynamo-relay.md §4.1).
+ * kvhash.h — Dynamo's canonical KV block hashing (docs/relay-contract.md; vectors in tests/data/kvhash/).
  *
  * A router turns request tokens into block hashes, chains them into sequence hashes and
  * probes each pool's Cuckoo filter with the sequence hashes; the producer chains the

@@ -1,5 +1,5 @@
 /*
- * owners.h — owner counting for the Cuckoo filter (spec/dynamo-relay.md §4.5 "Multiplicity
+ * owners.h — owner counting for the Cuckoo filter (docs/relay-contract.md, "The filter"; "Multiplicity
  * and ownership"; the kvrelay profile's "Owner counting").
  *
  * The filter holds one fingerprint copy per canonical hash that has at least one owner (a

@@ -1,5 +1,5 @@
 /*
- * publisher.c — the relay's single writer (spec/dynamo-relay.md §1.5-§1.7, §4.5).
+ * publisher.c — the relay's single writer (docs/architecture.md, "A publication, step by step").
  *
  * One process, forked and supervised like the workers. It:
  *  1. drains the store's change log (insert/remove of a canonical hash, with the entry and

@@ -1,7 +1,7 @@
 /*
  * store.h — the block store: the operations the HTTP layer calls, over the shared segment.
  *
- * Semantics (spec/kvcache-http.md §1, §3):
+ * Semantics (docs/http-contract.md):
  *  - put: a new key is stored with ref-count 1 ("created"); the same key with the same
  *    length is a dedup hit (ref-count + 1, bytes untouched); the same key with another
  *    length is a conflict (nothing changes); when even eviction cannot make room the answer
@@ -166,7 +166,7 @@ int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out);
 enum { KVR_FAULT_COMMIT_LINKED = 1, KVR_FAULT_REMOVE_UNLINKED = 2, KVR_FAULT_EVICTING = 3, KVR_FAULT_PINNED = 4 };
 extern void (*kvr_store_fault_hook)(int point);
 
-/* Canonical hash of a key when the PUT carries none (DESIGN.md, "Keys and the canonical hash"). */
+/* Canonical hash of a key when the PUT carries none (docs/http-contract.md, "Operations"). */
 uint64_t kvr_store_default_canon(const void *key, size_t klen);
 
 #endif

@@ -3,7 +3,7 @@
  * libnghttp2, with socket I/O on the worker's io_uring (io/uring.h), joined to the h2o
  * event loop through the ring's completion eventfd and the worker's wake-up eventfd.
  *
- * Each worker owns one SO_REUSEPORT listener. Streams (spec/dynamo-relay.md §2):
+ * Each worker owns one SO_REUSEPORT listener. Streams (docs/relay-contract.md):
  *   GetRelayInfo               unary
  *   WatchKvPoolCatalog         the one pool, at once and on every revision change
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the

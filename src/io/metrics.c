@@ -65,7 +65,7 @@ static void scalar(out_t *o, const char *name, const char *type, const char *hel
 static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "readiness", "load", "serving_load"};
 
 /*
- * The relay's families, under the names of spec/dynamo-relay.md §5.1, plus our own. The
+ * The relay's families, under the Dynamo relay's own names (docs/relay-contract.md), plus ours. The
  * reference's gauges whose names end in _count are declared untyped: promtool refuses a
  * typed gauge with that suffix, and untyped samples are scraped and queried alike, so
  * existing dashboards and alerts keep working.

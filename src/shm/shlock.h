@@ -6,7 +6,7 @@
  * kvr_shlock_lock returns KVR_SHLOCK_RECOVERED with the dead holder's slot (or -1 when it
  * died before recording itself) and the caller must repair the protected state and call
  * kvr_shlock_consistent before unlocking. Unlocking without that makes the mutex
- * permanently ENOTRECOVERABLE (DESIGN.md, "Shared memory").
+ * permanently ENOTRECOVERABLE (docs/concurrency.md).
  *
  * Lock order (the one place it is written down): there is one store lock
  * (kvr_store_sh_t.lock) guarding the index, arena, pin tables and change-log producer side.

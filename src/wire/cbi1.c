@@ -1,5 +1,5 @@
 /*
- * cbi1.c — CBI1 encoder, decoder and snapshot assembly (spec/dynamo-relay.md §3).
+ * cbi1.c — CBI1 encoder, decoder and snapshot assembly (docs/relay-contract.md).
  *
  * The layout table is in cbi1.h. Bodies are checksummed with XXH3-64 (seed 0), low 32
  * bits stored at header offset 44; the decoder verifies it before any format field (§3.6

@@ -1,6 +1,6 @@
 /*
  * cbi1.h — "Cuckoo Bucket Images v1", the FilterUpdate.payload codec
- * (spec/dynamo-relay.md §3).
+ * (docs/relay-contract.md).
  *
  * Frame = 48-byte header + body, all integers little-endian:
  *

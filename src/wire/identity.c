@@ -1,5 +1,5 @@
 /*
- * identity.c — BLAKE3 identity digests (spec/dynamo-relay.md §2.9).
+ * identity.c — BLAKE3 identity digests (docs/relay-contract.md, "Identity").
  *
  * Material is streamed into one BLAKE3 hasher, never built in a buffer: each framed
  * string is u32le(len) then its bytes, each integer goes through the LE helpers. Explicit

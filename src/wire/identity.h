@@ -1,5 +1,5 @@
 /*
- * identity.h — Dynamo pool identity derivation (spec/dynamo-relay.md §1.3, §2.9).
+ * identity.h — Dynamo pool identity derivation (docs/relay-contract.md, "Identity").
  *
  * PoolId = (identity_version 1, IndexerDomainId, DcId). The two 16-byte digests of the
  * IndexerDomainId and the u64 DcId are BLAKE3 over length-framed material:

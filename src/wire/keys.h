@@ -3,7 +3,7 @@
  *
  * Keys: the path segment after /kv/ is percent-decoded (clients send quote(key, safe='')).
  * '+' stays '+' (a path, not a form). A '%' not followed by two hex digits is an error.
- * The decoded key must be 1..1024 bytes with no NUL (spec/kvcache-http.md §3).
+ * The decoded key must be 1..1024 bytes with no NUL (docs/http-contract.md, "Keys").
  *
  * X-KV-Sequence-Hash: a u64 in decimal or 0x-prefixed hex, nothing else (no sign, no
  * spaces inside, no overflow).

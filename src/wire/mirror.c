@@ -1,5 +1,5 @@
 /*
- * mirror.c — consumer CKF replica fed by FilterUpdate frames (spec/dynamo-relay.md §6.1).
+ * mirror.c — consumer CKF replica fed by FilterUpdate frames (docs/relay-contract.md).
  *
  * Every frame is checked completely before anything is written: envelope identity, then
  * kind-specific sequencing (§1.5: chunks base == seq == N; deltas N -> N+1 on the

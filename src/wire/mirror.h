@@ -1,6 +1,6 @@
 /*
  * mirror.h — a consumer's replica of one pool's Cuckoo filter, fed by a SubscribeKvPool
- * stream (spec/dynamo-relay.md §1.5, §1.6, §3.6, §6.1 "Pool stream").
+ * stream (docs/relay-contract.md, "What a consumer must check").
  *
  * State machine, fail-closed:
  *

@@ -1,5 +1,5 @@
 /*
- * relay_validate.c — dynamo.kvrelay.v1 validation helpers (spec/dynamo-relay.md §2.5,
+ * relay_validate.c — dynamo.kvrelay.v1 validation helpers (docs/relay-contract.md;
  * §2.6, §6.1). See relay_validate.h for the contract; the check order below is the
  * reference's (service.rs for requests, wire/identity.rs for identities).
  */

@@ -1,6 +1,6 @@
 /*
  * relay_validate.h — request, envelope and identity validation for dynamo.kvrelay.v1
- * (spec/dynamo-relay.md §2.2, §2.5, §2.6, §6.1), over protobuf-c's generated structs.
+ * (docs/relay-contract.md), over protobuf-c's generated structs.
  *
  * Server side (§2.5), in the reference order: contract marker first (every RPC), then
  * subscriber_id (streaming RPCs: non-empty, <= 128 bytes, valid UTF-8, no Cc control

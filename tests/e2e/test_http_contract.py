@@ -1,5 +1,5 @@
 """
-The HTTP contract (spec/kvcache-http.md §1 and §3) against the real server, over every
+The HTTP contract (docs/http-contract.md) against the real server, over every
 transport: Python's http.client (cleartext and TLS) and curl (HTTP/1.1, h2c prior knowledge,
 TLS with ALPN http/1.1 and h2).
 """

@@ -1,6 +1,6 @@
 /*
  * fuzz_cbi1.c — libFuzzer driver for the CBI1 decoder, snapshot assembly and the consumer
- * mirror (spec/dynamo-relay.md §3, §6.1).
+ * mirror (docs/relay-contract.md).
  *
  * Input: one mode byte, then
  *   mode & 1 == 0  "frame":  byte 1 = options, rest = one CBI1 frame. The expected format

@@ -1,6 +1,6 @@
 /*
  * fuzz_relay_req.c — libFuzzer driver for the dynamo.kvrelay.v1 request path: protobuf-c
- * decoding plus kvr_relay_validate_request() (spec/dynamo-relay.md §2.5), and the consumer
+ * decoding plus kvr_relay_validate_request() (docs/relay-contract.md), and the consumer
  * side of FilterUpdate (kvr_relay_filter_update_fields + a mirror, §6.1).
  *
  * Input: one selector byte, then message bytes. selector % 7 < 6 picks the RPC whose

@@ -1,5 +1,5 @@
 /*
- * test_cbi1.c — CBI1 codec (spec/dynamo-relay.md §3): the golden frames D1, D2, S1, E1 of
+ * test_cbi1.c — CBI1 codec (docs/relay-contract.md): the golden frames D1, D2, S1, E1 of
  * §3.8 (the .hex files in tests/data/cbi1) byte for byte, decoding, one test per validation rule of
  * §3.6 in its order, and snapshot assembly.
  */

@@ -1,5 +1,5 @@
 /*
- * test_ckf.c — Cuckoo filter (spec/dynamo-relay.md §4.2-§4.6): sizing, addressing and RNG
+ * test_ckf.c — Cuckoo filter (docs/relay-contract.md): sizing, addressing and RNG
  * vectors from tests/data/ckf/, SWAR cases, addressing properties, capacity, false
  * positive rate, undo on failure, removal, dirty tracking, and owner counting.
  */

@@ -1,5 +1,5 @@
 /*
- * test_identity.c — BLAKE3 identity digests and DcId (spec/dynamo-relay.md §2.9), golden
+ * test_identity.c — BLAKE3 identity digests and DcId (docs/relay-contract.md), golden
  * vectors from tests/data/identity/vectors.txt, plus explicit-map rules.
  */
 #include <criterion/criterion.h>

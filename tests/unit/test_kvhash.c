@@ -1,5 +1,5 @@
 /*
- * test_kvhash.c — canonical block and sequence hashes (spec/dynamo-relay.md §4.1); every
+ * test_kvhash.c — canonical block and sequence hashes (docs/relay-contract.md); every
  * vector is read from tests/data/kvhash/vectors.txt.
  */
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /*
- * test_mirror.c — consumer replica (spec/dynamo-relay.md §1.5, §3.6 steps 10-11, §6.1
+ * test_mirror.c — consumer replica (docs/relay-contract.md
  * "Pool stream"): a producer filter published through CBI1 snapshot chunks and deltas is
  * reproduced exactly, and every out-of-sequence or mismatched frame is rejected.
  */

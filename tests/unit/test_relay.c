@@ -1,5 +1,5 @@
 /*
- * test_relay.c — the dynamo.kvrelay.v1 schema through protoc-c (spec/dynamo-relay.md §2.2
+ * test_relay.c — the dynamo.kvrelay.v1 schema through protoc-c (docs/relay-contract.md
  * byte examples from tests/data/relay/, proto3 presence, unknown oneof alternatives) and
  * the validation helpers (§2.5 order, §2.6 reasons and codes, §6.1 identities).
  */

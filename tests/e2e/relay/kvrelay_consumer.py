@@ -1,5 +1,5 @@
 """
-A fail-closed consumer of the KV DC Relay wire contract (spec/dynamo-relay.md), written from the
+A fail-closed consumer of the KV DC Relay wire contract (docs/relay-contract.md), written from the
 spec alone and used by the relay end-to-end tests to judge the real server:
 
 - CKF addressing (§4.4) and bucket words (§3.5);

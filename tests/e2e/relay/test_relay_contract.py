@@ -1,5 +1,5 @@
 """
-The relay's wire contract against the real server (spec/dynamo-relay.md, kvrelay's profile,
+The relay's wire contract against the real server (docs/relay-contract.md,
 §1.5-§1.8, §2, §3, §6.1): GetRelayInfo and health, the catalog, a pool stream replicated by the
 fail-closed consumer while PUT/DELETE/eviction traffic runs, heartbeats, the load and readiness
 streams, and every request validation error of §2.5 with its status and reason trailer.

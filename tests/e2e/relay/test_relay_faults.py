@@ -1,5 +1,5 @@
 """
-Relay faults against the real server (spec/dynamo-relay.md §1.4, §1.6-§1.8, §2.5, §2.6, §6.2.6):
+Relay faults against the real server (docs/relay-contract.md):
 a subscriber that stops reading is cut with SUBSCRIBER_LAGGED while another keeps receiving in
 order; SIGKILL of the publisher ends the generation's streams and a resubscription converges to
 the new generation; SIGKILL of a worker ends only the streams it served; a stalled snapshot hits
