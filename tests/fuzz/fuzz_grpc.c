@@ -179,8 +179,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
         if (atomic_load(&relay.sh->active[t]) != 0)
             abort();
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        if (atomic_load(&relay.sh->sub[i].state) != KVR_SUB_FREE)
+    /* and every pool subscription was released: its slot is FREE (never claimed) or
+     * RELEASING (handed back); here, with no publisher, this driver frees it as the
+     * publisher would (docs/concurrency.md, "Subscriber slots") */
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &relay.sh->sub[i];
+        uint32_t st = KVR_SUB_RELEASING;
+        if (atomic_compare_exchange_strong(&s->state, &st, KVR_SUB_FREE))
+            atomic_store(&s->owner, 0);
+        else if (st != KVR_SUB_FREE)
             abort();
+    }
     return 0;
 }
