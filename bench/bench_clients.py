@@ -17,7 +17,10 @@ Measured (each for about --seconds):
   exists_many_1000 / heads_1000    one pipelined exchange vs 1,000 HEADs one after the other
                                    on one keep-alive connection, ms, and their ratio
 
-GB/s is 10^9 bytes of payload per second, as kvrelay-bench reports it. Every loop is bounded
+GB/s is 10^9 bytes of payload per second, as kvrelay-bench reports it. Not like for like on
+one point: kvrelay-bench receives every GET body into one 256 KiB buffer per thread (it stays
+in the CPU cache), the adapters into the engine's distinct buffers (16 x 32 MiB per LMCache
+batch, written to memory), which is the work an engine needs done. Every loop is bounded
 by --seconds and a repetition cap; the server started here is stopped by PID.
 """
 
