@@ -128,6 +128,7 @@ class Cluster:
         self._dns_refresh_s = float(dns_refresh_s)
         self._dns_at = 0.0
         self._lock = threading.Lock()
+        self._dns_lock = threading.Lock()
         self._nodes: List[Node] = []
         self._names: List[str] = []
         self.replication_wanted = int(replication)
@@ -171,6 +172,16 @@ class Cluster:
         now = time.monotonic()
         if not force and now - self._dns_at < self._dns_refresh_s:
             return
+        # one resolution at a time; the other threads go on with the current members
+        if not self._dns_lock.acquire(blocking=force):
+            return
+        try:
+            self._resolve_dns_locked(now)
+        finally:
+            self._dns_lock.release()
+
+    def _resolve_dns_locked(self, now: float) -> None:
+        force = not self._nodes
         self._dns_at = now
         u = urllib.parse.urlsplit(self._dns if "://" in self._dns else "dns://" + self._dns)
         scheme = "https" if u.scheme == "dnss" else "http"
@@ -182,7 +193,11 @@ class Cluster:
                 raise
             log.debug("kvrelay dns %s: %s (keeping %d nodes)", self._dns, e, len(self._nodes))
             return
-        addrs = sorted({info[4][0] for info in infos})
+        addrs = sorted({info[4][0] for info in infos})[:MAX_NODES]
+        if not addrs:
+            if force:
+                raise ValueError(f"{self._dns} resolves to no address")
+            return  # keep the members: an empty answer is not a fleet of zero
         members = []
         for a in addrs:
             host = f"[{a}]" if ":" in a else a

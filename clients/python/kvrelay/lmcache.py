@@ -440,16 +440,19 @@ class KvrelayRemoteConnector(_ConnectorBase):
                 obj = self.reshape_partial_chunk(obj, n)
             return obj
 
+        result = None
         try:
-            return self.store.fetch_with(_key_str(key), reader)
+            result = self.store.fetch_with(_key_str(key), reader)
         except Exception as e:
             log.debug("kvrelay get %s: %s", key, e)
-            for obj in holder:
+        # objects allocated for a transfer that failed (a replica may have served the retry)
+        for obj in holder:
+            if obj is not result:
                 try:
                     obj.ref_count_down()
                 except Exception:
                     pass
-            return None
+        return result
 
     def _put(self, key, memory_obj) -> bool:
         data = byte_view(memory_obj.byte_array)

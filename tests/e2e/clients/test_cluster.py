@@ -149,6 +149,11 @@ def test_cluster_dns_membership(kvrelay):
         time.sleep(0.15)
         c.owners("x")
         assert len(c.nodes) == 3
+        # ...and so does an empty answer
+        table["kv.default.svc"] = []
+        time.sleep(0.15)
+        c.owners("x")
+        assert len(c.nodes) == 3
     finally:
         c.close()
 
