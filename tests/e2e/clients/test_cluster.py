@@ -98,26 +98,31 @@ def test_cluster_fleet(kvrelay):
 def test_cluster_dead_node_is_reprobed(kvrelay):
     servers = start_nodes(kvrelay, 2)
     port = servers[1].port
-    c = Cluster(nodes=node_specs(servers), probe_backoff_s=0.2, max_backoff_s=1.0, timeout_s=1.0 * SLOW)
+    c = Cluster(nodes=node_specs(servers), probe_backoff_s=0.5, max_backoff_s=1.0, timeout_s=1.0 * SLOW)
     try:
         keys = [f"p-{i}" for i in range(200)]
         k1 = [k for k in keys if c.owner(k).name == "kv-1"]
-        assert k1
-        kill_server(servers[1])
-        assert all(c.get(k) is None for k in k1)
+        assert len(k1) >= 2
         node = c.nodes[1]
-        assert node.dead
-        # back-off doubles while the node stays down, bounded by max_backoff_s
-        f0 = node.failures
-        time.sleep(0.5)
-        assert c.get(k1[0]) is None and node.failures == f0 + 1
+        kill_server(servers[1])
+        assert c.get(k1[0]) is None and node.failures == 1 and node.dead
+        # while it backs off (0.5 s) the node is skipped: no second failure
+        assert c.get(k1[1]) is None and node.failures == 1
+
+        def wait_usable():
+            deadline = time.monotonic() + 2.0  # max_backoff_s is 1.0
+            while not node.usable() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert node.usable()
+
+        # once the back-off is over the next request probes it (refused: back off again)
+        wait_usable()
+        assert c.get(k1[0]) is None and node.failures == 2 and node.dead
         # the node comes back on the same port: after its back-off it is used again
         s = kvrelay("--memory", "64M", "--workers", "1", name="node1b", http_bind=f"127.0.0.1:{port}")
         assert s.port == port
-        deadline = time.monotonic() + 5 * SLOW
-        while time.monotonic() < deadline and not c.put(k1[0], b"back"):
-            time.sleep(0.1)
-        assert c.get(k1[0]) == b"back" and not node.dead
+        wait_usable()
+        assert c.put(k1[0], b"back") and c.get(k1[0]) == b"back" and not node.dead
     finally:
         c.close()
 
