@@ -591,6 +591,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
             new_generation(p, "change-log overflow");
         }
         while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+            kvr_seg_heartbeat(seg); /* a busy log keeps us here: still alive */
             /* One event at a time, as the reference producer: a boundary every
              * --publication-threshold events, whatever the batch the log handed over. */
             for (size_t i = 0; i < n; i++) {
