@@ -75,7 +75,7 @@ import threading
 import urllib.parse
 from typing import Any, List, Optional, Sequence
 
-from .client import MISS, WRONG_LENGTH, byte_view, writable_view  # noqa: F401
+from .client import byte_view, writable_view
 from .cluster import make_store
 
 log = logging.getLogger("kvrelay.lmcache")
