@@ -772,11 +772,12 @@ static void on_read(kvr_uring_op_t *op, int res)
         conn_close(c);
         return;
     }
-    c->last_ms = now_ms();
-    switch (c->state) {
-    case ST_SNIFF:
+    if (c->state == ST_SNIFF) { /* a peek moves nothing: it does not count as progress */
         sniffed(c, res);
         return;
+    }
+    c->last_ms = now_ms();
+    switch (c->state) {
     case ST_HEAD:
         c->hlen += (size_t)res;
         parse_head(c);

@@ -27,8 +27,16 @@ typedef struct conn_s {
     uint64_t last_progress_ms;
 } conn_t;
 
+typedef struct {
+    void (*cb)(void *data);
+    void *data;
+    h2o_socket_t *sock;
+} kvr_http_watch_t;
+
 struct kvr_http_s {
     const kvr_config_t *cfg;
+    kvr_http_watch_t watch[4]; /* eventfds joined to the loop (the io_uring rings) */
+    unsigned nwatch;
     kvr_api_t *api;
     h2o_globalconf_t gconf;
     h2o_context_t ctx;
@@ -334,32 +342,27 @@ int kvr_http_tls(const kvr_http_t *h)
     return h->ssl != NULL;
 }
 
-typedef struct {
-    void (*cb)(void *data);
-    void *data;
-} watch_t;
-
 static void on_watch(h2o_socket_t *sock, const char *err)
 {
-    watch_t *w = sock->data;
+    kvr_http_watch_t *w = sock->data;
     if (err == NULL)
         w->cb(w->data);
 }
 
 int kvr_http_watch_fd(kvr_http_t *h, int fd, void (*cb)(void *data), void *data)
 {
-    watch_t *w = malloc(sizeof(*w)); /* lives as long as the worker */
+    kvr_http_watch_t *w;
     h2o_socket_t *sock;
 
-    if (w == NULL)
+    if (h->nwatch >= KVR_ARRAY_SIZE(h->watch))
         return KVR_ERR;
     sock = h2o_evloop_socket_create(h->loop, fd, H2O_SOCKET_FLAG_DONT_READ);
-    if (sock == NULL) {
-        free(w);
+    if (sock == NULL)
         return KVR_ERR;
-    }
+    w = &h->watch[h->nwatch++];
     w->cb = cb;
     w->data = data;
+    w->sock = sock;
     sock->data = w;
     h2o_socket_read_start(sock, on_watch);
     return KVR_OK;

@@ -1,0 +1,131 @@
+/*
+ * libFuzzer driver for the io_uring HTTP/1.1 data plane (io/h1.c): the input is what one
+ * client sends on one connection — request heads, bodies, chunked framing, pipelined requests,
+ * garbage — delivered over a real loopback TCP connection to the real worker stack (request
+ * layer, store over a real segment, the h2o side for connections it hands over). The driver
+ * writes the input, half-closes, and runs the worker's loop until the server has closed the
+ * connection (bounded). After every input: the store's full consistency check passes and no
+ * pin or reservation outlives the connection. A crash, a sanitizer report or a failed check
+ * is a bug.
+ *
+ * Inputs whose first byte is odd are sent in pieces of (byte 0 / 2 + 1) bytes with the loop
+ * run in between, so that partial heads and bodies split at every place are exercised.
+ */
+#include "core/config.h"
+#include "core/log.h"
+#include "core/relay.h"
+#include "core/store.h"
+#include "io/api.h"
+#include "io/h1.h"
+#include "io/http.h"
+#include "io/listen.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static kvr_config_t cfg;
+static kvr_seg_t seg;
+static kvr_store_t store;
+static kvr_relay_t relay;
+static kvr_relay_fds_t fds;
+static kvr_api_t api;
+static kvr_http_t *http;
+static kvr_h1_t *h1;
+static uint16_t port;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    char *args[] = {"fuzz", "--memory", "4M", "--max-block-size", "1M", "--io-timeout", "200ms", NULL};
+    kvr_seg_config_t sc = {.memory = 4 << 20, .page_size = 4096, .max_blocks = 256, .hugepages = KVR_HUGEPAGES_OFF};
+    int lfd;
+
+    kvr_log_level = KVR_LOG_OFF;
+    if (kvr_config_load(&cfg, 7, args, stderr) != KVR_OK)
+        abort();
+    sc.ckf_buckets = kvr_relay_bucket_count(&cfg, 256);
+    if (kvr_seg_create(&seg, &sc) != KVR_OK || kvr_store_format(&seg, 0) != KVR_OK ||
+        kvr_seg_proc_claim_at(&seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(&store, &seg) != KVR_OK ||
+        kvr_relay_format(&relay, &seg, &cfg) != KVR_OK)
+        abort();
+    fds.publisher = -1;
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        fds.worker[i] = -1;
+    kvr_relay_attach(&relay, &seg, &cfg, &fds);
+    port = 0;
+    lfd = kvr_listen_tcp("127.0.0.1:0", &port, 64);
+    if (lfd < 0)
+        abort();
+    kvr_api_init(&api, &cfg, &seg, &store, &relay);
+    http = kvr_http_create(&cfg, &api);
+    h1 = http != NULL ? kvr_h1_create(&cfg, &api, http, lfd) : NULL;
+    if (h1 == NULL)
+        abort();
+    /* a resident block, so that GET, HEAD, dedup and conflicts have something to hit */
+    if (kvr_store_put(&store, "a", 1, "hello", 5, 1) != KVR_PUT_CREATED)
+        abort();
+    return 0;
+}
+
+static void run_loop(int ms)
+{
+    kvr_http_run_once(http, ms);
+    kvr_h1_tick(h1);
+    kvr_h1_flush(h1);
+}
+
+/* Reads what the server sent; 1 once it has closed. */
+static int drain_client(int fd)
+{
+    static char buf[1 << 16];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0)
+            return 1;
+        if (n < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    size_t piece = size > 0 && (data[0] & 1) ? (size_t)(data[0] / 2 + 1) : size, off = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), closed = 0;
+    kvr_store_stats_t scan;
+
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        abort();
+    while (off < size) {
+        size_t n = size - off < piece ? size - off : piece;
+        ssize_t w = send(fd, data + off, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN)
+            break; /* the server closed on us */
+        if (w > 0)
+            off += (size_t)w;
+        run_loop(0);
+        drain_client(fd);
+    }
+    shutdown(fd, SHUT_WR);
+    /* The server closes after EOF, at the latest at --io-timeout or its 2 s linger. */
+    for (uint64_t t0 = kvr_api_now_us(); !closed && kvr_api_now_us() - t0 < 3000000;) {
+        run_loop(1);
+        closed = drain_client(fd);
+    }
+    close(fd);
+    for (int i = 0; i < 200 && kvr_h1_connections(h1) + kvr_http_connections(http) > 0; i++)
+        run_loop(1);
+    if (!closed || kvr_h1_connections(h1) + kvr_http_connections(http) > 0) {
+        fprintf(stderr, "fuzz_h1: connection not ended (client saw close %d, h1 %llu, h2o %llu)\n", closed,
+                (unsigned long long)kvr_h1_connections(h1), (unsigned long long)kvr_http_connections(http));
+        abort(); /* a connection the server never ended */
+    }
+    if (kvr_store_check(&store, &scan) != KVR_OK || scan.pinned_blocks != 0 || scan.reserved_blocks != 0 ||
+        api.inflight != 0)
+        abort();
+    return 0;
+}
