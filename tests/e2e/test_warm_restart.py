@@ -12,8 +12,10 @@ and publishes a new relay generation holding every block.
   - another geometry, a corrupted header, a wrong magic and a file in use are refused with
     errors naming the difference; --segment-reset starts empty.
 
-`python3 tests/e2e/test_warm_restart.py --measure [GiB]` fills a segment of that size (4 by
-default) and prints how long a re-attach takes (not part of the suite: it needs 4 GiB of RAM).
+`python3 tests/e2e/test_warm_restart.py --measure [GiB [block bytes]]` fills a segment of that
+size (4 GiB of 2 MiB blocks by default) and prints how long a re-attach takes (not part of the
+suite: it needs 4 GiB of RAM). A hugetlbfs segment is tested where KVRELAY_TEST_HUGETLBFS names
+a mount with free huge pages.
 """
 
 import os
@@ -432,11 +434,34 @@ def test_corrupted_header_and_foreign_files_are_refused(servers, seg_path):
             disk.unlink()
 
 
+def test_hugetlbfs_segment_file_is_reattached(servers):
+    """On hugetlbfs the segment is in 2 MiB pages; needs a mount with free pages, given as
+    KVRELAY_TEST_HUGETLBFS (e.g. echo 64 > /proc/sys/vm/nr_hugepages; mount -t hugetlbfs none DIR)."""
+    d = os.environ.get("KVRELAY_TEST_HUGETLBFS")
+    if not d:
+        pytest.skip("KVRELAY_TEST_HUGETLBFS (a hugetlbfs mount with >= 30 free 2 MiB pages) is not set")
+    seg = Path(d) / f"kvrelay-e2e-{uuid.uuid4().hex[:8]}.seg"
+    try:
+        a = servers(seg, "--memory", "16M", "--workers", "1", name="huge0")
+        assert "on hugetlb 2 MiB pages, new file" in a.log_text(), a.log_tail(10)
+        assert a.put("h-key", b"h" * 100000).status == 201
+        assert a.stop() == 0
+        err = refused(seg, "--memory", "16M", "--hugepages", "off")
+        assert "is on hugetlbfs but --hugepages is off" in err, err
+        b = servers(seg, "--memory", "16M", "--workers", "1", name="huge1")
+        assert "re-attached" in b.log_text() and "on hugetlb 2 MiB pages" in b.log_text()
+        assert b.get("h-key").body == b"h" * 100000
+        b.assert_consistent()
+    finally:
+        if seg.exists():
+            seg.unlink()
+
+
 # ---------------------------------------------------------------------------------------------
 # Re-attach time of a full segment (by hand: python3 tests/e2e/test_warm_restart.py --measure 4)
 
 
-def _measure(gib):
+def _measure(gib, block):
     import tempfile
 
     seg = Path("/dev/shm") / f"kvrelay-measure-{os.getpid()}.seg"
@@ -446,12 +471,12 @@ def _measure(gib):
         t0 = time.monotonic()
         a = Server(td, args=args, name="fill").start()
         cold = time.monotonic() - t0
-        blk = os.urandom(2 * MiB)
+        blk = os.urandom(block)
         conn = a.connection()
-        n = (gib << 30) // (2 * MiB) - 8
+        n = min((gib << 30) // block - 8, (gib << 30) // 4096 // 2 - 8)  # the arena or the index, whichever fills first
         t0 = time.monotonic()
         for i in range(n):  # every page of the arena written once (touched)
-            r = a.request("PUT", kv_path(f"m{i:06d}"), body=blk, conn=conn)
+            r = a.request("PUT", kv_path(f"m{i:07d}"), body=blk[:-8] + i.to_bytes(8, "little"), conn=conn)
             assert r.status == 201, r
         fill_s = time.monotonic() - t0
         conn.close()
@@ -463,7 +488,7 @@ def _measure(gib):
         line = [ln for ln in b.log_text().splitlines() if "re-attach and repair" in ln]
         assert b.stats()["unique_blocks"] == st["unique_blocks"]
         b.stop()
-        print(f"segment {seg.stat().st_size} bytes, {st['unique_blocks']} blocks of 2 MiB ({st['resident_bytes']} bytes) "
+        print(f"segment {seg.stat().st_size} bytes, {st['unique_blocks']} blocks of {block} bytes ({st['resident_bytes']} bytes) "
               f"filled in {fill_s:.1f} s")
         print(f"empty start to /readyz: {cold * 1000:.0f} ms; re-attach start to /readyz: {warm * 1000:.0f} ms")
         print(line[-1] if line else "(no re-attach timing line)")
@@ -475,4 +500,4 @@ def _measure(gib):
 if __name__ == "__main__":
     if "--measure" in sys.argv:
         rest = [a for a in sys.argv[1:] if a != "--measure"]
-        _measure(int(rest[0]) if rest else 4)
+        _measure(int(rest[0]) if rest else 4, int(rest[1]) if len(rest) > 1 else 2 * MiB)
