@@ -106,9 +106,11 @@ def ensure_root_tarball():
         return
     mm = shutil.which("mmdebstrap")
     assert mm, f"no {ROOT_TAR} and no mmdebstrap to build it (scripts/install-deps.sh --container)"
-    src = "/etc/apt/sources.list.d/debian.sources"  # the host's own mirror, as fresh-machine-check.sh
-    if not (os.path.exists(src) and os.path.getsize(src) > 0):
-        src = "/etc/apt/sources.list"
+    # the machine's own mirror, as scripts/fresh-machine-check.sh does (deb822 first)
+    cands = [Path("/etc/apt/sources.list.d/debian.sources"), *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),
+             Path("/etc/apt/sources.list")]
+    src = next((str(p) for p in cands if p.is_file() and p.stat().st_size > 0), None)
+    assert src, "no apt sources to build the root from"
     ROOT_TAR.parent.mkdir(parents=True, exist_ok=True)
     tmp = ROOT_TAR.with_suffix(".tmp")
     subprocess.run([mm, "--quiet", "--format=tar", "--variant=minbase", "bookworm", str(tmp), src],
