@@ -67,9 +67,12 @@ void kvr_proctitle_set(const char *fmt, ...)
     va_end(ap);
     /* comm: "kvrelay: worker 1" -> "kvr worker 1" (comm holds 15 bytes) */
     tail = strncmp(title, "kvrelay: ", 9) == 0 ? title + 9 : title;
-    memcpy(comm, "kvr ", 4);
-    strncpy(comm + 4, tail, sizeof(comm) - 5);
-    comm[sizeof(comm) - 1] = '\0';
+    {
+        size_t n = strlen(tail) < sizeof(comm) - 5 ? strlen(tail) : sizeof(comm) - 5;
+        memcpy(comm, "kvr ", 4);
+        memcpy(comm + 4, tail, n);
+        comm[4 + n] = '\0';
+    }
     prctl(PR_SET_NAME, comm, 0, 0, 0);
     init_area();
     if (title_area == NULL || title_room < 2)
