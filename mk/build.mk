@@ -12,7 +12,8 @@ endif
 
 CFLAGS_BASE = -std=gnu11 -g $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
               -D_GNU_SOURCE -MMD -MP -fno-strict-aliasing -pthread -Isrc -I$(BUILD)/gen
-LDFLAGS_BASE = -pthread
+# h2o_socket_read_start is defined in front of libh2o-evloop's own (io/http.c, the h2o body budget).
+LDFLAGS_BASE = -pthread -Wl,--export-dynamic-symbol=h2o_socket_read_start
 
 SAN :=
 ifeq ($(ASAN),1)
@@ -134,7 +135,7 @@ fuzz: $(FUZZERS)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(GEN_SRCS)
 	@mkdir -p build-fuzz
 	clang -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc -I$(BUILD)/gen -fsanitize=fuzzer,address,undefined \
-	    $< $(LIB_SRCS) $(GEN_SRCS) $(LIBS) $(FUZZ_LIBS) -o $@
+	    $< $(LIB_SRCS) $(GEN_SRCS) $(LIBS) $(FUZZ_LIBS) -Wl,--export-dynamic-symbol=h2o_socket_read_start -o $@
 fuzz-run: fuzz
 	@for f in $(FUZZERS); do n=$$(basename $$f); mkdir -p build-fuzz/corpus-$$n; \
 	    $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus-$$n tests/fuzz/corpus/$$n \

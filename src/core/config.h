@@ -35,6 +35,7 @@ typedef struct {
     uint64_t max_inflight_bytes;
     uint64_t h2o_max_connections;
     uint64_t h2o_max_body;
+    uint64_t h2o_buffer;
     char hugepages[16];
     char log_level[16];
     char port_file[KVR_CFG_STR_MAX];

@@ -4,7 +4,11 @@
 
 #include "core/log.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <h2o.h>
 #include <h2o/http2.h>
 #include <openssl/err.h>
@@ -14,7 +18,7 @@
 #include <time.h>
 
 #define IOV_BATCH    64  /* arena spans handed to h2o per send */
-#define KVR_HTTP_INITIAL_INPUT (4u << 20) /* names + values of one request (h2o's own cap is ~400 KB) */
+#define KVR_HTTP_TURN_US 200000 /* the budget's reading connection keeps its turn while it moves */
 
 /* One tracked connection (a socket handed to h2o by this worker). */
 typedef struct conn_s {
@@ -25,6 +29,8 @@ typedef struct conn_s {
     size_t last_written;   /* sock->bytes_written at the last sweep */
     size_t last_read;
     uint64_t last_progress_ms;
+    int paused;              /* the body budget stopped its reading */
+    h2o_socket_cb paused_cb; /* h2o's read callback, to start again with */
 } conn_t;
 
 typedef struct {
@@ -47,6 +53,12 @@ struct kvr_http_s {
     uint64_t nconns;
     int draining;
     uint64_t last_sweep_ms;
+    uint64_t last_budget_us;
+    int over_budget;     /* every connection but `kept` has stopped reading */
+    int statm_fd;        /* /proc/self/statm, read by the budget */
+    conn_t *kept;
+    size_t kept_read;    /* kept->sock->bytes_read at the last check */
+    uint64_t kept_moved_us;
 };
 
 static uint64_t now_ms(void)
@@ -193,6 +205,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
 static void conn_on_close(void *p)
 {
     conn_t *c = p;
+    if (c->http->kept == c)
+        c->http->kept = NULL;
     c->prev->next = c->next;
     c->next->prev = c->prev;
     c->http->nconns--;
@@ -265,6 +279,135 @@ static void sweep(kvr_http_t *h)
     }
 }
 
+/* ------------------------------------------------------------------ the body budget */
+
+/*
+ * h2o 2.2 reads request bodies whole into the worker's memory, over HTTP/2 for up to 100 streams
+ * per connection at once. Bound: when the worker's private resident memory passes --h2o-buffer,
+ * every h2o connection
+ * but one stops reading; the one left reading finishes its body (at most --h2o-max-body more),
+ * and once the memory is back under three quarters of the budget every paused connection reads
+ * again. When the one left reading has not moved for 200 ms the turn passes to another.
+ */
+/* The worker's private resident memory (resident minus shared pages, /proc/self/statm): what
+ * h2o's buffered bodies make grow. -1 when it cannot be read (the budget then does nothing). */
+static long private_resident(kvr_http_t *h)
+{
+    char buf[160];
+    unsigned long size, res, shared;
+    ssize_t n;
+
+    if (h->statm_fd < 0)
+        return -1;
+    n = pread(h->statm_fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    if (sscanf(buf, "%lu %lu %lu", &size, &res, &shared) != 3 || shared > res)
+        return -1;
+    return (long)((res - shared) * (unsigned long)sysconf(_SC_PAGESIZE));
+}
+
+static void conn_on_close(void *p);
+
+/* The library's own h2o_socket_read_start, which the definition below stands in front of. */
+static void real_read_start(h2o_socket_t *sock, h2o_socket_cb cb)
+{
+    static void (*fn)(h2o_socket_t *, h2o_socket_cb);
+    if (fn == NULL)
+        fn = (void (*)(h2o_socket_t *, h2o_socket_cb))dlsym(RTLD_NEXT, "h2o_socket_read_start");
+    fn(sock, cb);
+}
+
+/*
+ * libh2o-evloop calls h2o_socket_read_start through its PLT, so this definition in the
+ * executable is the one it reaches (mk/build.mk exports it): a connection paused by the body
+ * budget stays paused even when h2o wants to read again (after a response, on a new HTTP/2
+ * window); its callback is kept and installed when the budget lets it go.
+ */
+void h2o_socket_read_start(h2o_socket_t *sock, h2o_socket_cb cb)
+{
+    if (sock->on_close.cb == conn_on_close && sock->on_close.data != NULL) {
+        conn_t *c = sock->on_close.data;
+        if (c->paused) {
+            c->paused_cb = cb;
+            return;
+        }
+    }
+    real_read_start(sock, cb);
+}
+
+static void pause_conn(conn_t *c)
+{
+    if (c->sock == NULL || c->paused)
+        return;
+    c->paused = 1;
+    c->paused_cb = NULL;
+    if (h2o_socket_is_reading(c->sock)) {
+        c->paused_cb = c->sock->_cb.read;
+        h2o_socket_read_stop(c->sock);
+    }
+}
+
+static void resume_conn(conn_t *c)
+{
+    if (c->sock == NULL || !c->paused)
+        return;
+    c->paused = 0;
+    if (c->paused_cb != NULL && !h2o_socket_is_reading(c->sock))
+        real_read_start(c->sock, c->paused_cb);
+    c->paused_cb = NULL;
+}
+
+static void pass_turn(kvr_http_t *h)
+{
+    conn_t *from = h->kept != NULL ? h->kept : &h->conns, *c;
+
+    for (c = from->next; c != from; c = c->next)
+        if (c != &h->conns && c->paused)
+            break;
+    if (c == from || c == &h->conns)
+        return; /* nobody else waits */
+    if (h->kept != NULL)
+        pause_conn(h->kept);
+    resume_conn(c);
+    h->kept = c;
+    h->kept_read = c->sock->bytes_read;
+    h->kept_moved_us = h->last_budget_us;
+}
+
+static void budget(kvr_http_t *h)
+{
+    long r = private_resident(h);
+    size_t used = r < 0 ? 0 : (size_t)r;
+
+    if (!h->over_budget && used > h->cfg->h2o_buffer) {
+        h->over_budget = 1;
+        h->kept = NULL;
+        for (conn_t *c = h->conns.next; c != &h->conns; c = c->next) {
+            if (h->kept == NULL && c->sock != NULL) {
+                h->kept = c;
+                h->kept_read = c->sock->bytes_read;
+                h->kept_moved_us = h->last_budget_us;
+                continue;
+            }
+            pause_conn(c);
+        }
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "http: worker holds %zu MiB past --h2o-buffer: one connection reads at a time",
+                            used >> 20);
+    } else if (h->over_budget && used < h->cfg->h2o_buffer / 4 * 3) {
+        h->over_budget = 0;
+        h->kept = NULL;
+        for (conn_t *c = h->conns.next; c != &h->conns; c = c->next)
+            resume_conn(c);
+    } else if (h->over_budget && h->kept != NULL && h->kept->sock->bytes_read != h->kept_read) {
+        h->kept_read = h->kept->sock->bytes_read;
+        h->kept_moved_us = h->last_budget_us;
+    } else if (h->over_budget && (h->kept == NULL || h->last_budget_us - h->kept_moved_us > KVR_HTTP_TURN_US)) {
+        pass_turn(h); /* the one reading has gone quiet (its body is in, or its client stalls) */
+    }
+}
+
 /* ------------------------------------------------------------------ setup */
 
 static SSL_CTX *make_ssl(const kvr_config_t *cfg)
@@ -298,14 +441,17 @@ kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_api_t *api)
     h->cfg = cfg;
     h->api = api;
     h->conns.next = h->conns.prev = &h->conns;
+    h->statm_fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
 
     /* h2o 2.2 buffers every request body whole before the handler runs; the bound on that is
      * h2o_max_connections x h2o_max_body (README, "Memory"). Bodies up to the cap stay in
      * memory rather than spilling into files. */
     h2o_socket_buffer_mmap_settings.threshold = (size_t)cfg->h2o_max_body + (64u << 20);
     /* A socket's input buffer starts large enough for a typical block: h2o 2.2 grows it by
-     * doubling, copying everything received so far each time. Only the bytes used are touched. */
-    h2o_socket_buffer_prototype._initial_buf.capacity = KVR_HTTP_INITIAL_INPUT;
+     * doubling, copying everything received so far each time (so a body of B bytes may briefly
+     * hold about 3B/2 on top of it, counted in the bound). Not larger: a connection's input
+     * buffer is reused as a ring, and over time every page of its capacity gets touched. */
+    h2o_socket_buffer_prototype._initial_buf.capacity = 4u << 20;
 
     h2o_config_init(&h->gconf);
     h->gconf.max_request_entity_size = (size_t)cfg->h2o_max_body;
@@ -374,6 +520,13 @@ void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms)
 
     /* -1 on EINTR (signals, io_uring task work): the caller's loop decides what to do. */
     (void)h2o_evloop_run(h->loop, max_wait_ms);
+    if (h->nconns > 0 || h->over_budget) {
+        uint64_t us = kvr_api_now_us();
+        if (us - h->last_budget_us >= 5000) {
+            h->last_budget_us = us;
+            budget(h);
+        }
+    }
     t = now_ms();
     if (t - h->last_sweep_ms >= 250) {
         h->last_sweep_ms = t;

@@ -730,3 +730,45 @@ def test_sigkill_of_workers_under_mixed_load_loses_nothing_acknowledged(kvrelay)
     c.close()
     d, _ = srv.assert_consistent()
     assert d["reserved_blocks"] == 0, d
+
+
+# ------------------------------------------------------------------ the h2o paths' bound
+
+
+@pytest.mark.parametrize("mode", ["h2c", "tls-h1", "tls-h2"])
+def test_h2o_paths_stay_under_their_body_budget(kvrelay, tls_cert, tmp_path, mode):
+    """h2o 2.2 buffers whole bodies; past --h2o-buffer one connection reads at a time. 16
+    uploads of 80 MiB (--h2o-max-body) at once: every one completes, and each worker's private
+    memory stays under the stated bound: --h2o-buffer + 2 x --h2o-max-body (the body being read,
+    grown by doubling) + 4 MiB per h2o connection (its input buffer; 8 MiB with TLS, whose
+    encrypted input has a buffer of its own)."""
+    import subprocess
+    tls = tls_cert if mode.startswith("tls") else None
+    srv = kvrelay("--memory", "2G", "--workers", "2", "--h2o-buffer", "128M", tls=tls)
+    body = tmp_path / "body80m"
+    body.write_bytes(make_block(80 * MiB, "h2o-storm"))
+    workers = srv.worker_pids()
+    scheme = "https" if tls else "http"
+    proto = {"h2c": ["--http2-prior-knowledge"], "tls-h1": ["--http1.1"], "tls-h2": ["--http2"]}[mode]
+    procs = []
+    for i in range(16):
+        procs.append(subprocess.Popen(
+            ["curl", "-s", "-k", *proto, "--max-time", str(int(90 * SLOW)), "-o", "/dev/null", "-w", "%{http_code}",
+             "-T", str(body), f"{scheme}://127.0.0.1:{srv.port}/kv/h2o-storm-{i}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        for w in workers:
+            try:
+                peak = max(peak, _rss_anon_kb(w))
+            except OSError:
+                pass
+        time.sleep(0.05)
+    codes = [p.communicate(timeout=10)[0].decode() for p in procs]
+    print(f"h2o {mode}: worker RssAnon peak {peak >> 10} MiB, answers {sorted(set(codes))}")
+    assert codes == ["201"] * 16, codes
+    per_conn = 8 if tls else 4
+    assert peak < (128 + 2 * 80 + 16 * per_conn) * 1024, f"worker private memory peaked at {peak >> 10} MiB"
+    assert srv.worker_pids() == workers
+    assert "one connection reads at a time" in srv.log_text()
+    srv.assert_consistent()
