@@ -772,3 +772,43 @@ def test_h2o_paths_stay_under_their_body_budget(kvrelay, tls_cert, tmp_path, mod
     assert srv.worker_pids() == workers
     assert "one connection reads at a time" in srv.log_text()
     srv.assert_consistent()
+
+
+# ------------------------------------------------------------------ what h2o 2.2 hides (TLS HTTP/1.1)
+
+
+def _tls_send(srv, payload, limit=5.0):
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+    raw = socket.create_connection((srv.host, srv.port), timeout=limit * SLOW)
+    s = ctx.wrap_socket(raw, server_hostname="localhost")
+    try:
+        s.sendall(payload)
+        return read_until_close(s, limit * SLOW)
+    finally:
+        s.close()
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation (docs/dataplane.md): over TLS, h2o 2.2 parses HTTP/1.1 "
+                   "heads itself and takes the first of two different Content-Length headers; kvrelay never sees them")
+def test_tls_h1_two_different_lengths_are_refused(kvrelay, tls_cert):
+    srv = kvrelay("--memory", "64M", tls=tls_cert)
+    data, how = _tls_send(srv, _req("PUT", kv_path("tls-dup-cl"), [("Content-Length", "3"), ("Content-Length", "5")],
+                                    b"abcde"))
+    status, _, _ = parse_raw_response(data)
+    assert status == 400 and data.count(b"HTTP/1.1 ") == 1, data[:300]
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation (docs/dataplane.md): over TLS, h2o 2.2 frames a request "
+                   "with Content-Length and Transfer-Encoding by the chunked encoding instead of refusing it")
+def test_tls_h1_length_with_transfer_encoding_is_refused(kvrelay, tls_cert):
+    srv = kvrelay("--memory", "64M", tls=tls_cert)
+    inner = _req("PUT", kv_path("tls-smuggled"), [("Content-Length", "3")], b"abc")
+    body = b"0\r\n\r\n" + inner
+    data, how = _tls_send(srv, _req("PUT", kv_path("tls-cl-te"),
+                                    [("Content-Length", str(len(body))), ("Transfer-Encoding", "chunked")], body))
+    status, _, _ = parse_raw_response(data)
+    assert status == 400 and data.count(b"HTTP/1.1 ") == 1, data[:300]
