@@ -30,6 +30,7 @@ int main(int argc, char **argv)
                   : !strcmp(cfg.log_level, "error") ? KVR_LOG_ERROR
                                                     : KVR_LOG_INFO;
     kvr_log_style = !strcmp(cfg.log_format, "json") ? KVR_LOG_JSON : KVR_LOG_TEXT;
+    kvr_log_set_role("supervisor"); /* this process becomes the supervisor */
     kvr_info("kvrelay %s (commit %s) starting", KVR_VERSION, KVR_GIT_COMMIT);
     return kvr_supervisor_run(&cfg);
 }
