@@ -7,7 +7,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <linux/tcp.h> /* struct tcp_info with the byte counters */
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -75,6 +75,7 @@ struct h1c_s {
     kvr_uring_op_t rop, wop;
     uint64_t last_ms;     /* last byte moved, or the state began */
     uint64_t linger_until;
+    uint64_t tcp_in, tcp_out; /* TCP_INFO byte counters at the last look */
     uint64_t start_us;
     unsigned method;
     uint64_t body_len, body_got;
@@ -301,7 +302,8 @@ static void conn_write(h1c_t *c)
     memset(&c->msg, 0, sizeof(c->msg));
     c->msg.msg_iov = c->iov;
     c->msg.msg_iovlen = send_iov(c);
-    if (kvr_uring_sendmsg(&c->s->ring, c->fd, &c->msg, &c->wop) != KVR_OK) {
+    /* One completion for the whole response (or the 64 spans of this batch). */
+    if (kvr_uring_sendmsg(&c->s->ring, c->fd, &c->msg, MSG_WAITALL, &c->wop) != KVR_OK) {
         conn_close(c);
         return;
     }
@@ -698,7 +700,9 @@ static void conn_read(h1c_t *c)
         memset(&c->msg, 0, sizeof(c->msg));
         c->msg.msg_iov = c->iov;
         c->msg.msg_iovlen = kvr_api_txn_iov(s->api, &c->res, c->body_got, c->iov, H1_IOV);
-        rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, &c->rop);
+        /* One completion for the body (or the 64 spans of this batch): the kernel waits for all
+         * of it; progress in between is seen through TCP_INFO (moved()). */
+        rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, MSG_WAITALL, &c->rop);
         break;
     case ST_DISCARD:
     case ST_LINGER:
@@ -904,6 +908,23 @@ void kvr_h1_flush(kvr_h1_t *s)
     kvr_uring_flush(&s->ring);
 }
 
+/* An operation that waits for a whole body or response completes only at its end, so the
+ * timeout looks at the kernel's own counters: bytes received or acknowledged since the last
+ * look are progress. */
+static int moved(h1c_t *c)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+
+    if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 || len < sizeof(ti))
+        return 0;
+    if (ti.tcpi_bytes_received == c->tcp_in && ti.tcpi_bytes_acked == c->tcp_out)
+        return 0;
+    c->tcp_in = ti.tcpi_bytes_received;
+    c->tcp_out = ti.tcpi_bytes_acked;
+    return 1;
+}
+
 /* A PUT that waited for the in-flight budget asks again; past --io-timeout it gets 503. */
 static void retry_wait(h1c_t *c, uint64_t t)
 {
@@ -946,6 +967,8 @@ void kvr_h1_tick(kvr_h1_t *s)
         } else if (c->state == ST_HEAD && c->hlen == 0) {
             if (t - c->last_ms > s->cfg->idle_timeout_ms || s->draining)
                 conn_close(c);
+        } else if (t - c->last_ms > s->cfg->io_timeout_ms && (c->rbusy || c->wbusy) && moved(c)) {
+            c->last_ms = t; /* a long transfer in one operation, still moving */
         } else if (t - c->last_ms > s->cfg->io_timeout_ms) {
             KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: cutting a connection with no progress for %llu ms",
                                 (unsigned long long)(t - c->last_ms));

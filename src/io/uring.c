@@ -104,22 +104,22 @@ int kvr_uring_recv_flags(kvr_uring_t *u, int fd, void *buf, size_t len, int flag
     return KVR_OK;
 }
 
-int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, kvr_uring_op_t *op)
+int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, int flags, kvr_uring_op_t *op)
 {
     struct io_uring_sqe *sqe = get_sqe(u);
     if (sqe == NULL)
         return -EBUSY;
-    io_uring_prep_recvmsg(sqe, fd, msg, 0);
+    io_uring_prep_recvmsg(sqe, fd, msg, (unsigned)flags);
     io_uring_sqe_set_data(sqe, op);
     return KVR_OK;
 }
 
-int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, kvr_uring_op_t *op)
+int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op)
 {
     struct io_uring_sqe *sqe = get_sqe(u);
     if (sqe == NULL)
         return -EBUSY;
-    io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL);
+    io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL | (unsigned)flags);
     io_uring_sqe_set_data(sqe, op);
     return KVR_OK;
 }

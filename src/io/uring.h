@@ -37,9 +37,10 @@ int kvr_uring_recv(kvr_uring_t *u, int fd, void *buf, size_t len, kvr_uring_op_t
 int kvr_uring_send(kvr_uring_t *u, int fd, const void *buf, size_t len, kvr_uring_op_t *op);
 /* recv with MSG_* flags (MSG_PEEK to look without consuming, MSG_TRUNC with buf NULL to discard). */
 int kvr_uring_recv_flags(kvr_uring_t *u, int fd, void *buf, size_t len, int flags, kvr_uring_op_t *op);
-/* Scatter/gather: msg (and its iovecs) must stay valid until the completion. */
-int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, kvr_uring_op_t *op);
-int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, kvr_uring_op_t *op);
+/* Scatter/gather: msg (and its iovecs) must stay valid until the completion. With MSG_WAITALL
+ * the kernel retries short transfers itself and completes once, with everything or an error. */
+int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, int flags, kvr_uring_op_t *op);
+int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op);
 /* Asks the kernel to cancel the submission carrying op (its completion still arrives). */
 int kvr_uring_cancel(kvr_uring_t *u, kvr_uring_op_t *op);
 
