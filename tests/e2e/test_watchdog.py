@@ -20,15 +20,18 @@ HANG_S = 2.0
 STORM_S = float(os.environ.get("KVRELAY_KILL_STORM_SECONDS", "30"))
 
 
-def _probe(srv, path, timeout):
-    """One request on a fresh connection: the status, or 0 when nothing came back in time."""
+def _probe(srv, path, timeout, errors=None):
+    """One request on a fresh connection: the status, or 0 when nothing came back in time
+    (the exception is appended to errors when given)."""
     c = http.client.HTTPConnection(srv.host, srv.port, timeout=timeout)
     try:
         c.request("GET", path)
         r = c.getresponse()
         r.read()
         return r.status
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException) as e:
+        if errors is not None:
+            errors.append(repr(e))
         return 0
     finally:
         c.close()
@@ -49,29 +52,50 @@ def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
     workers = srv.worker_pids()
     assert len(workers) == 2, workers
     victim = workers[0]
-    # keep-alive connections, some of them served by the survivor; a short timeout finds out
-    # which are the stopped worker's
+    # keep-alive connections, some of them served by the survivor: one thread per connection
+    # polls /readyz on it; the stopped worker's connections time out and their threads end
     conns = []
     for _ in range(8):
-        c = srv.connection(timeout=0.3)
-        if srv.request("GET", "/healthz", conn=c).status == 200:
-            conns.append(c)
+        c = http.client.HTTPConnection(srv.host, srv.port, timeout=0.5)
+        c.request("GET", "/healthz")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200
+        conns.append(c)
+    saw_503 = []
+    seen = {}
+    stop = threading.Event()
+
+    def watch(c):
+        n = 0
+        while not stop.is_set() and n < 1000000:
+            n += 1
+            try:
+                c.request("GET", "/readyz")
+                r = c.getresponse()
+                r.read()
+            except (OSError, http.client.HTTPException):
+                seen["timeout"] = seen.get("timeout", 0) + 1
+                return  # the stopped worker's connection
+            seen[r.status] = seen.get(r.status, 0) + 1
+            if r.status == 503:
+                saw_503.append(time.monotonic())
+                return
+
     os.kill(victim, signal.SIGSTOP)
     t0 = time.monotonic()
+    threads = [threading.Thread(target=watch, args=(c,), daemon=True) for c in conns]
+    for th in threads:
+        th.start()
     try:
-        first_503 = None
-        seen = {}
         deadline = t0 + (HANG_S + 1.0) * SLOW + 2.0
-        while first_503 is None and time.monotonic() < deadline and conns:
-            for c in list(conns):
-                r = srv.request("GET", "/readyz", conn=c)
-                seen[r.status] = seen.get(r.status, 0) + 1
-                if r.status == 0:
-                    conns.remove(c)  # the stopped worker's: it never answers
-                elif r.status == 503:
-                    first_503 = time.monotonic() - t0
-                    break
-        print("readyz statuses", seen, "conns left", len(conns))
+        while not saw_503 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+        for th in threads:
+            th.join(5)
+        first_503 = min(saw_503) - t0 if saw_503 else None
+        print("readyz statuses", seen)
         assert first_503 is not None, (
             f"/readyz never said 503 with worker {victim} stopped (hang timeout {HANG_S}s); "
             f"log:\n{srv.log_tail(30)}")
@@ -82,11 +106,13 @@ def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
         assert not _alive(victim), f"stopped worker {victim} is still there"
         assert "hung" in srv.log_text(), srv.log_tail(30)
         # new connections are answered again, whichever socket they land on
-        statuses = [_probe(srv, "/healthz", 2.0 * SLOW) for _ in range(20)]
-        assert statuses == [200] * 20, f"new connections after the replacement: {statuses}"
+        errors = []
+        statuses = [_probe(srv, "/healthz", 2.0 * SLOW, errors) for _ in range(20)]
+        assert statuses == [200] * 20, f"new connections after the replacement: {statuses} {errors}"
         assert srv.wait_ready(10 * SLOW), "/readyz did not return to 200"
         print(f"503 after {first_503:.2f}s; workers now {pids}")
     finally:
+        stop.set()
         for c in conns:
             c.close()
         if _alive(victim):
