@@ -43,16 +43,7 @@ static inline void store_unlock(kvr_store_t *st)
 
     st->log_wakeup = 0;
     kvr_shlock_unlock(&st->sh->lock);
-    if (wake && st->notify_deferred)
-        st->notify_pending = 1;
-    else if (wake)
-        kvr_store_notify_flush_force(st);
-}
-
-void kvr_store_notify_flush_force(kvr_store_t *st)
-{
-    st->notify_pending = 0;
-    if (st->notify_fd >= 0) {
+    if (wake && st->notify_fd >= 0) {
         uint64_t one = 1;
         (void)!write(st->notify_fd, &one, sizeof(one));
     }

@@ -77,18 +77,7 @@ struct kvr_store_s {
     uint8_t *scratch;
     int notify_fd;   /* eventfd of the change log's consumer, or -1 */
     int log_wakeup;  /* set under the lock when an append found the log empty */
-    int notify_deferred; /* a worker: wake the consumer once per loop iteration, not per append */
-    int notify_pending;
 };
-
-/* With notify_deferred set, appends only mark the consumer's wake-up as due; the owner of the
- * loop sends it (one eventfd write for every event of an iteration, instead of one per PUT). */
-void kvr_store_notify_flush_force(kvr_store_t *st);
-static inline void kvr_store_notify_flush(kvr_store_t *st)
-{
-    if (st->notify_pending)
-        kvr_store_notify_flush_force(st);
-}
 
 /* Initialises the store's regions of a freshly created segment (the supervisor, once). */
 int kvr_store_format(kvr_seg_t *seg, int no_evict);

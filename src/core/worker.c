@@ -66,7 +66,6 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     if (kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_WORKER) < 0 || kvr_store_open(&store, seg) != KVR_OK)
         _exit(70);
     store.notify_fd = fds->publisher;
-    store.notify_deferred = 1; /* flushed once per loop iteration, below */
     kvr_relay_attach(&relay, seg, cfg, fds);
     kvr_api_init(&api, cfg, seg, &store, &relay);
     http = kvr_http_create(cfg, &api);
@@ -87,7 +86,6 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     for (;;) {
         uint64_t t;
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
-        kvr_store_notify_flush(&store); /* the publisher's wake-up, once for the last iteration */
         kvr_http_run_once(http, 50);
         t = now_ms();
         if (t - last_h1_tick >= 50) {
