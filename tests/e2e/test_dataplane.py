@@ -354,6 +354,7 @@ def test_401_after_at_most_the_head(kvrelay):
     total = 256 * MiB
     head = _req("PUT", kv_path("no-token"), [("Content-Length", str(total))])
     status, sent = _bytes_accepted_before_answer(srv, head, total)
+    print(f"401: {sent} body bytes of {total} accepted by the kernel before the answer")
     assert status == 401
     assert sent < 16 * MiB, f"{sent} body bytes accepted before the 401"
     status, sent = _bytes_accepted_before_answer(
