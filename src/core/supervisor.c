@@ -193,7 +193,7 @@ static void watchdog(sup_t *s, uint64_t t)
             }
             continue;
         }
-        still = t - c->hb_at_ms;
+        still = t > c->hb_at_ms ? t - c->hb_at_ms : 0; /* a child spawned after t was sampled */
         if (!c->suspect && still >= limit / 2 && take_readiness(s, c)) {
             c->suspect = 1;
             kvr_warn("%s %d (pid %d): no heartbeat for %llu ms; out of readiness", role_name(c), c->index, (int)c->pid,
@@ -498,7 +498,7 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
 
         if (!s->draining)
             wait_ms = respawn_due(s, t);
-        watchdog(s, t);
+        watchdog(s, now_ms()); /* after respawn_due: t may predate a child it just started */
         if (wait_ms > 250)
             wait_ms = 250; /* sample heartbeats often enough (--hang-timeout >= 500 ms) */
         if (s->draining) {
