@@ -14,7 +14,7 @@ Measured (each for about --seconds):
                                    pages of 8 MiB (K and V halves of 4 MiB), GB/s
   kvrelay_bench_{put,get}_{32M,8M} build/kvrelay-bench, 16 connections, same sizes, GB/s
   *_vs_kvrelay_bench               the ratio of the two
-  exists_many_1000 / heads_1000    one pipelined exchange vs 1,000 HEADs one after the other
+  exists_many_1000 / heads_1000    one POST /batch/exists vs 1,000 HEADs one after the other
                                    on one keep-alive connection, ms, and their ratio
 
 GB/s is 10^9 bytes of payload per second, as kvrelay-bench reports it. Not like for like on

@@ -7,6 +7,7 @@
 #include "wire/keys.h"
 
 #include <openssl/crypto.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <time.h>
@@ -53,6 +54,8 @@ unsigned kvr_api_method(const char *m, size_t n)
         return KVR_M_HEAD;
     if (memis(m, n, "DELETE"))
         return KVR_M_DELETE;
+    if (memis(m, n, "POST"))
+        return KVR_M_POST;
     return KVR_M_OTHER;
 }
 
@@ -484,12 +487,124 @@ static int get_or_head(unsigned m)
     return m == KVR_M_GET || m == KVR_M_HEAD;
 }
 
+/* ------------------------------------------------------------------ batches */
+
+static void route_batch(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    if (rq->method != KVR_M_POST) {
+        send_405(res, "POST");
+        return;
+    }
+    if (rq->length_unknown) {
+        kvr_api_error(res, 411, "InvalidRequest", "a batch needs a Content-Length");
+        return;
+    }
+    if (rq->body_len > KVR_API_BATCH_MAX_BODY) {
+        kvr_api_error(res, 413, "EntityTooLarge", "a batch body is at most 1 MiB");
+        return;
+    }
+    res->put = KVR_API_BODY_WANTED;
+}
+
+/* Splits the body into keys; on a bad line answers 400 naming it and returns -1. */
+static int batch_keys(kvr_api_res_t *res, const char *body, size_t len, size_t *starts, size_t *lens, size_t *count)
+{
+    char msg[96];
+    size_t n = 0, i = 0;
+
+    while (i < len) {
+        const char *nl = memchr(body + i, '\n', len - i);
+        size_t end = nl != NULL ? (size_t)(nl - body) : len, l = end - i;
+        if (l > 0 && body[end - 1] == '\r')
+            l--;
+        if (n == KVR_API_BATCH_MAX_KEYS) {
+            kvr_api_error(res, 413, "EntityTooLarge", "a batch holds at most 4096 keys");
+            return -1;
+        }
+        if (l == 0) {
+            snprintf(msg, sizeof(msg), "line %zu: empty key", n + 1);
+            kvr_api_error(res, 400, "InvalidRequest", msg);
+            return -1;
+        }
+        starts[n] = i;
+        lens[n] = l;
+        n++;
+        i = end + 1;
+    }
+    *count = n;
+    return 0;
+}
+
+/* exists: {"count":N,"prefix":P,"exists":[...]} — prefix is the number of consecutive hits
+ * from the first key, what a prefix-cache lookup wants. delete: {"count":N,"refs":[...]} with
+ * the references left, null for a key that was not there. */
+void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size_t len, kvr_api_res_t *res)
+{
+    static size_t starts[KVR_API_BATCH_MAX_KEYS], lens[KVR_API_BATCH_MAX_KEYS];
+    int is_delete = rq->path_len > 7 && memcmp(rq->path + rq->path_len - 7, "/delete", 7) == 0;
+    size_t count = 0, prefix = 0, cap;
+    uint8_t key[KVR_KEY_MAX];
+    char *out, msg[96];
+    kvr_json_t j;
+
+    res->put = KVR_API_PUT_NONE;
+    if (batch_keys(res, body, len, starts, lens, &count) < 0)
+        return;
+    cap = 64 + count * 12;
+    out = malloc(cap);
+    if (out == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    kvr_json_init(&j, out, cap);
+    kvr_json_raw(&j, "{");
+    json_field(&j, "count", count, 1);
+    kvr_json_raw(&j, is_delete ? ",\"refs\":[" : ",\"exists\":[");
+    for (size_t k = 0; k < count; k++) {
+        size_t klen = 0;
+        int rc = kvr_key_decode(body + starts[k], lens[k], key, sizeof(key), &klen);
+        if (rc != KVR_KEY_OK) {
+            free(out);
+            snprintf(msg, sizeof(msg), "line %zu: %s", k + 1, kvr_key_error(rc));
+            kvr_api_error(res, 400, "InvalidRequest", msg);
+            return;
+        }
+        if (k > 0)
+            kvr_json_raw(&j, ",");
+        if (is_delete) {
+            uint32_t left = 0;
+            if (kvr_store_release(a->store, key, klen, &left) == KVR_OK)
+                kvr_json_u64(&j, left);
+            else
+                kvr_json_raw(&j, "null");
+        } else {
+            int e = kvr_store_exists(a->store, key, klen, NULL);
+            prefix += e && prefix == k;
+            kvr_json_raw(&j, e ? "true" : "false");
+        }
+    }
+    kvr_json_raw(&j, "]");
+    if (!is_delete)
+        json_field(&j, "prefix", prefix, 0);
+    kvr_json_raw(&j, "}");
+    if (j.overflow) {
+        free(out);
+        kvr_api_error(res, 500, "Internal", "response too large");
+        return;
+    }
+    send_heap(res, out, j.len, "application/json");
+}
+
 /* Everything outside /kv/; returns 0 when the path is not one of them. */
 static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
 {
     const char *p = rq->path;
     size_t n = rq->path_len;
 
+    if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete")) {
+        route_batch(a, rq, res);
+        return 1;
+    }
     if (memis(p, n, "/metrics")) {
         if (!get_or_head(rq->method))
             send_405(res, "GET, HEAD");
@@ -544,7 +659,7 @@ static void route_kv(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
             handle_exists(a, res, key, klen);
         return;
     }
-    if (rq->method == KVR_M_OTHER) {
+    if (rq->method == KVR_M_OTHER || rq->method == KVR_M_POST) {
         send_405(res, "GET, HEAD, PUT, DELETE");
         return;
     }
@@ -597,7 +712,8 @@ void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     /* A PUT answered from its head leaves a body on the connection: it is consumed after the
      * answer (keep-alive) when it is no larger than a block may be, except for a client without
      * a valid token, which gets nothing more of this connection. */
-    if (rq->method == KVR_M_PUT && (rq->body_len > 0 || rq->length_unknown) && res->put == KVR_API_PUT_NONE) {
+    if ((rq->method == KVR_M_PUT || rq->method == KVR_M_POST) && (rq->body_len > 0 || rq->length_unknown) &&
+        res->put == KVR_API_PUT_NONE) {
         if (res->status == 401 || res->status == 413 || rq->length_unknown)
             res->close = 1;
         else
@@ -632,8 +748,13 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
 {
     kvr_stats_block_t *b = a->store->my_stats;
     uint64_t us = kvr_api_now_us() - start_us;
+
     double secs = (double)us / 1e6;
-    unsigned base = KVR_ST_HTTP_HIST + method * (KVR_HTTP_BUCKETS + 2), k;
+    unsigned base, k;
+
+    if (method >= KVR_HTTP_METHODS)
+        method = KVR_M_OTHER;
+    base = KVR_ST_HTTP_HIST + method * (KVR_HTTP_BUCKETS + 2);
 
     if (res->put != KVR_API_PUT_NONE)
         kvr_api_put_end(a, res, 0);

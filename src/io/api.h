@@ -41,10 +41,15 @@ extern const char *const kvr_http_method_names[KVR_HTTP_METHODS];
 extern const int kvr_http_status_codes[KVR_HTTP_STATUSES];
 extern const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS];
 
-enum { KVR_M_GET, KVR_M_PUT, KVR_M_HEAD, KVR_M_DELETE, KVR_M_OTHER };
+/* POST is counted as "other" in the metrics (kvr_api_done). */
+enum { KVR_M_GET, KVR_M_PUT, KVR_M_HEAD, KVR_M_DELETE, KVR_M_OTHER, KVR_M_POST };
 
 #define KVR_API_MAX_HEAD   (16u << 10) /* request line + headers; 431 beyond */
 #define KVR_API_INLINE_MAX 8192        /* JSON bodies: a 1,024-byte key escaped 6x fits */
+/* POST /batch/exists and /batch/delete (docs/http-contract.md, "Batches"): the body is the
+ * keys, one per line, percent-encoded as in a path. */
+#define KVR_API_BATCH_MAX_KEYS 4096
+#define KVR_API_BATCH_MAX_BODY (1u << 20)
 
 typedef struct {
     const kvr_config_t *cfg;
@@ -76,6 +81,9 @@ enum { KVR_API_BODY_INLINE, KVR_API_BODY_BLOCK, KVR_API_BODY_HEAP };
 /* DEFERRED: a chunked PUT passed every check of its head and comes back with its length; WAIT:
  * this worker's PUT reservations in flight are at their budget, ask again later. */
 enum { KVR_API_PUT_NONE, KVR_API_PUT_RESERVED, KVR_API_PUT_DEDUP, KVR_API_PUT_DEFERRED, KVR_API_PUT_WAIT };
+/* A batch request passed every check of its head: the transport collects the body (at most
+ * KVR_API_BATCH_MAX_BODY) in memory and calls kvr_api_batch. Shares res->put's field. */
+#define KVR_API_BODY_WANTED 16
 
 typedef struct {
     int status; /* 0 while a reserved PUT waits for its body */
@@ -121,6 +129,9 @@ void kvr_api_put_write(kvr_api_t *a, kvr_api_res_t *res, uint64_t off, const voi
 
 /* The body of a PUT is in (ok = 1) or will never be (ok = 0). With ok it fills the answer. */
 void kvr_api_put_end(kvr_api_t *a, kvr_api_res_t *res, int ok);
+
+/* The body of a KVR_API_BODY_WANTED request has arrived: answers it. */
+void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size_t len, kvr_api_res_t *res);
 
 /* A transport-level error (framing, limits) as the contract's JSON. */
 void kvr_api_error(kvr_api_res_t *res, int status, const char *code, const char *msg);

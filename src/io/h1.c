@@ -31,6 +31,7 @@ enum {
     ST_BODY,    /* receiving a PUT body into its reservation */
     ST_DISCARD, /* consuming a body that is not stored (dedup hit, bodies of other methods) */
     ST_CHUNKED, /* collecting a chunked body */
+    ST_COLLECT, /* collecting a batch request's body (Content-Length, at most 1 MiB) */
     ST_WAIT,    /* PUT waiting for the in-flight budget, nothing read */
     ST_SEND,    /* sending the response */
     ST_LINGER,  /* answered and closing: our side shut, the peer's remaining bytes discarded */
@@ -440,6 +441,10 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
         respond_error(c, 400, "InvalidRequest", "Content-Length together with Transfer-Encoding");
         return -1;
     }
+    if (!te && !have_len && (c->method == KVR_M_PUT || c->method == KVR_M_POST)) {
+        respond_error(c, 411, "InvalidRequest", "a PUT or POST needs Content-Length or chunked encoding");
+        return -1;
+    }
     c->keep = minor >= 1 ? !conn_close_hdr : conn_keep;
     c->chunked = (uint8_t)te;
     c->body_len = len;
@@ -512,7 +517,7 @@ static void start_request(h1c_t *c)
 {
     kvr_api_res_t *res = &c->res;
 
-    if (c->method != KVR_M_PUT && (c->body_len > 0 || c->chunked)) {
+    if (c->method != KVR_M_PUT && c->method != KVR_M_POST && (c->body_len > 0 || c->chunked)) {
         if (c->chunked || c->body_len > c->s->cfg->max_block_size) {
             respond_error(c, c->chunked ? 400 : 413, c->chunked ? "InvalidRequest" : "EntityTooLarge",
                           "this request's body is not accepted");
@@ -525,6 +530,17 @@ static void start_request(h1c_t *c)
     }
     kvr_api_handle(c->s->api, &c->rq, res);
     switch (res->put) {
+    case KVR_API_BODY_WANTED:
+        if (c->s->chunked_conns >= KVR_H1_CHUNKED_CONNS || (c->cbuf = malloc(c->body_len + 1)) == NULL) {
+            res->put = KVR_API_PUT_NONE;
+            respond_error_hdr(c, 503, "Busy", "too many request bodies in memory in this worker; retry",
+                              "retry-after", H1_RETRY_AFTER);
+            return;
+        }
+        c->s->chunked_conns++;
+        c->state = ST_COLLECT;
+        begin_body(c);
+        return;
     case KVR_API_PUT_WAIT:
         c->state = ST_WAIT;
         c->last_ms = now_ms();
@@ -568,8 +584,14 @@ static void body_complete(h1c_t *c)
         response_done(c);
         return;
     }
-    if (res->put != KVR_API_PUT_NONE)
+    if (c->state == ST_COLLECT) {
+        kvr_api_batch(c->s->api, &c->rq, c->cbuf, c->body_len, res);
+        free(c->cbuf);
+        c->cbuf = NULL;
+        c->s->chunked_conns--;
+    } else if (res->put != KVR_API_PUT_NONE) {
         kvr_api_put_end(c->s->api, res, 1);
+    }
     respond(c);
 }
 
@@ -587,6 +609,8 @@ static void begin_body(h1c_t *c)
         pre = (size_t)c->body_len;
     if (c->state == ST_BODY && pre > 0)
         kvr_api_put_write(c->s->api, &c->res, 0, c->hbuf + c->hused, pre);
+    if (c->state == ST_COLLECT && pre > 0)
+        memcpy(c->cbuf, c->hbuf + c->hused, pre);
     c->body_got = pre;
     c->bytes_in = pre;
     if (c->body_got == c->body_len) {
@@ -704,6 +728,14 @@ static void conn_read(h1c_t *c)
          * of it; progress in between is seen through TCP_INFO (moved()). */
         rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, MSG_WAITALL, &c->rop);
         break;
+    case ST_COLLECT:
+        c->iov[0].iov_base = c->cbuf + c->body_got;
+        c->iov[0].iov_len = c->body_len - c->body_got;
+        memset(&c->msg, 0, sizeof(c->msg));
+        c->msg.msg_iov = c->iov;
+        c->msg.msg_iovlen = 1;
+        rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, MSG_WAITALL, &c->rop);
+        break;
     case ST_DISCARD:
     case ST_LINGER:
         want = c->state == ST_LINGER ? (1u << 30) : c->body_len - c->body_got;
@@ -771,7 +803,7 @@ static void on_read(kvr_uring_op_t *op, int res)
         return;
     }
     if (res <= 0) {
-        if (c->state == ST_BODY || c->state == ST_DISCARD || c->state == ST_CHUNKED)
+        if (c->state == ST_BODY || c->state == ST_DISCARD || c->state == ST_CHUNKED || c->state == ST_COLLECT)
             KVR_LOG_RATELIMITED(KVR_LOG_DEBUG, "h1: connection ended inside a body (%d)", res);
         conn_close(c);
         return;
@@ -788,6 +820,7 @@ static void on_read(kvr_uring_op_t *op, int res)
         return;
     case ST_BODY:
     case ST_DISCARD:
+    case ST_COLLECT:
         c->body_got += (uint64_t)res;
         c->bytes_in += (uint64_t)res;
         if (c->body_got >= c->body_len)

@@ -189,7 +189,9 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     rq.head_bytes = head_bytes(req);
     rq.buffered = 1;
     kvr_api_handle(h->api, &rq, &r->res);
-    if (r->res.put != KVR_API_PUT_NONE) {
+    if (r->res.put == KVR_API_BODY_WANTED) {
+        kvr_api_batch(h->api, &rq, req->entity.base != NULL ? req->entity.base : "", req->entity.len, &r->res);
+    } else if (r->res.put != KVR_API_PUT_NONE) {
         /* h2o 2.2 has buffered the whole body already: one copy into the reservation. */
         if (r->res.put == KVR_API_PUT_RESERVED)
             kvr_api_put_write(h->api, &r->res, 0, req->entity.base, req->entity.len);

@@ -12,7 +12,7 @@ kvrelay.Client — one kvrelay node over HTTP/1.1 keep-alive, behaving like the 
                                              as it is, never copied); True on 200 / 201
     contains(key) -> bool                    HEAD
     exists(key) -> bool                      GET /kv/<key>/exists, reads "exists"
-    exists_many(keys) -> list[bool]          many existence checks in one pipelined exchange
+    exists_many(keys) -> list[bool]          many existence checks in one request (POST /batch/exists)
     delete(key) -> int | None                DELETE: references left, or None
     stats() -> KvCacheStats | None           GET /kv/stats
 
@@ -55,12 +55,9 @@ ENV_PREFIXES = ("KVRELAY_", "EPISTEMIC_GRAPH_KVCACHE_")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
-# The most keys one pipelined existence exchange carries; longer lists are cut into
-# exchanges of this size, one after the other.
-MAX_PIPELINE_KEYS = 4096
-# Pipelines longer than this are written by a helper thread while the caller reads the
-# answers, so neither side can block the other on full socket buffers.
-_PIPELINE_WRITER_THRESHOLD = 256
+# The server's batch limits (POST /batch/exists): longer key lists travel in several requests.
+BATCH_MAX_KEYS = 4096
+BATCH_MAX_BODY = 1 << 20
 # A body that does not fit the caller's buffer is read and dropped up to this size (the
 # connection stays usable); a longer one closes the connection instead.
 _DISCARD_LIMIT = 64 * 1024
@@ -369,62 +366,29 @@ class Client:
         return int(json.loads(data)["refs"])
 
     def probe_many(self, keys: Sequence) -> List[bool]:
-        """Existence of every key (HEAD 200), in order. Raises on transport errors.
-
-        This is the one place that decides how a batch existence check travels. Today: HTTP/1.1
-        pipelined HEADs on one keep-alive connection (the server answers them in order), in
-        exchanges of at most MAX_PIPELINE_KEYS. A server batch route replaces this function's
-        body and nothing else."""
+        """Existence of every key, in order, in as few round trips as the server's batch route
+        allows: POST /batch/exists with one percent-encoded key per line, at most
+        BATCH_MAX_KEYS keys and BATCH_MAX_BODY bytes per request (docs/http-contract.md).
+        Raises on transport and protocol errors."""
+        lines = [quote_key(k).encode("ascii") for k in keys]
         out: List[bool] = []
-        for i in range(0, len(keys), MAX_PIPELINE_KEYS):
-            out.extend(self._pipelined_heads(keys[i:i + MAX_PIPELINE_KEYS]))
+        i = 0
+        while i < len(lines):
+            n, size = 0, 0
+            while i + n < len(lines) and n < BATCH_MAX_KEYS and size + len(lines[i + n]) + 1 <= BATCH_MAX_BODY:
+                size += len(lines[i + n]) + 1
+                n += 1
+            body = b"\n".join(lines[i:i + n])
+            status, data = self._simple("POST", self.base_path + "/batch/exists", [body], length=len(body),
+                                        max_body=256 + 8 * n)
+            if status != 200:
+                raise ProtocolError(f"batch exists: HTTP {status}")
+            found = json.loads(data)["exists"]
+            if len(found) != n:
+                raise ProtocolError(f"batch exists: {len(found)} answers for {n} keys")
+            out.extend(bool(x) for x in found)
+            i += n
         return out
-
-    def _pipelined_heads(self, keys: Sequence) -> List[bool]:
-        if not keys:
-            return []
-        payload = b"".join(self._head("HEAD", self.path(k)) for k in keys)
-        for attempt in (0, 1):
-            conn, reused = self._pool.acquire(self.timeout_s)
-            ok = False
-            results: List[bool] = []
-            writer = None
-            failure = []
-            try:
-                if len(keys) > _PIPELINE_WRITER_THRESHOLD:
-                    def write():
-                        try:
-                            conn.sendall(payload)
-                        except BaseException as e:  # reported by the reader's failure
-                            failure.append(e)
-                    writer = threading.Thread(target=write, daemon=True, name="kvrelay-pipeline")
-                    writer.start()
-                else:
-                    conn.sendall(payload)
-                will_close = False
-                for _ in keys:
-                    resp = conn.read_head(head_request=True)
-                    results.append(resp.status == 200)
-                    if resp.will_close:
-                        will_close = True
-                        break
-                if len(results) != len(keys):
-                    raise ProtocolError(f"the server closed after {len(results)} of {len(keys)} answers")
-                ok = not will_close
-                return results
-            except _STALE:
-                if reused and attempt == 0 and not results:
-                    continue
-                raise
-            finally:
-                if writer is not None:
-                    if not ok:
-                        conn.close()  # unblocks a writer stuck on a full buffer
-                    writer.join(self.timeout_s + 1.0)
-                    if failure and ok:
-                        ok = False
-                self._pool.release(conn, ok)
-        raise ConnectionError("unreachable")  # pragma: no cover
 
     # -- the connector API (never raises) ----------------------------------------------------
 

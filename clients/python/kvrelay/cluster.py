@@ -368,7 +368,7 @@ class Cluster:
             return None
 
     def probe_many(self, keys: Sequence) -> List[bool]:
-        """Existence of every key: one pipelined exchange per node, nodes in parallel; a key
+        """Existence of every key: one batch request per node, nodes in parallel; a key
         missing on its first owner is asked of its next replica. A key no owner answered for is
         False; ConnectionError only when no node answered for any key."""
         keys = list(keys)

@@ -33,7 +33,7 @@ kvrelay for LMCache, both modes.
              is a per-key False with ok=True (the bridge loads only the True keys); ok=False
              when some key's node could not be reached
      set     per key True on 200/201; ok is all(per key)
-     exists  one pipelined exchange per node (Client.probe_many); ok=False when unreachable
+     exists  one batch request per node (Client.probe_many); ok=False when unreachable
      delete  per key True when a node deleted it
 
    A key-count or buffer-list mismatch raises ValueError at submission, as the native
@@ -221,7 +221,7 @@ class KvrelayL2Adapter:
                 self._push_locked((fid, False, f"kvrelay: more than {self.max_pending_keys} keys in flight",
                                    [False] * len(keys)))
                 return fid
-            # exists travels as one pipelined exchange per node; the rest is tiled
+            # exists travels as one batch request per node; the rest is tiled
             tiles = 1 if op == "exists" else min(self.num_workers, len(keys))
             batch = _Batch(fid, op, keys, views, tiles)
             self._pending_keys += len(keys)

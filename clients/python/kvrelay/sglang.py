@@ -21,7 +21,7 @@ page buffer (one per page for MLA, K and V for MHA, or more). Each page is one k
 the concatenation of its buffers: a set sends them gathered straight from the host pool, a
 get receives the body straight into them (``ctypes`` views over the pointers). A page whose
 stored length differs is a miss. ``batch_set_v1`` first asks which pages are already stored
-(one pipelined exchange) and writes only the others.
+(one batch request) and writes only the others.
 
 Keys: SGLang's page hash, suffixed with what makes the page's bytes differ across workers —
 the model, and the TP rank unless the model is MLA (rank-replicated), the PP rank with PP,

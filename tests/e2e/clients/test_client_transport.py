@@ -1,6 +1,6 @@
 """
-kvrelay.Client's transport: receiving into a caller's buffer, gathered sends, pipelined
-existence checks on one connection, and each limit of the response parser (kvrelay/_http.py)
+kvrelay.Client's transport: receiving into a caller's buffer, gathered sends, batch
+existence checks (POST /batch/exists) on the kept-alive connection, and each limit of the response parser (kvrelay/_http.py)
 pushed past against a canned server — a refused response is a miss, never an exception.
 """
 
@@ -16,7 +16,7 @@ from conftest import SLOW  # noqa: E402
 
 from kvrelay import Client  # noqa: E402
 from kvrelay import _http  # noqa: E402
-from kvrelay.client import MAX_PIPELINE_KEYS  # noqa: E402
+from kvrelay.client import BATCH_MAX_KEYS  # noqa: E402
 
 
 def test_get_into_put_memoryview_and_exists_many(kvrelay):
@@ -45,9 +45,9 @@ def test_get_into_put_memoryview_and_exists_many(kvrelay):
         got = c.exists_many(keys)
         took = time.monotonic() - t0
         assert got == [i % 3 == 0 for i in range(1500)]
-        assert c.connections_opened == opened, "the pipeline must use the kept-alive connection"
-        # many more than one exchange carries: cut in pieces, still exact
-        many = [f"e{i}" for i in range(MAX_PIPELINE_KEYS + 10)]
+        assert c.connections_opened == opened, "the batch must use the kept-alive connection"
+        # more keys than one batch request carries: cut in pieces, still exact
+        many = [f"e{i}" for i in range(BATCH_MAX_KEYS + 10)]
         assert c.exists_many(many) == [i % 3 == 0 and i < 1500 for i in range(len(many))]
         print(f"exists_many 1500 keys: {took * 1000:.1f} ms")
 
