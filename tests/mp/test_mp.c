@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,6 +81,11 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
     uint8_t *want = malloc(700 * 1024), *got = malloc(700 * 1024);
     char key[64];
 
+    /* A failed assertion ends the test process without reaching the kills below: the
+     * workers must not outlive it (they loop until killed). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1)
+        _exit(0);
     seg.slot = -1;
     if (kvr_seg_proc_claim_at(&seg, slot, 1) < 0 || kvr_store_open(&st, &seg) != KVR_OK)
         _exit(2);
