@@ -395,21 +395,19 @@ static void handle_debug_store(kvr_api_t *a, kvr_api_res_t *res)
 static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
 {
     kvr_json_t j;
-    const kvr_relay_sh_t *sh = a->relay->sh;
-    uint64_t subs = 0;
+    kvr_relay_status_t st;
 
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        subs += atomic_load(&sh->sub[i].state) == KVR_SUB_LIVE;
+    kvr_relay_status(a->seg, &st);
     json_begin(&j, res);
-    json_field(&j, "generation", atomic_load(&sh->generation), 1);
-    json_field(&j, "published_seq", atomic_load(&sh->published_seq), 0);
-    json_field(&j, "catalog_revision", atomic_load(&sh->catalog_revision), 0);
-    json_field(&j, "bucket_count", sh->bucket_count, 0);
-    json_field(&j, "seed", sh->seed, 0);
-    json_field(&j, "dc_id", sh->dc_id, 0);
-    json_field(&j, "incarnation", sh->incarnation, 0);
-    json_field(&j, "publisher_pid", atomic_load(&sh->publisher_pid), 0);
-    json_field(&j, "live_pool_subscribers", subs, 0);
+    json_field(&j, "generation", st.generation, 1);
+    json_field(&j, "published_seq", st.published_seq, 0);
+    json_field(&j, "catalog_revision", st.catalog_revision, 0);
+    json_field(&j, "bucket_count", st.bucket_count, 0);
+    json_field(&j, "seed", st.seed, 0);
+    json_field(&j, "dc_id", st.dc_id, 0);
+    json_field(&j, "incarnation", st.incarnation, 0);
+    json_field(&j, "publisher_pid", st.publisher_pid, 0);
+    json_field(&j, "live_pool_subscribers", st.live_subscribers, 0);
     json_field(&j, "log_head", atomic_load(&a->store->log->head), 0);
     json_field(&j, "log_tail", atomic_load(&a->store->log->tail), 0);
     kvr_json_raw(&j, "}");
@@ -429,14 +427,15 @@ static void send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *cty
 /* The publisher's working filter as bucket_count little-endian u64 words (x86: as stored). */
 static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
 {
-    size_t len = a->relay->sh->bucket_count * 8;
+    uint64_t buckets = kvr_relay_buckets(a->relay);
+    size_t len = buckets * 8;
     uint8_t *copy = malloc(len ? len : 1);
 
     if (copy == NULL) {
         kvr_api_error(res, 503, "Busy", "out of memory");
         return;
     }
-    for (uint64_t i = 0; i < a->relay->sh->bucket_count; i++)
+    for (uint64_t i = 0; i < buckets; i++)
         kvr_put_le64(copy + i * 8, __atomic_load_n(&a->relay->filter[i], __ATOMIC_RELAXED));
     send_heap(res, (char *)copy, len, "application/octet-stream");
 }

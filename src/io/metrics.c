@@ -72,14 +72,16 @@ static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "r
  */
 static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
 {
-    const kvr_relay_sh_t *sh = kvr_seg_at(seg, seg->hdr->off_relay);
-    uint64_t gen = atomic_load(&sh->generation);
+    kvr_relay_status_t rs;
+    uint64_t gen;
     int pub_up = atomic_load(&seg->hdr->ctl.publisher_running) != 0;
     uint64_t cum = 0, count;
 
+    kvr_relay_status(seg, &rs);
+    gen = rs.generation;
     family(o, "kv_dc_relay_subscribers", "gauge", "Current subscribers, by stream.");
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
-        emit(o, "kv_dc_relay_subscribers{stream=\"%s\"} %u\n", stream_names[t], atomic_load(&sh->active[t]));
+        emit(o, "kv_dc_relay_subscribers{stream=\"%s\"} %u\n", stream_names[t], rs.active[t]);
     scalar(o, "kv_dc_relay_subscriber_lagged_total", "counter", "Streams closed for queue lag.",
            sum(st, KVR_ST_RELAY + KVR_RC_LAGGED));
     family(o, "kv_dc_relay_subscriber_limit_rejected_total", "counter", "Admission rejections.");
@@ -91,11 +93,11 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
            sum(st, KVR_ST_RELAY + KVR_RC_LOAD_WINDOWS));
     scalar(o, "kv_dc_relay_catalog_pool_count", "untyped", "Pools in the catalog.", gen != 0 && pub_up);
     scalar(o, "kv_dc_relay_requested_publication_hub_count", "untyped", "Hubs requested by at least one subscriber.",
-           atomic_load(&sh->active[KVR_STREAM_POOL]) > 0);
+           rs.active[KVR_STREAM_POOL] > 0);
     scalar(o, "kv_dc_relay_initialized_publication_hub_count", "untyped", "Hubs holding a filter mirror.", gen != 0 && pub_up);
     scalar(o, "kv_dc_relay_ready_publication_hub_count", "untyped", "Hubs with a contiguous ready mirror.", gen != 0 && pub_up);
     scalar(o, "kv_dc_relay_idle_publication_hub_count", "untyped", "Ready hubs with no subscribers.",
-           gen != 0 && pub_up && atomic_load(&sh->active[KVR_STREAM_POOL]) == 0);
+           gen != 0 && pub_up && rs.active[KVR_STREAM_POOL] == 0);
     scalar(o, "kv_dc_relay_terminal_publication_failures_total", "counter",
            "Generations fenced after a terminal publication failure.", 0);
     family(o, "kv_dc_relay_serving_topology_count", "untyped", "Topology entries by state.");
@@ -109,7 +111,7 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
 
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
-           atomic_load(&sh->published_seq));
+           rs.published_seq);
     scalar(o, "kvrelay_relay_deltas_published_total", "counter", "Deltas published.",
            sum(st, KVR_ST_RELAY + KVR_RC_DELTAS));
     scalar(o, "kvrelay_relay_delta_bytes_published_total", "counter", "Bytes of the published delta messages.",
