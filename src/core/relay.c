@@ -190,6 +190,16 @@ uint64_t kvr_relay_buckets(const kvr_relay_t *r)
     return r->sh->bucket_count;
 }
 
+uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint64_t i)
+{
+    return __atomic_load_n(&r->filter[i], __ATOMIC_RELAXED);
+}
+
+int kvr_relay_present(const kvr_relay_t *r)
+{
+    return r != NULL && r->sh != NULL;
+}
+
 int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want)
 {
     const kvr_relay_sh_t *sh = r->sh;

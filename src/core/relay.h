@@ -74,6 +74,12 @@ uint64_t kvr_relay_catalog_revision(const kvr_relay_t *r);
 uint64_t kvr_relay_incarnation(const kvr_relay_t *r);
 uint64_t kvr_relay_buckets(const kvr_relay_t *r);
 
+/* Bucket i of the publisher's working filter (a relaxed read: a view, not a snapshot). */
+uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint64_t i);
+
+/* 1 when this process has the relay's regions mapped (a segment formatted with a relay). */
+int kvr_relay_present(const kvr_relay_t *r);
+
 /* 1 when `want` names this relay's pool (DcId, both digests and their sources). */
 int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want);
 

@@ -658,6 +658,17 @@ int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *r
 
 /* ------------------------------------------------------------------ stats */
 
+uint64_t kvr_store_counter(const kvr_store_t *st, unsigned i)
+{
+    return kvr_stats_sum(st->sh->stats, KVR_MAX_PROCS + 1, i);
+}
+
+void kvr_store_log_positions(const kvr_store_t *st, uint64_t *head, uint64_t *tail)
+{
+    *head = atomic_load(&st->log->head);
+    *tail = atomic_load(&st->log->tail);
+}
+
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)
 {
     kvr_store_sh_t *sh = st->sh;

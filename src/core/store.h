@@ -141,6 +141,12 @@ int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *r
 
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
 
+/* Counter i (KVR_ST_*) summed over every process's stats block and the retired one. */
+uint64_t kvr_store_counter(const kvr_store_t *st, unsigned i);
+
+/* The change log's positions (appended up to head, consumed up to tail), for /debug/relay. */
+void kvr_store_log_positions(const kvr_store_t *st, uint64_t *head, uint64_t *tail);
+
 /*
  * Supervisor: a child died. Repairs whatever it held (its lock, pins, reservations), retires
  * its stats and frees its slot. Returns KVR_OK, or KVR_ENOTFOUND when pid had no slot.

@@ -396,6 +396,7 @@ static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
 {
     kvr_json_t j;
     kvr_relay_status_t st;
+    uint64_t head, tail;
 
     kvr_relay_status(a->seg, &st);
     json_begin(&j, res);
@@ -408,8 +409,9 @@ static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
     json_field(&j, "incarnation", st.incarnation, 0);
     json_field(&j, "publisher_pid", st.publisher_pid, 0);
     json_field(&j, "live_pool_subscribers", st.live_subscribers, 0);
-    json_field(&j, "log_head", atomic_load(&a->store->log->head), 0);
-    json_field(&j, "log_tail", atomic_load(&a->store->log->tail), 0);
+    kvr_store_log_positions(a->store, &head, &tail);
+    json_field(&j, "log_head", head, 0);
+    json_field(&j, "log_tail", tail, 0);
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }
@@ -436,7 +438,7 @@ static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
         return;
     }
     for (uint64_t i = 0; i < buckets; i++)
-        kvr_put_le64(copy + i * 8, __atomic_load_n(&a->relay->filter[i], __ATOMIC_RELAXED));
+        kvr_put_le64(copy + i * 8, kvr_relay_filter_word(a->relay, i));
     send_heap(res, (char *)copy, len, "application/octet-stream");
 }
 
@@ -621,7 +623,7 @@ static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res
     if (memis(p, n, "/debug/relay") || memis(p, n, "/debug/filter")) {
         if (rq->method != KVR_M_GET)
             send_405(res, "GET");
-        else if (a->relay == NULL || a->relay->sh == NULL)
+        else if (!kvr_relay_present(a->relay))
             kvr_api_error(res, 404, "NotFound", "the relay is not configured");
         else if (p[7] == 'r')
             handle_debug_relay(a, res);

@@ -48,7 +48,7 @@ static void emit(out_t *o, const char *fmt, ...)
 
 static uint64_t sum(kvr_store_t *st, unsigned i)
 {
-    return kvr_stats_sum(st->sh->stats, KVR_MAX_PROCS + 1, i);
+    return kvr_store_counter(st, i);
 }
 
 static void family(out_t *o, const char *name, const char *type, const char *help)
