@@ -14,6 +14,7 @@
 #include "core/relay.h"
 #include "core/store.h"
 #include "io/grpc.h"
+#include "fuzz_worker.h"
 #include "wire/health.pb-c.h"
 #include "wire/relay.pb-c.h"
 
@@ -140,21 +141,9 @@ static void gen_corpus(const char *dir)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     char *args[] = {"fuzz", NULL};
-    kvr_seg_config_t sc = {.memory = 4 << 20, .page_size = 4096, .max_blocks = 256, .hugepages = KVR_HUGEPAGES_OFF};
     const char *gen = getenv("KVR_FUZZ_GEN_CORPUS");
 
-    kvr_log_level = KVR_LOG_OFF;
-    if (kvr_config_load(&cfg, 1, args, stderr) != KVR_OK)
-        abort();
-    sc.ckf_buckets = kvr_relay_bucket_count(&cfg, 256);
-    if (kvr_seg_create(&seg, &sc) != KVR_OK || kvr_store_format(&seg, 0) != KVR_OK ||
-        kvr_seg_proc_claim_at(&seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(&store, &seg) != KVR_OK ||
-        kvr_relay_format(&relay, &seg, &cfg) != KVR_OK)
-        abort();
-    fds.publisher = -1;
-    for (int i = 0; i < KVR_MAX_PROCS; i++)
-        fds.worker[i] = -1;
-    kvr_relay_attach(&relay, &seg, &cfg, &fds);
+    fuzz_worker_setup(1, args, &cfg, &seg, &store, &relay, &fds);
     atomic_store(&relay.sh->generation, 1); /* as if a publisher ran */
     atomic_store(&seg.hdr->ctl.publisher_running, 1);
     server = kvr_grpc_create_detached(&cfg, &seg, &store, &relay);

@@ -19,6 +19,7 @@
 #include "io/h1.h"
 #include "io/http.h"
 #include "io/listen.h"
+#include "fuzz_worker.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -41,21 +42,9 @@ static uint16_t port;
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     char *args[] = {"fuzz", "--memory", "4M", "--max-block-size", "1M", "--io-timeout", "200ms", NULL};
-    kvr_seg_config_t sc = {.memory = 4 << 20, .page_size = 4096, .max_blocks = 256, .hugepages = KVR_HUGEPAGES_OFF};
     int lfd;
 
-    kvr_log_level = KVR_LOG_OFF;
-    if (kvr_config_load(&cfg, 7, args, stderr) != KVR_OK)
-        abort();
-    sc.ckf_buckets = kvr_relay_bucket_count(&cfg, 256);
-    if (kvr_seg_create(&seg, &sc) != KVR_OK || kvr_store_format(&seg, 0) != KVR_OK ||
-        kvr_seg_proc_claim_at(&seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(&store, &seg) != KVR_OK ||
-        kvr_relay_format(&relay, &seg, &cfg) != KVR_OK)
-        abort();
-    fds.publisher = -1;
-    for (int i = 0; i < KVR_MAX_PROCS; i++)
-        fds.worker[i] = -1;
-    kvr_relay_attach(&relay, &seg, &cfg, &fds);
+    fuzz_worker_setup(7, args, &cfg, &seg, &store, &relay, &fds);
     port = 0;
     lfd = kvr_listen_tcp("127.0.0.1:0", &port, 64);
     if (lfd < 0)

@@ -1,0 +1,36 @@
+/*
+ * fuzz_worker.h — the world a worker-side fuzz driver runs in: a configuration from argv, a
+ * 4 MiB segment formatted with store and relay regions, this process in worker slot 1, and
+ * the relay attached with no eventfds. Aborts on any failure (a driver cannot run without it).
+ */
+#ifndef KVR_FUZZ_WORKER_H
+#define KVR_FUZZ_WORKER_H
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/relay.h"
+#include "core/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store,
+                              kvr_relay_t *relay, kvr_relay_fds_t *fds)
+{
+    kvr_seg_config_t sc = {.memory = 4 << 20, .page_size = 4096, .max_blocks = 256, .hugepages = KVR_HUGEPAGES_OFF};
+
+    kvr_log_level = KVR_LOG_OFF;
+    if (kvr_config_load(cfg, argc, argv, stderr) != KVR_OK)
+        abort();
+    sc.ckf_buckets = kvr_relay_bucket_count(cfg, 256);
+    if (kvr_seg_create(seg, &sc) != KVR_OK || kvr_store_format(seg, 0) != KVR_OK ||
+        kvr_seg_proc_claim_at(seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(store, seg) != KVR_OK ||
+        kvr_relay_format(relay, seg, cfg) != KVR_OK)
+        abort();
+    fds->publisher = -1;
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        fds->worker[i] = -1;
+    kvr_relay_attach(relay, seg, cfg, fds);
+}
+
+#endif
