@@ -530,6 +530,25 @@ static void new_generation(pub_t *p, const char *why)
 
 /* ------------------------------------------------------------------ main */
 
+/* The subscriber slots are scanned (256 of them, twice) after a wake-up, but at most once per
+ * SCAN_NS: a busy log wakes us thousands of times a second, and a request that arrives in
+ * between waits at most that long (scan_due keeps the poll's timeout that short). Without
+ * any wake-up they are scanned every SCAN_IDLE_NS, as the poll's longest timeout was. */
+#define SCAN_NS      1000000ull
+#define LINGER_NS    250000ull /* at most --publication-delay */
+#define SCAN_IDLE_NS 100000000ull /* without a wake-up: dead owners, finished snapshots */
+
+static void scan_slots(pub_t *p, int *due, uint64_t *scanned_ns)
+{
+    uint64_t now = kvr_relay_mono_ns();
+
+    if (now < *scanned_ns + (*due ? SCAN_NS : SCAN_IDLE_NS))
+        return;
+    *due = 0;
+    *scanned_ns = now;
+    admit_subscribers(p);
+}
+
 void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)
 {
     static pub_t pub;
@@ -537,7 +556,9 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     kvr_log_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
     struct sigaction sa;
     sigset_t none;
-    uint64_t delay_ns = cfg->publication_delay_us * 1000;
+    uint64_t delay_ns = cfg->publication_delay_us * 1000, log_seen_ns = 0, scanned_ns = 0;
+    uint64_t linger_ns = delay_ns < LINGER_NS ? delay_ns : LINGER_NS;
+    int scan_due = 1;
 
     kvr_log_set_role("publisher");
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -569,34 +590,63 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
     atomic_store(&seg->hdr->ctl.publisher_running, 1);
 
+    /* Appends wake us when the log goes from empty to one event, or reaches a delta's worth
+     * (kvr_log_set_wake_batch). Between the two we linger up to LINGER_NS without consuming,
+     * so the log stays non-empty and the workers' appends write no eventfd: one wake-up for
+     * every few PUTs instead of one per PUT. */
+    kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
     while (!pub_term) {
         struct pollfd pfd = {fds->publisher, POLLIN, 0};
-        uint64_t now = kvr_relay_mono_ns();
-        int timeout_ms = 100;
+        uint64_t now = kvr_relay_mono_ns(), queued, due = UINT64_MAX;
+        struct timespec timeout = {0, 100000000};
         size_t n;
 
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog */
-        if (p->pending > 0) {
-            uint64_t due = p->first_pending_ns + delay_ns;
+        queued = kvr_log_count(p->store.log);
+        if (queued > 0 && log_seen_ns == 0)
+            log_seen_ns = now;
+        if (p->pending > 0)
+            due = p->first_pending_ns + delay_ns;
+        if (queued > 0 && log_seen_ns + linger_ns < due)
+            due = log_seen_ns + linger_ns;
+        if (queued >= cfg->publication_threshold)
+            due = now;
+        if (scan_due && scanned_ns + SCAN_NS < due)
+            due = scanned_ns + SCAN_NS;
+        if (due != UINT64_MAX) {
             if (due < p->retry_at_ns)
                 due = p->retry_at_ns;
-            timeout_ms = due > now ? (int)((due - now + 999999) / 1000000) : 0;
+            uint64_t ns = due > now ? due - now : 0;
+            if (ns < 100000000ull)
+                timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
         }
-        if (poll(&pfd, 1, timeout_ms) > 0) {
+        if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
             uint64_t v;
             (void)!read(fds->publisher, &v, sizeof(v));
+            scan_due = 1; /* perhaps a subscriber's request */
         }
         if (atomic_load_explicit(&p->store.log->overflow, memory_order_acquire)) {
             kvr_warn("publisher: change log overflowed; rebuilding from the index");
             new_generation(p, "change-log overflow");
+            log_seen_ns = 0;
+        }
+        now = kvr_relay_mono_ns();
+        queued = kvr_log_count(p->store.log);
+        if (queued > 0 && log_seen_ns == 0)
+            log_seen_ns = now;
+        if (queued > 0 && queued < cfg->publication_threshold && now < log_seen_ns + linger_ns) {
+            scan_slots(p, &scan_due, &scanned_ns); /* a subscriber's wake-up: keep lingering */
+            continue;
         }
         while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
             kvr_seg_heartbeat(seg); /* a busy log keeps us here: still alive */
             /* One event at a time, as the reference producer: a boundary every
-             * --publication-threshold events, whatever the batch the log handed over. */
+             * --publication-threshold events, whatever the batch the log handed over. An
+             * event waited in the log since log_seen_ns at the earliest: latency counts from
+             * there. */
             for (size_t i = 0; i < n; i++) {
                 if (p->pending == 0)
-                    p->first_pending_ns = kvr_relay_mono_ns();
+                    p->first_pending_ns = log_seen_ns ? log_seen_ns : kvr_relay_mono_ns();
                 if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
                     apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
                 else
@@ -605,13 +655,14 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
                     publish(p);
             }
         }
+        log_seen_ns = 0;
         if (p->resync) {
             kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
             new_generation(p, "owner counting out of memory");
         }
         if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + delay_ns)
             publish(p);
-        admit_subscribers(p);
+        scan_slots(p, &scan_due, &scanned_ns);
     }
     kvr_info("publisher: stopping");
     exit(0);

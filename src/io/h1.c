@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #define H1_IOV          64  /* spans per recvmsg/sendmsg */
+#define H1_HEAD_READ    2048 /* bytes per read of a head (docs/dataplane.md) */
 #define H1_MAX_HEADERS  64
 #define H1_OUT_MAX      512 /* response head */
 #define H1_LINGER_MS    2000
@@ -717,9 +718,14 @@ static void conn_read(h1c_t *c)
     case ST_SNIFF:
         rc = kvr_uring_recv_flags(&s->ring, c->fd, c->hbuf, H2_PREFACE_LEN, MSG_PEEK, &c->rop);
         break;
-    case ST_HEAD:
-        rc = kvr_uring_recv(&s->ring, c->fd, c->hbuf + c->hlen, sizeof(c->hbuf) - c->hlen, &c->rop);
+    case ST_HEAD: {
+        /* At most H1_HEAD_READ per read: a head is a few hundred bytes, and what the read takes
+         * beyond it is body that must then be copied from here into the arena (a user-space copy
+         * the kernel would otherwise do straight into the reservation). */
+        size_t room = sizeof(c->hbuf) - c->hlen;
+        rc = kvr_uring_recv(&s->ring, c->fd, c->hbuf + c->hlen, room < H1_HEAD_READ ? room : H1_HEAD_READ, &c->rop);
         break;
+    }
     case ST_BODY:
         memset(&c->msg, 0, sizeof(c->msg));
         c->msg.msg_iov = c->iov;

@@ -7,6 +7,7 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity)
     atomic_store_explicit(&log->tail, 0, memory_order_relaxed);
     log->capacity = capacity;
     atomic_store_explicit(&log->overflow, 0, memory_order_relaxed);
+    atomic_store_explicit(&log->wake_batch, 0, memory_order_relaxed);
     atomic_store_explicit(&log->appended, 0, memory_order_relaxed);
     atomic_store_explicit(&log->dropped, 0, memory_order_relaxed);
 }
@@ -28,7 +29,18 @@ int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32
     e->gen_op = (gen << 2) | op;
     atomic_store_explicit(&log->head, h + 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&log->appended, 1, memory_order_relaxed);
-    return atomic_load_explicit(&log->tail, memory_order_seq_cst) == h ? 1 : KVR_OK;
+    t = atomic_load_explicit(&log->tail, memory_order_seq_cst);
+    return t == h || h + 1 - t == atomic_load_explicit(&log->wake_batch, memory_order_relaxed) ? 1 : KVR_OK;
+}
+
+void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n)
+{
+    atomic_store_explicit(&log->wake_batch, n, memory_order_relaxed);
+}
+
+uint64_t kvr_log_count(kvr_log_sh_t *log)
+{
+    return atomic_load_explicit(&log->head, memory_order_seq_cst) - atomic_load_explicit(&log->tail, memory_order_relaxed);
 }
 
 size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max)

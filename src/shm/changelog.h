@@ -4,10 +4,13 @@
  *
  * Producers append under the store lock (so the producer side needs no lock of its own);
  * the one consumer (the publisher) reads without any lock. Ordering:
- *   head  written by producers (store release after the event is written), read by the
- *         consumer with acquire;
- *   tail  written by the consumer (release after it has read the events), read by
- *         producers with acquire to detect a full ring.
+ *   head  stored by a producer after the event is written (seq_cst, so it also orders
+ *         before the producer's load of tail below), loaded by the consumer (seq_cst);
+ *   tail  stored by the consumer after it has copied the events (seq_cst), loaded by
+ *         producers: with acquire to detect a full ring, then with seq_cst after the head
+ *         store to decide whether to wake the consumer. With both sides seq_cst, an append
+ *         is either seen by the consumer's last head load or sees the tail that emptied
+ *         the ring and reports "wake" (the Dekker pattern; docs/concurrency.md).
  * head and tail sit on separate cache lines. When the ring is full the event is dropped and
  * the sticky `overflow` flag is set: the consumer must then rebuild from a scan of the
  * index (kvr_store_resync) instead of guessing; nothing is lost silently.
@@ -38,7 +41,7 @@ typedef struct {
     uint64_t pad1_[7];
     uint64_t capacity; /* power of two */
     _Atomic uint32_t overflow;
-    uint32_t pad2_;
+    _Atomic uint32_t wake_batch; /* the consumer: also wake me when this many are queued */
     _Atomic uint64_t appended; /* events appended since format (for stats) */
     _Atomic uint64_t dropped;  /* events dropped on overflow */
     uint64_t pad3_[4];
@@ -54,12 +57,20 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
 
 /*
  * Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Returns 1 when
- * the ring was empty (the consumer may be asleep: wake it), KVR_OK otherwise. The head
+ * the ring was empty (the consumer may be asleep: wake it) or now holds wake_batch events
+ * (a consumer that lingers wants them now), KVR_OK otherwise. The head
  * store and the tail load are sequentially consistent, as are the consumer's tail store
  * and head load, so an append is either seen by the consumer's last check or reported
  * here as "was empty". Store lock held.
  */
 int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
+
+/* The consumer: appends also report "wake" when the ring reaches n events (0: only when it
+ * was empty), so a consumer may leave events queued for a while without being woken by each. */
+void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n);
+
+/* The consumer: events queued now. */
+uint64_t kvr_log_count(kvr_log_sh_t *log);
 
 /*
  * Consumer: copies up to max events into out and advances the tail. Returns the count.
