@@ -50,6 +50,7 @@ static const opt_t opts[] = {
     {"segment-path", T_STR, "", 0, 0, S(segment_path), "keep the segment in this file on tmpfs/hugetlbfs: re-attached at start (warm restart)"},
     {"segment-reset", T_BOOL, "false", 0, 1, N(segment_reset), "with --segment-path: discard the file's contents and start empty"},
     {"log-format", T_STR, "text", 0, 0, S(log_format), "text | json (one object per line)"},
+    {"io-engine", T_STR, "auto", 0, 0, S(io_engine), "auto | uring | epoll: socket I/O through io_uring, or epoll readiness where seccomp denies io_uring (auto: io_uring when it works)"},
     {"model", T_STR, "kvrelay", 0, 0, S(model), "model card source_path for the pool identity"},
     {"kv-block-size", T_UINT, "16", 1, 1u << 20, N(kv_block_size), "tokens per KV block (pool query semantics)"},
     {"hash-format", T_STR, "standard", 0, 0, S(hash_format), "standard | eagle"},
@@ -287,6 +288,10 @@ static int validate(kvr_config_t *cfg, FILE *err)
     }
     if (strcmp(cfg->log_format, "text") && strcmp(cfg->log_format, "json")) {
         fprintf(err, "kvrelay: --log-format must be text or json\n");
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->io_engine, "auto") && strcmp(cfg->io_engine, "uring") && strcmp(cfg->io_engine, "epoll")) {
+        fprintf(err, "kvrelay: --io-engine must be auto, uring or epoll\n");
         return KVR_EINVAL;
     }
     if (cfg->segment_reset && cfg->segment_path[0] == '\0') {

@@ -42,6 +42,7 @@ typedef struct {
     char segment_path[KVR_CFG_STR_MAX]; /* warm restart: the segment lives in this file */
     int segment_reset;                  /* discard an existing segment file */
     char log_format[16];                /* text | json */
+    char io_engine[16];                 /* auto | uring | epoll (docs/dataplane.md) */
     /* relay (docs/relay-contract.md) */
     char model[KVR_CFG_STR_MAX];
     uint64_t kv_block_size;

@@ -33,6 +33,7 @@
 #include "core/store.h"
 #include "core/worker.h"
 #include "io/listen.h"
+#include "io/uring.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -392,6 +393,10 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     kvr_log_set_role("supervisor");
     kvr_proctitle_set("kvrelay: supervisor");
     s->cfg = cfg;
+    /* The I/O engine is decided here, once, before any fork: a worker that could not make a
+     * ring would exit and be respawned forever (docs/dataplane.md, "I/O engines"). */
+    if (kvr_uring_select(cfg->io_engine) != KVR_OK)
+        return 1;
     if (nworkers > MAX_CHILDREN - 1)
         nworkers = MAX_CHILDREN - 1;
 
