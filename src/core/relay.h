@@ -14,10 +14,10 @@
 #include "core/config.h"
 #include "shm/relay_sh.h"
 #include "shm/segment.h"
+#include "wire/grpc_frame.h"
 #include "wire/relay.pb-c.h"
 
 #define KVR_RELAY_SEED 0x5DEECE66D1B54A33ull
-#define KVR_GRPC_PREFIX 5 /* compressed flag + u32 BE length */
 
 /* Wake-up eventfds, created by the supervisor before any fork. */
 typedef struct {

@@ -14,6 +14,9 @@
  *   grpc.health.v1.Health/Check
  * Errors before the first message are Trailers-Only; every error carries grpc-status,
  * grpc-message and, where a reason applies, the kv-relay-error-reason trailer (§2.6).
+ *
+ * The parts (io/grpc_int.h): grpc_conn.c (connections), grpc_relay.c (the relay service, a
+ * table of RPCs), grpc_health.c, and the framing in wire/grpc_frame.h.
  */
 #ifndef KVR_IO_GRPC_H
 #define KVR_IO_GRPC_H

@@ -29,7 +29,7 @@ enum {
     KVR_ST_HTTP_BYTES_OUT = 17,
     KVR_ST_HTTP_REQ = 20,   /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES counters */
     KVR_ST_HTTP_HIST = 100, /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */
-    KVR_ST_RELAY = 200,     /* the relay layer's counters (see io/grpc.c, core/publisher.c) */
+    KVR_ST_RELAY = 200,     /* the relay layer's counters (see io/grpc_relay.c, core/publisher.c) */
     KVR_ST_PUB_HIST = 220,  /* publication latency histogram: KVR_PUB_BUCKETS + sum (us) + count */
     KVR_ST_MAX = 256
 };

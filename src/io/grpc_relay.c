@@ -1,0 +1,542 @@
+/*
+ * grpc_relay.c — dynamo.kvrelay.v1.KvEventRelay (docs/relay-contract.md) as a table of RPCs,
+ * one entry per method at the end of this file. Every call is validated (§2.5), streams are
+ * admitted against --max-streams, then each method answers (GetRelayInfo) or streams:
+ *   WatchKvPoolCatalog         the one pool, at once and on every revision change
+ *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
+ *                              published deltas from the shared frame ring, heartbeats
+ *   SubscribeServingReadiness  an empty, complete topology, repeated every interval
+ *   SubscribeKvPoolLoad        one window per --load-window
+ *   SubscribeServingLoad       the pool with status UNAVAILABLE, one window per interval
+ * Shared relay state is reached only through core/relay.h.
+ */
+#include "io/grpc_int.h"
+
+#include "shm/stats.h"
+#include "wire/cbi1.h"
+#include "wire/relay_validate.h"
+
+#include <stdio.h>
+
+#define DELTA_BATCH_MAX (64u << 10) /* delta bytes taken from the ring per refill, at most */
+#define LOAD_LAG_MAX    (16u * 4096u) /* queued load windows at which a subscriber lags (§1.7) */
+
+static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
+{
+    kvr_stat_add(g->store->my_stats, KVR_ST_RELAY + i, v);
+}
+
+/* ------------------------------------------------------------------ messages */
+
+static void relay_identity(kvr_grpc_t *g, Dynamo__Kvrelay__V1__RelayIdentity *r)
+{
+    dynamo__kvrelay__v1__relay_identity__init(r);
+    r->drt_instance_id = 0;
+    r->relay_incarnation = kvr_relay_incarnation(g->relay);
+}
+
+static void emit_catalog(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+    const kvr_config_t *cfg = g->cfg;
+    uint64_t gen = kvr_relay_generation(g->relay);
+    Dynamo__Kvrelay__V1__KvPoolCatalogUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_UPDATE__INIT;
+    Dynamo__Kvrelay__V1__RelayIdentity rel;
+    Dynamo__Kvrelay__V1__KvPoolCatalogSnapshot snap = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_SNAPSHOT__INIT;
+    Dynamo__Kvrelay__V1__KvPoolDescriptor desc = DYNAMO__KVRELAY__V1__KV_POOL_DESCRIPTOR__INIT, *descs[1];
+    Dynamo__Kvrelay__V1__DynamoEndpointId ep = DYNAMO__KVRELAY__V1__DYNAMO_ENDPOINT_ID__INIT;
+    Dynamo__Kvrelay__V1__ModelRegistration reg = DYNAMO__KVRELAY__V1__MODEL_REGISTRATION__INIT, *regs[1];
+    Dynamo__Kvrelay__V1__ModelTarget target = DYNAMO__KVRELAY__V1__MODEL_TARGET__INIT;
+    Dynamo__Kvrelay__V1__BaseModelTarget base = DYNAMO__KVRELAY__V1__BASE_MODEL_TARGET__INIT;
+    Dynamo__Kvrelay__V1__KvQuerySemantics qs = DYNAMO__KVRELAY__V1__KV_QUERY_SEMANTICS__INIT;
+    Dynamo__Kvrelay__V1__WorkerRole roles[1] = {DYNAMO__KVRELAY__V1__WORKER_ROLE__WORKER_ROLE_LEGACY};
+    kvr_relay_ident_t id;
+    char ns[KVR_CFG_STR_MAX], comp[KVR_CFG_STR_MAX], epn[KVR_CFG_STR_MAX];
+
+    sscanf(cfg->endpoint, "%511[^/]/%511[^/]/%511s", ns, comp, epn);
+    relay_identity(g, &rel);
+    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    up.relay = &rel;
+    s->sent_revision = kvr_relay_catalog_revision(g->relay);
+    up.revision = s->sent_revision;
+    up.snapshot = &snap;
+    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    if (gen != 0 && atomic_load(&g->seg->hdr->ctl.publisher_running)) {
+        kvr_relay_ident(g->relay, gen, &id);
+        ep.namespace_ = ns;
+        ep.component = comp;
+        ep.endpoint = epn;
+        base.base_model = (char *)cfg->model;
+        target.target_case = DYNAMO__KVRELAY__V1__MODEL_TARGET__TARGET_BASE;
+        target.base = &base;
+        reg.canonical_model_id = (char *)cfg->model;
+        reg.target = &target;
+        regs[0] = &reg;
+        qs.kv_block_size = (uint32_t)cfg->kv_block_size;
+        qs.hash_format = !strcmp(cfg->hash_format, "eagle")
+                             ? DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1
+                             : DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1;
+        desc.producer = &id.producer;
+        desc.serving_endpoint = &ep;
+        desc.n_registrations = 1;
+        desc.registrations = regs;
+        desc.query_semantics = &qs;
+        desc.n_pool_roles = 1;
+        desc.pool_roles = roles;
+        descs[0] = &desc;
+        snap.n_pools = 1;
+        snap.pools = descs;
+    }
+    kvr_grpc_out_message(s, &up.base);
+}
+
+static void emit_load(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint64_t gen = kvr_relay_generation(g->relay);
+    Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1];
+    Dynamo__Kvrelay__V1__RelayIdentity rel;
+    kvr_relay_ident_t id;
+    kvr_store_stats_t st;
+
+    relay_identity(g, &rel);
+    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    up.relay = &rel;
+    up.window_sequence = s->window_seq++;
+    up.observed_ms = kvr_relay_wall_us() / 1000;
+    up.window_ms = g->cfg->load_window_ms;
+    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    if (gen != 0) {
+        kvr_store_stats(g->store, &st);
+        kvr_relay_ident(g->relay, gen, &id);
+        e.producer = &id.producer;
+        e.kv_used_blocks = st.unique_blocks;
+        e.total_kv_blocks = g->seg->hdr->max_blocks;
+        e.kv_observed_ranks = 1;
+        e.kv_expected_ranks = 1;
+        es[0] = &e;
+        up.n_pools = 1;
+        up.pools = es;
+    }
+    kvr_grpc_out_message(s, &up.base);
+    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+}
+
+static void emit_serving_load(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint64_t gen = kvr_relay_generation(g->relay);
+    Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
+    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1];
+    Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
+    Dynamo__Kvrelay__V1__TokenLoadStats tok = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
+    Dynamo__Kvrelay__V1__PoolDeploymentStatus dep = DYNAMO__KVRELAY__V1__POOL_DEPLOYMENT_STATUS__INIT;
+    Dynamo__Kvrelay__V1__RelayIdentity rel;
+    kvr_relay_ident_t id;
+
+    relay_identity(g, &rel);
+    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    up.relay = &rel;
+    up.window_sequence = s->window_seq++;
+    up.observed_ms = kvr_relay_wall_us() / 1000;
+    up.window_ms = g->cfg->load_window_ms;
+    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    if (gen != 0) {
+        kvr_relay_ident(g->relay, gen, &id);
+        lv.tokens = &tok; /* no gauges: UNAVAILABLE */
+        lv.status = DYNAMO__KVRELAY__V1__DATA_STATUS__DATA_STATUS_UNAVAILABLE;
+        p.producer = &id.producer;
+        p.load = &lv;
+        p.deployment = &dep;
+        ps[0] = &p;
+        up.n_pools = 1;
+        up.pools = ps;
+    }
+    kvr_grpc_out_message(s, &up.base);
+    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+}
+
+static void emit_readiness(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+    Dynamo__Kvrelay__V1__ServingReadinessUpdate up = DYNAMO__KVRELAY__V1__SERVING_READINESS_UPDATE__INIT;
+    Dynamo__Kvrelay__V1__RelayIdentity rel;
+
+    relay_identity(g, &rel);
+    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    up.relay = &rel;
+    up.revision = 1; /* kvrelay serves no models: the topology never changes */
+    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    kvr_grpc_out_message(s, &up.base);
+}
+
+static void emit_heartbeat(gstream_t *s)
+{
+    uint8_t buf[KVR_RELAY_ENVELOPE_MAX], *payload;
+    size_t len = kvr_relay_filter_update(s->conn->g->relay, s->generation, s->last_seq, s->last_seq,
+                                         DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_HEARTBEAT, 0,
+                                         buf, sizeof(buf), &payload);
+    if (len == 0 || kvr_grpc_out_reserve(s, len) != KVR_OK)
+        return;
+    memcpy(s->out + s->out_len, buf, len);
+    s->out_len += len;
+    s->last_send_ms = kvr_grpc_now_ms();
+    relay_stat(s->conn->g, KVR_RC_HEARTBEATS, 1);
+}
+
+/* ------------------------------------------------------------------ pool streams */
+
+static void pool_fail(gstream_t *s, int reason, const char *msg)
+{
+    if (reason == KVR_RELAY_REASON_SUBSCRIBER_LAGGED)
+        relay_stat(s->conn->g, KVR_RC_LAGGED, 1);
+    kvr_grpc_stream_end(s, kvr_relay_reason_grpc(reason), reason, msg);
+}
+
+static void pool_release(gstream_t *s)
+{
+    if (s->sub >= 0) {
+        kvr_relay_sub_close(s->conn->g->relay, s->sub);
+        s->sub = -1;
+    }
+}
+
+/*
+ * Moves a pool stream forward: admission, snapshot chunks, deltas. Deltas leave the shared
+ * ring only as far as `budget` (what HTTP/2 flow control lets us send right now): frames a
+ * subscriber has not taken stay in the ring, where the publisher counts them against the
+ * 16-frame / 16 MiB bound (§1.7) — a buffer here would hide a slow reader from that count.
+ * budget 0 only checks the subscription's state.
+ */
+static void pool_refill(gstream_t *s, size_t budget)
+{
+    kvr_grpc_t *g = s->conn->g;
+    kvr_relay_t *r = g->relay;
+    kvr_relay_sub_view_t v;
+    kvr_relay_poll_t st;
+
+    if (s->sub < 0)
+        return;
+    st = kvr_relay_sub_poll(r, s->sub, &v);
+    if (st == KVR_SUBP_CLOSED) {
+        int reason = v.reason;
+        pool_release(s);
+        pool_fail(s, reason ? reason : KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
+                  reason == KVR_RELAY_REASON_SUBSCRIBER_LAGGED ? "subscriber lagged behind the publication"
+                  : reason == KVR_RELAY_REASON_PRODUCER_CHANGED ? "the expected producer is no longer active"
+                                                                  : "publication unavailable");
+        return;
+    }
+    if (st == KVR_SUBP_RETIRED) {
+        pool_release(s);
+        pool_fail(s, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE, "the producer generation was retired");
+        return;
+    }
+    if (s->phase == PH_WAIT_ADMIT) {
+        if (st != KVR_SUBP_LIVE)
+            return;
+        s->snap_seq = v.snap_seq;
+        s->chunk_count = v.chunk_count;
+        s->next_chunk = 0;
+        s->phase = PH_SNAPSHOT;
+        s->progress_ms = kvr_grpc_now_ms();
+    }
+    if (s->phase == PH_SNAPSHOT) {
+        size_t cap = kvr_relay_chunk_msg_max(r), len;
+        if (kvr_grpc_out_reserve(s, cap) != KVR_OK) {
+            pool_fail(s, KVR_RELAY_REASON_INTERNAL, "out of memory");
+            return;
+        }
+        len = kvr_relay_sub_chunk(r, s->sub, s->next_chunk, s->out + s->out_len, cap);
+        if (len == 0) {
+            pool_fail(s, KVR_RELAY_REASON_INTERNAL, "snapshot encoding failed");
+            return;
+        }
+        s->out_len += len;
+        relay_stat(g, KVR_RC_FRAMES, 1);
+        relay_stat(g, KVR_RC_BYTES, len);
+        if (++s->next_chunk == s->chunk_count) {
+            s->phase = PH_DELTAS;
+            s->last_seq = s->snap_seq;
+        }
+        s->last_send_ms = kvr_grpc_now_ms();
+        return;
+    }
+    if (s->phase == PH_DELTAS) {
+        if (budget > DELTA_BATCH_MAX)
+            budget = DELTA_BATCH_MAX;
+        while (budget > 0 && s->out_len - s->out_off < budget) {
+            uint64_t seq;
+            ssize_t n;
+            if (kvr_grpc_out_reserve(s, KVR_CBI1_MAX_FRAME + KVR_RELAY_ENVELOPE_MAX) != KVR_OK)
+                return;
+            n = kvr_relay_sub_next_frame(r, s->sub, s->out + s->out_len, s->out_cap - s->out_len, &seq);
+            if (n == 0)
+                break;
+            if (n < 0) {
+                pool_release(s);
+                pool_fail(s, KVR_RELAY_REASON_SUBSCRIBER_LAGGED, "subscriber lagged behind the publication");
+                return;
+            }
+            s->out_len += (size_t)n;
+            s->last_seq = seq;
+            s->last_send_ms = kvr_grpc_now_ms();
+            relay_stat(g, KVR_RC_FRAMES, 1);
+            relay_stat(g, KVR_RC_BYTES, (uint64_t)n);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ calls */
+
+/* Validation (§2.5) and, for a stream, its admission permit. 0: the call has ended; else
+ * *req is the decoded request (the caller frees it). */
+static int relay_begin(gstream_t *s, const uint8_t *msg, size_t len, int stream_type, ProtobufCMessage **req)
+{
+    kvr_grpc_t *g = s->conn->g;
+    kvr_relay_verdict_t v;
+
+    *req = NULL;
+    v = kvr_relay_validate_request((kvr_relay_rpc_t)s->method->rpc, msg, len, req);
+    if (v.grpc_status != KVR_GRPC_OK) {
+        if (*req != NULL)
+            protobuf_c_message_free_unpacked(*req, NULL);
+        kvr_grpc_stream_end(s, v.grpc_status, v.reason, v.message);
+        return 0;
+    }
+    if (stream_type >= 0) {
+        if (!kvr_relay_admit(g->relay, stream_type, g->store->slot, (uint32_t)g->cfg->max_streams)) {
+            protobuf_c_message_free_unpacked(*req, NULL);
+            relay_stat(g, KVR_RC_REJECTED, 1);
+            kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_RESOURCE_LIMIT,
+                                "Relay stream limit reached");
+            return 0;
+        }
+        s->admitted = stream_type;
+        relay_stat(g, KVR_RC_STREAMS_OPENED, 1);
+    }
+    return 1;
+}
+
+static void call_relay_info(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    Dynamo__Kvrelay__V1__RelayInfo info = DYNAMO__KVRELAY__V1__RELAY_INFO__INIT;
+    Dynamo__Kvrelay__V1__RelayIdentity rel;
+    ProtobufCMessage *req;
+
+    if (!relay_begin(s, msg, len, -1, &req))
+        return;
+    relay_identity(s->conn->g, &rel);
+    info.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
+    info.relay = &rel;
+    info.contract_marker = KVR_RELAY_CONTRACT_MARKER;
+    kvr_grpc_out_message(s, &info.base);
+    kvr_grpc_send_headers(s);
+    kvr_grpc_stream_end(s, KVR_GRPC_OK, 0, NULL);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* A stream that answers at once with its first message, then every interval_ms. */
+static void start_periodic(gstream_t *s, const uint8_t *msg, size_t len, int stream_type,
+                           void (*emit)(gstream_t *), uint64_t interval_ms)
+{
+    ProtobufCMessage *req;
+
+    if (!relay_begin(s, msg, len, stream_type, &req))
+        return;
+    emit(s);
+    s->phase = PH_PERIODIC;
+    s->next_emit_ms = kvr_grpc_now_ms() + interval_ms;
+    kvr_grpc_send_headers(s);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static void call_catalog(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    start_periodic(s, msg, len, KVR_STREAM_CATALOG, emit_catalog, 0); /* then on every revision change */
+}
+
+static void call_readiness(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    start_periodic(s, msg, len, KVR_STREAM_READINESS, emit_readiness, s->conn->g->cfg->readiness_heartbeat_ms);
+}
+
+static void call_load(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    start_periodic(s, msg, len, KVR_STREAM_LOAD, emit_load, s->conn->g->cfg->load_window_ms);
+}
+
+static void call_serving_load(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    start_periodic(s, msg, len, KVR_STREAM_SERVING_LOAD, emit_serving_load, s->conn->g->cfg->load_window_ms);
+}
+
+/* The expected producer must be the active generation's; then a subscriber slot, whose
+ * admission by the publisher (pool_refill) sends the first chunk with the headers. */
+static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRequest *rq)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint64_t gen = kvr_relay_generation(g->relay);
+    kvr_relay_ident_t id;
+
+    kvr_relay_ident(g->relay, gen, &id);
+    if (!kvr_relay_pool_matches(g->relay, rq->expected_producer->pool_id)) {
+        kvr_grpc_stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
+        return;
+    }
+    if (gen == 0 || !atomic_load(&g->seg->hdr->ctl.publisher_running)) {
+        kvr_grpc_stream_end(s, KVR_GRPC_UNAVAILABLE, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
+                            "no publisher is running");
+        return;
+    }
+    if (!kvr_relay_producer_equal(rq->expected_producer, &id.producer)) {
+        kvr_grpc_stream_end(s, KVR_GRPC_FAILED_PRECONDITION, KVR_RELAY_REASON_PRODUCER_CHANGED,
+                            "the expected producer is not the active generation");
+        return;
+    }
+    s->generation = gen;
+    s->sub = kvr_relay_sub_open(g->relay, g->store->slot, gen);
+    if (s->sub < 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_RESOURCE_LIMIT,
+                            "no subscriber slot free");
+        return;
+    }
+    s->phase = PH_WAIT_ADMIT;
+    s->progress_ms = kvr_grpc_now_ms();
+    /* Headers go out once the first chunk is ready (a refusal stays Trailers-Only). */
+}
+
+static void call_pool(gstream_t *s, const uint8_t *msg, size_t len)
+{
+    ProtobufCMessage *req;
+
+    if (!relay_begin(s, msg, len, KVR_STREAM_POOL, &req))
+        return;
+    pool_open(s, (const Dynamo__Kvrelay__V1__SubscribeKvPoolRequest *)req);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* ------------------------------------------------------------------ streams' periodic work */
+
+static void tick_pool(gstream_t *s, uint64_t t)
+{
+    kvr_grpc_t *g = s->conn->g;
+    int pending;
+
+    if (s->phase == PH_SNAPSHOT || s->phase == PH_WAIT_ADMIT) {
+        if (t - s->progress_ms > g->cfg->snapshot_progress_timeout_ms) {
+            pool_release(s);
+            pool_fail(s, KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT, "snapshot made no progress");
+        }
+        return;
+    }
+    if (s->phase != PH_DELTAS)
+        return;
+    pool_refill(s, 0); /* state only: closed, lagged, generation retired */
+    pending = s->sub >= 0 && kvr_relay_sub_pending(g->relay, s->sub);
+    if (s->end_status < 0 && !pending && s->out_off >= s->out_len && t - s->last_send_ms >= g->cfg->pool_heartbeat_ms)
+        emit_heartbeat(s);
+    if (s->out_off < s->out_len || pending || s->end_status >= 0)
+        kvr_grpc_stream_kick(s);
+}
+
+/* The publisher published or admitted: a waiting subscriber may have its snapshot, a
+ * deferred one new deltas. */
+static void wake_pool(gstream_t *s)
+{
+    if (s->phase == PH_WAIT_ADMIT) {
+        pool_refill(s, 0);
+        if (s->phase != PH_WAIT_ADMIT || s->end_status >= 0)
+            kvr_grpc_stream_kick(s);
+    } else if (s->deferred) {
+        kvr_grpc_stream_kick(s);
+    }
+}
+
+static void tick_catalog(gstream_t *s, uint64_t t)
+{
+    if (kvr_relay_catalog_revision(s->conn->g->relay) != s->sent_revision) {
+        emit_catalog(s);
+        kvr_grpc_stream_kick(s);
+    }
+}
+
+static void tick_readiness(gstream_t *s, uint64_t t)
+{
+    if (t >= s->next_emit_ms) {
+        emit_readiness(s);
+        s->next_emit_ms = t + s->conn->g->cfg->readiness_heartbeat_ms;
+        kvr_grpc_stream_kick(s);
+    }
+}
+
+static void tick_load(gstream_t *s, uint64_t t)
+{
+    kvr_grpc_t *g = s->conn->g;
+
+    if (t < s->next_emit_ms)
+        return;
+    /* a subscriber that does not drain its windows lags (§1.7) */
+    if (s->out_len - s->out_off > LOAD_LAG_MAX) {
+        relay_stat(g, KVR_RC_LAGGED, 1);
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_SUBSCRIBER_LAGGED,
+                            "load subscriber lagged");
+    } else if (s->method->rpc == KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD)
+        emit_load(s);
+    else
+        emit_serving_load(s);
+    s->next_emit_ms = t + g->cfg->load_window_ms;
+    kvr_grpc_stream_kick(s);
+}
+
+/* The stream is freed: its subscriber slot and its admission permit go back. */
+static void relay_done(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+
+    pool_release(s);
+    if (s->admitted >= 0) {
+        kvr_relay_release(g->relay, s->admitted, g->store->slot);
+        s->admitted = -1;
+    }
+}
+
+#define RELAY_PATH(m) "/dynamo.kvrelay.v1.KvEventRelay/" m
+
+/* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_frame.c checks it against wire/). */
+const kvr_grpc_method_t kvr_grpc_relay_methods[] = {
+    [KVR_RELAY_RPC_GET_RELAY_INFO] = {.path = RELAY_PATH("GetRelayInfo"),
+                                      .rpc = KVR_RELAY_RPC_GET_RELAY_INFO,
+                                      .call = call_relay_info,
+                                      .done = relay_done},
+    [KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG] = {.path = RELAY_PATH("WatchKvPoolCatalog"),
+                                             .rpc = KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG,
+                                             .call = call_catalog,
+                                             .tick = tick_catalog,
+                                             .done = relay_done},
+    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL] = {.path = RELAY_PATH("SubscribeKvPool"),
+                                         .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL,
+                                         .call = call_pool,
+                                         .tick = tick_pool,
+                                         .refill = pool_refill,
+                                         .wake = wake_pool,
+                                         .cancel = pool_release,
+                                         .done = relay_done},
+    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS] = {.path = RELAY_PATH("SubscribeServingReadiness"),
+                                                   .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS,
+                                                   .call = call_readiness,
+                                                   .tick = tick_readiness,
+                                                   .done = relay_done},
+    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD] = {.path = RELAY_PATH("SubscribeKvPoolLoad"),
+                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD,
+                                              .call = call_load,
+                                              .tick = tick_load,
+                                              .done = relay_done},
+    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD] = {.path = RELAY_PATH("SubscribeServingLoad"),
+                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD,
+                                              .call = call_serving_load,
+                                              .tick = tick_load,
+                                              .done = relay_done},
+};
+const size_t kvr_grpc_relay_nmethods = KVR_ARRAY_SIZE(kvr_grpc_relay_methods);
