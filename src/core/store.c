@@ -590,22 +590,49 @@ int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, vo
     return n == 0 ? KVR_OK : KVR_ERR;
 }
 
-void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref)
+static void unpin_locked(kvr_store_t *st, uint32_t entry)
 {
-    kvr_entry_t *e = &st->ix.ent[ref->entry];
+    kvr_entry_t *e = &st->ix.ent[entry];
 
-    if (store_lock(st) != KVR_OK)
-        return;
-    if (pin_del_locked(st, ref->entry) == KVR_OK && e->pins > 0) {
+    if (pin_del_locked(st, entry) == KVR_OK && e->pins > 0) {
         if (--e->pins == 0) {
             st->sh->pinned_entries--;
             if (e->state == KVR_ENT_ZOMBIE) {
                 st->sh->zombies--;
-                free_entry_locked(st, ref->entry);
+                free_entry_locked(st, entry);
             }
         }
     }
+}
+
+void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref)
+{
+    if (store_lock(st) != KVR_OK)
+        return;
+    unpin_locked(st, ref->entry);
     store_unlock(st);
+    ref->entry = KVR_NIL;
+}
+
+void kvr_store_unpin_flush(kvr_store_t *st)
+{
+    if (st->unpin_n == 0 || store_lock(st) != KVR_OK)
+        return;
+    for (unsigned k = 0; k < st->unpin_n; k++)
+        unpin_locked(st, st->unpin_q[k]);
+    st->unpin_n = 0;
+    store_unlock(st);
+}
+
+void kvr_store_unpin_later(kvr_store_t *st, kvr_block_ref_t *ref)
+{
+    if (st->unpin_n == KVR_STORE_UNPIN_BATCH)
+        kvr_store_unpin_flush(st);
+    if (st->unpin_n == KVR_STORE_UNPIN_BATCH) { /* the lock failed: never lose the pin */
+        kvr_store_unpin(st, ref);
+        return;
+    }
+    st->unpin_q[st->unpin_n++] = ref->entry;
     ref->entry = KVR_NIL;
 }
 

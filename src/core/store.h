@@ -63,6 +63,8 @@ typedef struct {
     uint64_t log_appended, log_dropped;
 } kvr_store_stats_t;
 
+#define KVR_STORE_UNPIN_BATCH 64
+
 struct kvr_store_s {
     kvr_seg_t *seg;
     kvr_store_sh_t *sh;
@@ -77,6 +79,9 @@ struct kvr_store_s {
     uint8_t *scratch;
     int notify_fd;   /* eventfd of the change log's consumer, or -1 */
     int log_wakeup;  /* set under the lock when an append found the log empty */
+    /* kvr_store_unpin_later: pins to release at the next kvr_store_unpin_flush, in one lock */
+    uint32_t unpin_q[KVR_STORE_UNPIN_BATCH];
+    unsigned unpin_n;
 };
 
 /* Initialises the store's regions of a freshly created segment (the supervisor, once). */
@@ -132,6 +137,15 @@ int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, vo
 
 /* Releases a pin taken by kvr_store_get. */
 void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref);
+
+/*
+ * The same, deferred to the next kvr_store_unpin_flush (or to the call that fills the batch),
+ * so that a worker takes the store lock once for every pin its loop iteration releases
+ * instead of once each. The pin stays in this process's pin table until then, so a death in
+ * between is repaired like any other pin. The owner of the loop flushes before it blocks.
+ */
+void kvr_store_unpin_later(kvr_store_t *st, kvr_block_ref_t *ref);
+void kvr_store_unpin_flush(kvr_store_t *st);
 
 /* 1 when resident (length in *len if non-NULL), 0 when not; never pins, usually lock-free. */
 int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *len);

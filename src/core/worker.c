@@ -86,6 +86,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     for (;;) {
         uint64_t t;
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
+        kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
         kvr_http_run_once(http, 50);
         t = now_ms();
         if (t - last_h1_tick >= 50) {

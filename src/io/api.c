@@ -760,7 +760,7 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
     if (res->put != KVR_API_PUT_NONE)
         kvr_api_put_end(a, res, 0);
     if (res->pinned) {
-        kvr_store_unpin(a->store, &res->ref);
+        kvr_store_unpin_later(a->store, &res->ref); /* the worker's loop flushes */
         res->pinned = 0;
     }
     free(res->heap);

@@ -113,6 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 (unsigned long long)kvr_h1_connections(h1), (unsigned long long)kvr_http_connections(http));
         abort(); /* a connection the server never ended */
     }
+    kvr_store_unpin_flush(&store); /* as the worker's loop does before it blocks */
     if (kvr_store_check(&store, &scan) != KVR_OK || scan.pinned_blocks != 0 || scan.reserved_blocks != 0 ||
         api.inflight != 0)
         abort();

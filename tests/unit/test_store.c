@@ -584,3 +584,44 @@ Test(store, random_operations_match_reference_model, .timeout = 60)
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
 }
+
+/* Deferred unpins: the pin holds (no eviction, a DELETE leaves a zombie) until the flush, which
+ * releases every queued pin in one lock; a full batch flushes itself. */
+Test(store, unpin_later_holds_until_flush)
+{
+    fx_t f;
+    kvr_store_stats_t s;
+    kvr_block_ref_t ref;
+    uint32_t left;
+
+    fx_open(&f, 1 * MIB, 4096, 0, 0);
+    cr_assert_eq(fx_put(&f, "held", 5000), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_get(&f.st, "held", 4, &ref), KVR_OK);
+    kvr_store_unpin_later(&f.st, &ref);
+    cr_assert_eq(ref.entry, KVR_NIL);
+    cr_assert_eq(kvr_store_release(&f.st, "held", 4, &left), KVR_OK);
+    kvr_store_stats(&f.st, &s);
+    cr_assert_eq(s.pinned_blocks, 1, "the queued pin still holds the block");
+    cr_assert_eq(s.zombie_blocks, 1, "deleted while pinned: a zombie until the flush");
+    kvr_store_unpin_flush(&f.st);
+    kvr_store_stats(&f.st, &s);
+    cr_assert_eq(s.pinned_blocks, 0);
+    cr_assert_eq(s.zombie_blocks, 0);
+    cr_assert_eq(s.unique_blocks, 0);
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
+
+    /* KVR_STORE_UNPIN_BATCH + 1 pins: the last call flushes the full batch first */
+    cr_assert_eq(fx_put(&f, "many", 100), KVR_PUT_CREATED);
+    for (int i = 0; i <= KVR_STORE_UNPIN_BATCH; i++) {
+        cr_assert_eq(kvr_store_get(&f.st, "many", 4, &ref), KVR_OK);
+        kvr_store_unpin_later(&f.st, &ref);
+    }
+    cr_assert_eq(f.st.unpin_n, 1);
+    kvr_store_stats(&f.st, &s);
+    cr_assert_eq(s.pinned_blocks, 1);
+    kvr_store_unpin_flush(&f.st);
+    kvr_store_stats(&f.st, &s);
+    cr_assert_eq(s.pinned_blocks, 0);
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
+    fx_close(&f);
+}
