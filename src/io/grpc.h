@@ -47,14 +47,4 @@ unsigned kvr_grpc_connections(const kvr_grpc_t *g);
 /* Pushes queued io_uring submissions (call once per loop iteration). */
 void kvr_grpc_flush(kvr_grpc_t *g);
 
-/*
- * For the fuzz driver: a server with no socket, ring or loop. kvr_grpc_feed() hands raw
- * client bytes (HTTP/2 preface, frames, gRPC messages) to a fresh connection's session and
- * runs everything a real connection would (dispatch, validation, responses, trailers); the
- * output is produced and discarded. The connection is torn down before it returns.
- */
-kvr_grpc_t *kvr_grpc_create_detached(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);
-void kvr_grpc_feed(kvr_grpc_t *g, const uint8_t *data, size_t len);
-void kvr_grpc_destroy_detached(kvr_grpc_t *g);
-
 #endif

@@ -389,8 +389,7 @@ static void conn_maybe_free(gconn_t *c)
     while (c->streams.next != &c->streams)
         stream_free(c->streams.next); /* nghttp2_session_del does not call on_stream_close */
     nghttp2_session_del(c->session);
-    if (c->fd >= 0)
-        close(c->fd);
+    close(c->fd);
     c->prev->next = c->next;
     c->next->prev = c->prev;
     c->g->nconns--;
@@ -408,13 +407,12 @@ static void conn_close(gconn_t *c)
         return;
     c->dead = 1;
     /* Outstanding recv/send complete (with 0 or an error) once the socket is shut down. */
-    if (c->fd >= 0)
-        shutdown(c->fd, SHUT_RDWR);
+    shutdown(c->fd, SHUT_RDWR);
 }
 
 static void conn_read(gconn_t *c)
 {
-    if (c->reading || c->dead || c->g->detached)
+    if (c->reading || c->dead)
         return;
     if (kvr_uring_recv(&c->g->uring, c->fd, c->rbuf, RBUF_SIZE, &c->rop) == KVR_OK)
         c->reading = 1;
@@ -452,10 +450,6 @@ static void conn_pump(gconn_t *c)
         }
         memcpy(c->pbuf + c->plen, data, (size_t)n); /* the pointer dies at the next call */
         c->plen += (size_t)n;
-    }
-    if (c->g->detached) { /* nowhere to send: drop it, as a peer that reads everything */
-        c->plen = 0;
-        return;
     }
     if (c->plen == 0) {
         if (!nghttp2_session_want_read(c->session) && !nghttp2_session_want_write(c->session))
@@ -648,8 +642,7 @@ void kvr_grpc_tick(kvr_grpc_t *g)
         }
         conn_pump(c);
     }
-    if (!g->detached)
-        kvr_uring_flush(&g->uring);
+    kvr_uring_flush(&g->uring);
 }
 
 void kvr_grpc_start_drain(kvr_grpc_t *g)
@@ -689,44 +682,6 @@ static void set_callbacks(kvr_grpc_t *g)
     nghttp2_session_callbacks_set_on_stream_close_callback(g->cbs, on_stream_close);
     nghttp2_session_callbacks_set_send_data_callback(g->cbs, send_data_cb);
     nghttp2_session_callbacks_set_data_source_read_length_callback(g->cbs, read_length_cb);
-}
-
-kvr_grpc_t *kvr_grpc_create_detached(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
-{
-    kvr_grpc_t *g = calloc(1, sizeof(*g));
-
-    if (g == NULL)
-        return NULL;
-    g->cfg = cfg;
-    g->seg = seg;
-    g->store = store;
-    g->relay = relay;
-    g->listen_fd = g->wake_fd = -1;
-    g->detached = 1;
-    g->conns.next = g->conns.prev = &g->conns;
-    set_callbacks(g);
-    return g;
-}
-
-void kvr_grpc_feed(kvr_grpc_t *g, const uint8_t *data, size_t len)
-{
-    gconn_t *c = conn_new(g, -1);
-
-    if (c == NULL)
-        return;
-    if (nghttp2_session_mem_recv(c->session, data, len) >= 0) {
-        kick_streams(g); /* as a publisher wake-up would */
-        kvr_grpc_tick(g);
-        conn_pump(c);
-    }
-    conn_close(c);
-    conn_maybe_free(c);
-}
-
-void kvr_grpc_destroy_detached(kvr_grpc_t *g)
-{
-    nghttp2_session_callbacks_del(g->cbs);
-    free(g);
 }
 
 kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay,

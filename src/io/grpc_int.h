@@ -119,7 +119,6 @@ struct kvr_grpc_s {
     h2o_timeout_t kick_timeout;
     h2o_timeout_entry_t kick_entry;
     uint64_t last_kick_ms;
-    int detached; /* no socket I/O: output is discarded (fuzzing) */
 };
 
 /* What grpc_conn.c offers the services. */

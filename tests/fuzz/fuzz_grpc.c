@@ -1,10 +1,13 @@
 /*
  * libFuzzer driver for the gRPC request path: raw client bytes (after the HTTP/2 client
- * preface, which the driver supplies) go into a server connection of the real gRPC server
- * (io/grpc.c in detached mode: no socket, output discarded) backed by a real segment, store
- * and relay state. Everything a connection does runs: HPACK, stream bookkeeping, message
+ * preface, which the driver supplies) are sent over a real loopback TCP connection to the real
+ * gRPC server (io/grpc_*.c: accept and recv/send on its ring, the h2o loop) backed by a real
+ * segment, store and relay state. The driver drains what the server sends, plays a publisher
+ * wake-up once the input is in, half-closes, and runs the loop until the server has closed the
+ * connection (bounded). Everything a connection does runs: HPACK, stream bookkeeping, message
  * reassembly and limits, request validation, dispatch of every RPC, admission, responses,
- * trailers, teardown. A crash, a sanitizer report or a leaked admission permit is a bug.
+ * trailers, ticks, teardown. A crash, a sanitizer report, a connection the server never ends
+ * or a leaked admission permit or subscriber slot is a bug.
  *
  * Seeds: run with KVR_FUZZ_GEN_CORPUS=DIR to write one input per RPC (valid and invalid
  * requests, produced by nghttp2's client session) into DIR.
@@ -14,14 +17,23 @@
 #include "core/relay.h"
 #include "core/store.h"
 #include "io/grpc.h"
+#include "io/listen.h"
 #include "fuzz_worker.h"
 #include "wire/health.pb-c.h"
 #include "wire/relay.pb-c.h"
 
+#define H2O_USE_LIBUV 0
+#include <errno.h>
+#include <h2o.h>
+#include <netinet/in.h>
 #include <nghttp2/nghttp2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 static kvr_config_t cfg;
 static kvr_seg_t seg;
@@ -29,6 +41,9 @@ static kvr_store_t store;
 static kvr_relay_t relay;
 static kvr_relay_fds_t fds;
 static kvr_grpc_t *server;
+static h2o_evloop_t *loop;
+static int wake_fd;
+static uint16_t port;
 
 /* ---- seed generation with nghttp2's client session */
 
@@ -142,11 +157,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     char *args[] = {"fuzz", NULL};
     const char *gen = getenv("KVR_FUZZ_GEN_CORPUS");
+    int lfd;
 
     fuzz_worker_setup(1, args, &cfg, &seg, &store, &relay, &fds);
     atomic_store(&relay.sh->generation, 1); /* as if a publisher ran */
     atomic_store(&seg.hdr->ctl.publisher_running, 1);
-    server = kvr_grpc_create_detached(&cfg, &seg, &store, &relay);
+    port = 0;
+    lfd = kvr_listen_tcp("127.0.0.1:0", &port, 64);
+    loop = h2o_evloop_create();
+    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (lfd < 0 || wake_fd < 0)
+        abort();
+    server = kvr_grpc_create(&cfg, &seg, &store, &relay, loop, lfd, wake_fd);
     if (server == NULL)
         abort();
     if (gen != NULL) {
@@ -156,14 +178,78 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* One iteration of the worker's loop as core/worker.c runs it, with the tick at every turn
+ * (the worker ticks every 50 ms): timers, heartbeats and windows are reached sooner. */
+static void run_loop(int ms)
+{
+    h2o_evloop_run(loop, ms);
+    kvr_grpc_tick(server);
+    kvr_grpc_flush(server);
+}
+
+/* Reads what the server sent (a peer that reads everything); 1 once it has closed. */
+static int drain_client(int fd)
+{
+    static char buf[1 << 16];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0)
+            return 1;
+        if (n < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t buf[1 << 20];
-    size_t n = size < sizeof(buf) - 24 ? size : sizeof(buf) - 24;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    size_t n = size < sizeof(buf) - 24 ? size : sizeof(buf) - 24, off = 0;
+    uint64_t one = 1, t0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), closed = 0;
 
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        abort();
     memcpy(buf, NGHTTP2_CLIENT_MAGIC, 24);
     memcpy(buf + 24, data, n);
-    kvr_grpc_feed(server, buf, 24 + n);
+    n += 24;
+    for (t0 = mono_ms(); off < n && mono_ms() - t0 < 3000;) {
+        ssize_t w = send(fd, buf + off, n - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN)
+            break; /* the server closed on us */
+        if (w > 0)
+            off += (size_t)w;
+        run_loop(0);
+        closed = drain_client(fd);
+    }
+    /* as a publisher wake-up would: waiting pool subscribers look at their slots */
+    if (write(wake_fd, &one, sizeof(one)) != sizeof(one))
+        abort();
+    for (int i = 0; i < 3 && !closed; i++) {
+        run_loop(1);
+        closed = drain_client(fd);
+    }
+    shutdown(fd, SHUT_WR);
+    /* The server closes the connection at EOF. */
+    for (t0 = mono_ms(); !closed && mono_ms() - t0 < 3000;) {
+        run_loop(1);
+        closed = drain_client(fd);
+    }
+    close(fd);
+    for (int i = 0; i < 200 && kvr_grpc_connections(server) > 0; i++)
+        run_loop(1);
+    if (!closed || kvr_grpc_connections(server) > 0) {
+        fprintf(stderr, "fuzz_grpc: connection not ended (client saw close %d, server has %u)\n", closed,
+                kvr_grpc_connections(server));
+        abort(); /* a connection the server never ended */
+    }
     /* every stream was torn down with the connection: no permit may be left behind */
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
         if (atomic_load(&relay.sh->active[t]) != 0)
