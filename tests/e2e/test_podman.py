@@ -20,9 +20,11 @@ What this podman (4.3, Debian 12) cannot take as Kubernetes would, and how the p
   - emptyDir: podman 4.3 makes it a disk volume, which --segment-path refuses (memory only),
     so the segment volume is a hostPath on a fresh tmpfs directory (/dev/shm) - what medium:
     Memory gives in Kubernetes - kept across the container's restart like an emptyDir;
-  - seccompProfile: podman 4.3 ignores securityContext.seccompProfile, and its default profile
-    blocks io_uring (the workers need it), so the pod carries the legacy seccomp annotation
-    with a profile made here from podman's own default plus the three io_uring calls;
+  - seccompProfile: podman 4.3 ignores securityContext.seccompProfile; it applies its own
+    default profile, which is what RuntimeDefault means under podman. That profile is used
+    unmodified (checked against its Debian package with dpkg --verify); it denies
+    io_uring_setup, so the test also checks that the supervisor logged the epoll engine and
+    why (--io-engine auto, docs/dataplane.md "I/O engines") and that a seccomp filter is on;
   - networking: hostNetwork with the ConfigMap's binds moved to loopback ephemeral ports and
     KVRELAY_MEMORY to 64M (this test's traffic stays on loopback and small); the container's
     ports list dropped (podman 4.3 maps containerPorts, which hostNetwork forbids) and the
@@ -133,15 +135,21 @@ def ensure_images(pm):
     return time.monotonic() - t0
 
 
-def io_uring_profile(dirpath):
-    """podman's default seccomp profile plus the io_uring calls (see the module docstring)."""
-    default = Path("/usr/share/containers/seccomp.json")
-    prof = json.loads(default.read_text())
+DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
+
+
+def check_default_seccomp_profile():
+    """podman's default profile, as its Debian package shipped it, denies io_uring_setup: the
+    pod below runs under it, so this test proves the image works under a runtime default."""
+    owner = subprocess.run(["dpkg-query", "-S", str(DEFAULT_SECCOMP)], capture_output=True, text=True, timeout=30)
+    assert owner.returncode == 0, f"{DEFAULT_SECCOMP} belongs to no package: {owner.stderr}"
+    pkg = owner.stdout.split(":")[0].strip()
+    verify = subprocess.run(["dpkg", "--verify", pkg], capture_output=True, text=True, timeout=60)
+    assert str(DEFAULT_SECCOMP) not in verify.stdout, f"{DEFAULT_SECCOMP} differs from {pkg}'s: {verify.stdout}"
+    prof = json.loads(DEFAULT_SECCOMP.read_text())
     assert not any("io_uring_setup" in s.get("names", []) and s.get("action") == "SCMP_ACT_ALLOW"
-                   for s in prof["syscalls"]), "podman's default allows io_uring now: drop the annotation"
-    prof["syscalls"].append({"names": ["io_uring_setup", "io_uring_enter", "io_uring_register"],
-                             "action": "SCMP_ACT_ALLOW"})
-    (dirpath / "kvrelay-io-uring.json").write_text(json.dumps(prof))
+                   for s in prof["syscalls"]), "podman's default allows io_uring: this test no longer shows epoll"
+    return pkg
 
 
 def pod_manifests(tmp, segdir, http, grpc, token_b64):
@@ -169,8 +177,7 @@ def pod_manifests(tmp, segdir, http, grpc, token_b64):
         if v["name"] == "segment":
             assert v.pop("emptyDir")["medium"] == "Memory"
             v["hostPath"] = {"path": str(segdir), "type": "Directory"}
-    meta = {"name": POD, "labels": tpl["metadata"]["labels"],
-            "annotations": {"seccomp.security.alpha.kubernetes.io/pod": "localhost/kvrelay-io-uring.json"}}
+    meta = {"name": POD, "labels": tpl["metadata"]["labels"]}  # no seccomp annotation: podman's default
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
     secret_name = next(v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name}, "type": "Opaque",
@@ -216,9 +223,7 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
 
     segdir = Path(tempfile.mkdtemp(prefix="kvrelay-podman-", dir="/dev/shm"))
     os.chown(segdir, 10001, 10001)
-    seccomp = tmp_path / "seccomp"
-    seccomp.mkdir()
-    io_uring_profile(seccomp)
+    seccomp_pkg = check_default_seccomp_profile()
     http, grpc_port = free_port(), free_port()
     token = uuid.uuid4().hex
     paths, sts, c = pod_manifests(tmp_path, segdir, http, grpc_port, base64.b64encode(token.encode()).decode())
@@ -227,8 +232,7 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
     try:
         pm.run("secret", "rm", "kvrelay-token", check=False)
         pm.run("kube", "play", str(paths["secret"]))
-        pm.run("kube", "play", "--configmap", str(paths["configmap"]), "--seccomp-profile-root", str(seccomp),
-               str(paths["pod"]))
+        pm.run("kube", "play", "--configmap", str(paths["configmap"]), str(paths["pod"]))
         played = True
         wait_http(http, "/healthz", 200, 60)
         wait_http(http, "/readyz", 200, 60)
@@ -243,6 +247,12 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         assert os.readlink(f"/proc/{pid}/exe").endswith("/kvrelay-supervisor")
         uid = [ln.split()[1:] for ln in status.splitlines() if ln.startswith("Uid:")][0]
         assert set(uid) == {"10001"}, uid
+        seccomp_mode = [ln.split()[1] for ln in status.splitlines() if ln.startswith("Seccomp:")][0]
+        assert seccomp_mode == "2", f"the supervisor runs without a seccomp filter (mode {seccomp_mode})"
+        lg = pm.run("logs", CTR)
+        logs = lg.stdout.decode(errors="replace") + lg.stderr.decode(errors="replace")
+        engine = [ln for ln in logs.splitlines() if "io engine:" in ln]
+        assert len(engine) == 1 and "io engine: epoll, because io_uring_setup fails" in engine[0], engine or logs[-2000:]
         assert pm.out("inspect", "--format", "{{.HostConfig.ReadonlyRootfs}}", CTR) == "true"
         mounts = pm.out("exec", CTR, "cat", "/proc/self/mounts").splitlines()
         root_opts = [ln.split()[3].split(",") for ln in mounts if ln.split()[1] == "/"]
@@ -312,7 +322,8 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         played = False
         assert down.returncode == 0, down
         assert pm.run("pod", "exists", POD, check=False).returncode != 0, "kube down left the pod"
-        print(f"podman: image built in {build_s:.0f}s; {version}; 200 blocks kept across SIGKILL of PID 1 (back by {how}); "
+        print(f"podman: image built in {build_s:.0f}s; {version}; default seccomp profile of {seccomp_pkg}: "
+              f"{engine[0][engine[0].index('io engine:'):][:80]}; 200 blocks kept across SIGKILL of PID 1 (back by {how}); "
               f"stopped in {took:.1f}s (grace {grace}s), exit {code}; whole test "
               f"{time.monotonic() - t_start:.0f}s")
     finally:
