@@ -50,6 +50,13 @@ enum { KVR_M_GET, KVR_M_PUT, KVR_M_HEAD, KVR_M_DELETE, KVR_M_OTHER, KVR_M_POST }
  * keys, one per line, percent-encoded as in a path. */
 #define KVR_API_BATCH_MAX_KEYS 4096
 #define KVR_API_BATCH_MAX_BODY (1u << 20)
+/* POST /batch/get: the same body; the answer frames each block (docs/http-contract.md) and its
+ * bytes are sent from the segment, so every found block is pinned until the response is out.
+ * Bounds: keys per request, found bytes per response (--max-block-size: no more than the
+ * largest single GET) and this worker's batch pins in flight (a quarter of the 4,096-slot pin
+ * table, so that batches never starve single GETs of pins). */
+#define KVR_API_BATCH_GET_MAX_KEYS 128
+#define KVR_API_BATCH_GET_MAX_PINS 1024
 
 typedef struct {
     const kvr_config_t *cfg;
@@ -60,6 +67,7 @@ typedef struct {
     int draining;          /* this worker is draining: /readyz says 503 */
     uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
     uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
+    uint32_t batch_pins;   /* pins held by this worker's batch GET responses */
 } kvr_api_t;
 
 /* What a transport knows of a request once its head is parsed. */
@@ -101,6 +109,8 @@ typedef struct {
     int pinned;
     /* HEAP */
     char *heap;
+    /* BLOCK of a batch GET: several pinned blocks and their framing (api.c, "batch GET") */
+    struct kvr_api_multi_s *multi;
     /* PUT */
     unsigned put;          /* KVR_API_PUT_* */
     kvr_put_txn_t txn;
@@ -122,6 +132,9 @@ void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res);
 
 /* Payload spans of a reserved PUT from offset off; returns the count (<= max). */
 size_t kvr_api_txn_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, struct iovec *iov, size_t max);
+
+/* 1 when a PUT of len bytes would get a reservation now (not KVR_API_PUT_WAIT). */
+int kvr_api_put_fits(const kvr_api_t *a, uint64_t len);
 
 /* Copies body bytes into the reservation at offset off: for bodies a transport already holds in
  * memory (h2o's buffered bodies, the few body bytes that arrived with an io_uring head). */

@@ -54,6 +54,7 @@ struct kvr_h1_s {
     char scratch[64];     /* a valid address for recv(MSG_TRUNC), which discards without copying */
     h1c_t *conns;         /* every open connection */
     uint64_t nconns;
+    h1c_t *wait_head, *wait_tail; /* PUTs waiting for the in-flight budget, oldest first */
     unsigned chunked_conns;
     uint64_t last_tick_ms;
     char date[40];        /* "Date: ...\r\n", refreshed every second */
@@ -62,6 +63,7 @@ struct kvr_h1_s {
 
 struct h1c_s {
     h1c_t *prev, *next;
+    h1c_t *wprev, *wnext; /* the wait queue, while in ST_WAIT */
     kvr_h1_t *s;
     int fd;
     uint8_t state;
@@ -106,6 +108,7 @@ static void on_write(kvr_uring_op_t *op, int res);
 static void start_request(h1c_t *c);
 static void conn_unlink(h1c_t *c);
 static void begin_body(h1c_t *c);
+static void wake_waiters(kvr_h1_t *s);
 
 static uint64_t now_ms(void)
 {
@@ -114,10 +117,43 @@ static uint64_t now_ms(void)
 
 /* ------------------------------------------------------------------ connections */
 
+/* The wait queue: FIFO, so that the budget a finished PUT frees goes to the oldest waiter. */
+static void wait_enter(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    c->state = ST_WAIT;
+    c->wnext = NULL;
+    c->wprev = s->wait_tail;
+    if (s->wait_tail != NULL)
+        s->wait_tail->wnext = c;
+    else
+        s->wait_head = c;
+    s->wait_tail = c;
+}
+
+static void wait_leave(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (c->wprev == NULL && s->wait_head != c)
+        return; /* not queued */
+    if (c->wprev != NULL)
+        c->wprev->wnext = c->wnext;
+    else
+        s->wait_head = c->wnext;
+    if (c->wnext != NULL)
+        c->wnext->wprev = c->wprev;
+    else
+        s->wait_tail = c->wprev;
+    c->wprev = c->wnext = NULL;
+}
+
 static void conn_free(h1c_t *c)
 {
     kvr_h1_t *s = c->s;
 
+    wait_leave(c);
     if (c->in_req) {
         kvr_api_done(s->api, &c->res, c->method, c->start_us, c->bytes_in, c->bytes_out);
         c->in_req = 0;
@@ -137,6 +173,7 @@ static void conn_close(h1c_t *c)
 {
     if (!c->closing) {
         c->closing = 1;
+        wait_leave(c);
         shutdown(c->fd, SHUT_RDWR);
         /* An abandoned PUT gives its reservation back now, not at free time. */
         if (c->in_req && c->res.put != KVR_API_PUT_NONE)
@@ -461,6 +498,7 @@ static size_t preread(const h1c_t *c)
 }
 
 static void begin_body(h1c_t *c);
+static void wake_waiters(kvr_h1_t *s);
 static void response_done(h1c_t *c);
 
 /* Parses a complete head out of hbuf; asks for more when it is not complete. */
@@ -543,7 +581,7 @@ static void start_request(h1c_t *c)
         begin_body(c);
         return;
     case KVR_API_PUT_WAIT:
-        c->state = ST_WAIT;
+        wait_enter(c);
         c->last_ms = now_ms();
         return;
     case KVR_API_PUT_RESERVED:
@@ -944,6 +982,8 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
 
 void kvr_h1_flush(kvr_h1_t *s)
 {
+    if (s->wait_head != NULL)
+        wake_waiters(s);
     kvr_uring_flush(&s->ring);
 }
 
@@ -964,22 +1004,30 @@ static int moved(h1c_t *c)
     return 1;
 }
 
-/* A PUT that waited for the in-flight budget asks again; past --io-timeout it gets 503. */
-static void retry_wait(h1c_t *c, uint64_t t)
+/* A PUT that waited for the in-flight budget asks again. 1 when it is on its way (or
+ * answered), 0 when it still waits. */
+static int retry_wait(h1c_t *c)
 {
     kvr_api_res_reset(&c->res);
     kvr_api_handle(c->s->api, &c->rq, &c->res);
-    if (c->res.put != KVR_API_PUT_WAIT) {
-        c->state = c->res.put == KVR_API_PUT_RESERVED ? ST_BODY : ST_DISCARD;
-        if (c->res.put == KVR_API_PUT_RESERVED || c->res.put == KVR_API_PUT_DEDUP)
-            begin_body(c);
-        else
-            respond(c);
-        return;
-    }
-    if (t - c->last_ms > c->s->cfg->io_timeout_ms) {
-        respond_error_hdr(c, 503, "Busy", "too many PUT bodies in flight; retry", "retry-after", H1_RETRY_AFTER);
-    }
+    if (c->res.put == KVR_API_PUT_WAIT)
+        return 0;
+    wait_leave(c);
+    c->state = c->res.put == KVR_API_PUT_RESERVED ? ST_BODY : ST_DISCARD;
+    if (c->res.put == KVR_API_PUT_RESERVED || c->res.put == KVR_API_PUT_DEDUP)
+        begin_body(c);
+    else
+        respond(c);
+    return 1;
+}
+
+/* Once per loop iteration: the budget that PUTs ended since gives the oldest waiters their
+ * turn at once (not at the next tick), in arrival order. */
+static void wake_waiters(kvr_h1_t *s)
+{
+    while (s->wait_head != NULL && kvr_api_put_fits(s->api, s->wait_head->rq.body_len))
+        if (!retry_wait(s->wait_head))
+            break;
 }
 
 void kvr_h1_tick(kvr_h1_t *s)
@@ -993,8 +1041,12 @@ void kvr_h1_tick(kvr_h1_t *s)
         next = c->next;
         if (c->closing)
             continue;
-        if (c->state == ST_WAIT) {
-            retry_wait(c, t);
+        if (c->state == ST_WAIT) { /* wake_waiters admits; here only the time limit */
+            if (t - c->last_ms > s->cfg->io_timeout_ms) {
+                wait_leave(c);
+                respond_error_hdr(c, 503, "Busy", "too many PUT bodies in flight; retry", "retry-after",
+                                  H1_RETRY_AFTER);
+            }
         } else if (c->state == ST_SNIFF && c->sniff_wait && !c->rbusy) {
             c->sniff_wait = 0;
             conn_read(c); /* the peek saw too few bytes to decide, or h2o was full */

@@ -611,6 +611,52 @@ def test_puts_beyond_the_inflight_budget_wait_then_503(kvrelay):
     srv.assert_consistent()
 
 
+def _got_continue(sock, wait_s):
+    """True when "100 Continue" arrives within wait_s (the server began reading the body)."""
+    sock.settimeout(wait_s)
+    try:
+        data = sock.recv(64)
+    except socket.timeout:
+        return False
+    finally:
+        sock.settimeout(10 * SLOW)
+    assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), data
+    return True
+
+
+def test_puts_waiting_for_the_budget_go_in_arrival_order(kvrelay):
+    """The budget a finished PUT frees goes to the oldest waiting PUT, at once (not at the
+    next 50 ms tick, not newest connection first, as a walk of the connection list gave).
+    Three waiters send their heads as b, c, d (Expect: 100-continue, so the "100 Continue"
+    shows which one the server admitted): b goes first, then c, then d, each when the one
+    before it completes."""
+    srv = kvrelay("--memory", "64M", "--workers", "1", "--max-inflight-bytes", "8M", "--io-timeout", "20s")
+    size = 6 * MiB
+    a = raw_connect(srv)
+    a.sendall(_req("PUT", kv_path("fifo-a"), [("Content-Length", str(size))]) + b"a" * MiB)
+    time.sleep(0.3 * SLOW)
+    waiters = {k: raw_connect(srv) for k in "bcd"}
+    for k in "bcd":
+        waiters[k].sendall(_req("PUT", kv_path(f"fifo-{k}"), [("Content-Length", str(size)),
+                                                              ("Expect", "100-continue")]))
+        time.sleep(0.2 * SLOW)
+    for k in "bcd":
+        assert not _got_continue(waiters[k], 0.2), f"{k} admitted while a holds the budget"
+    a.sendall(b"a" * (size - MiB))
+    assert read_one_response(a, 10 * SLOW).status == 201
+    for k, later in (("b", "cd"), ("c", "d"), ("d", "")):
+        assert _got_continue(waiters[k], 5 * SLOW), f"{k}, the oldest waiter, was not admitted"
+        for o in later:
+            assert not _got_continue(waiters[o], 0.2), f"{o} admitted before {k} finished"
+        waiters[k].sendall(k.encode() * size)
+        assert read_one_response(waiters[k], 10 * SLOW).status == 201
+    for k in "bcd":
+        assert srv.get(f"fifo-{k}").body == k.encode() * size
+        waiters[k].close()
+    a.close()
+    srv.assert_consistent()
+
+
 def test_out_of_descriptors_pauses_accept_without_spinning(kvrelay):
     """With RLIMIT_NOFILE low, connections past the limit wait; the worker does not spin,
     connections it has are served, and new ones are served once descriptors free up."""
