@@ -336,13 +336,24 @@ static size_t send_iov(h1c_t *c)
     return n;
 }
 
+static int zc_wanted(const h1c_t *c)
+{
+    uint64_t min = c->s->cfg->send_zc_min;
+
+    return min > 0 && c->state == ST_SEND && c->res.body == KVR_API_BODY_BLOCK && !c->res.head_only &&
+           c->res.length >= min;
+}
+
 static void conn_write(h1c_t *c)
 {
     memset(&c->msg, 0, sizeof(c->msg));
     c->msg.msg_iov = c->iov;
     c->msg.msg_iovlen = send_iov(c);
-    /* One completion for the whole response (or the 64 spans of this batch). */
-    if (kvr_uring_sendmsg(&c->s->ring, c->fd, &c->msg, MSG_WAITALL, &c->wop) != KVR_OK) {
+    /* One completion for the whole response (or the 64 spans of this batch). With
+     * --send-zc-min, a large block goes out zero-copy: the completion comes once the kernel
+     * lets go of its pages, and the pin is held until then (kvr_api_done after it). */
+    if ((zc_wanted(c) ? kvr_uring_sendmsg_zc : kvr_uring_sendmsg)(&c->s->ring, c->fd, &c->msg, MSG_WAITALL,
+                                                                    &c->wop) != KVR_OK) {
         conn_close(c);
         return;
     }

@@ -142,7 +142,14 @@ static unsigned ring_process(kvr_uring_t *u)
     while (io_uring_peek_cqe(&u->ring, &cqe) == 0 && cqe != NULL) {
         kvr_uring_op_t *op = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
+        unsigned flags = cqe->flags;
         io_uring_cqe_seen(&u->ring, cqe);
+        if (op != NULL && (flags & IORING_CQE_F_MORE)) { /* a zero-copy send's result */
+            op->res = res; /* delivered with the notification, when the kernel lets go of the pages */
+            continue;
+        }
+        if (op != NULL && (flags & IORING_CQE_F_NOTIF))
+            res = op->res;
         if (op != NULL && op->cb != NULL)
             op->cb(op, res);
         n++;
@@ -621,6 +628,19 @@ int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, int flag
     if ((sqe = get_sqe(u)) == NULL)
         return -EBUSY;
     io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL | (unsigned)flags);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+int kvr_uring_sendmsg_zc(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe;
+
+    if (u->engine == KVR_IO_EPOLL) /* no zero-copy here: a plain sendmsg */
+        return kvr_uring_sendmsg(u, fd, msg, flags, op);
+    if ((sqe = get_sqe(u)) == NULL)
+        return -EBUSY;
+    io_uring_prep_sendmsg_zc(sqe, fd, msg, MSG_NOSIGNAL | (unsigned)flags);
     io_uring_sqe_set_data(sqe, op);
     return KVR_OK;
 }

@@ -91,6 +91,12 @@ int kvr_uring_recv_flags(kvr_uring_t *u, int fd, void *buf, size_t len, int flag
  * bytes moved before EOF or an error (the error itself when nothing moved). */
 int kvr_uring_recvmsg(kvr_uring_t *u, int fd, struct msghdr *msg, int flags, kvr_uring_op_t *op);
 int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op);
+/* The same with IORING_OP_SENDMSG_ZC: the kernel sends from the caller's pages without
+ * copying them to the socket (a NIC then DMAs from them; loopback copies them at delivery).
+ * The callback runs once, with the send's result, after the kernel's notification that it no
+ * longer uses the pages: the buffers (a pinned block) must stay put until then. On the epoll
+ * engine, a plain sendmsg. */
+int kvr_uring_sendmsg_zc(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op);
 /* Cancels the submission carrying op: it completes with -ECANCELED unless it completed
  * already (its completion still arrives either way). */
 int kvr_uring_cancel(kvr_uring_t *u, kvr_uring_op_t *op);
