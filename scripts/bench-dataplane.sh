@@ -4,7 +4,8 @@
 # on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
 #
 #   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE]
-#                              [--sizes "256K 2M 32M 80M"]
+#                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
+#                              [--hugepages COUNT]
 #
 # For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB) and every store, one store at a time,
 # started fresh (so one store's memory never weighs on another's run):
@@ -31,6 +32,10 @@
 # of the server (system calls per request), and another under `perf record` (where the server's
 # CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
 # DIR/<date>-dataplane-profiles/. Adds about a minute per size.
+# --variant NAME=ARGS: one more kvrelay, named NAME in the report, run with ARGS added (e.g.
+# --variant "kvrelay-hp=--hugepages require" or --variant "kvrelay-zc=--send-zc-min 1M"); its
+# figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
+# sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit).
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
 # by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure,
 # the targets, the commands, versions) and name=value lines on stdout.
@@ -43,6 +48,8 @@ PROFILE=0
 OUT=bench/results
 MEM=2G
 SIZES="256K 2M 32M 80M"
+VARIANTS=()
+HUGEPAGES=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -50,6 +57,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --memory) MEM=$2; shift ;;
     --sizes) SIZES=$2; shift ;;
+    --variant) VARIANTS+=("$2"); shift ;;
+    --hugepages) HUGEPAGES=$2; shift ;;
     -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -71,7 +80,14 @@ done
 
 if [ "$QUICK" = 1 ]; then REPS=1; DUR=1; WARM=0.5; else REPS=3; DUR=4; WARM=1; fi
 CONNS=16
-SYSTEMS="null kvrelay memcached redis"
+VNAMES=""
+for v in "${VARIANTS[@]}"; do
+    n=${v%%=*}
+    case $n in kvrelay-*) ;; *) echo "bench-dataplane: a variant's name starts with kvrelay- ($n)" >&2; exit 2 ;; esac
+    VNAMES="$VNAMES $n"
+done
+SYSTEMS="null kvrelay$VNAMES memcached redis"
+variant_args() { for v in "${VARIANTS[@]}"; do [ "${v%%=*}" = "$1" ] && echo "${v#*=}"; done; return 0; }
 
 WORK=$(mktemp -d /tmp/kvrelay-dataplane.XXXXXX)
 RES=$WORK/results.jsonl
@@ -85,7 +101,13 @@ stop_store() {
     wait "$SPID" 2>/dev/null || true
     SPID=""
 }
-cleanup() { stop_store; rm -rf "$WORK"; }
+HP_OLD=""
+if [ -n "$HUGEPAGES" ]; then
+    HP_OLD=$(cat /proc/sys/vm/nr_hugepages)
+    echo "$HUGEPAGES" > /proc/sys/vm/nr_hugepages
+    echo "bench-dataplane: vm.nr_hugepages $HP_OLD -> $(cat /proc/sys/vm/nr_hugepages) for this run" >&2
+fi
+cleanup() { stop_store; rm -rf "$WORK"; [ -z "$HP_OLD" ] || echo "$HP_OLD" > /proc/sys/vm/nr_hugepages; }
 trap cleanup EXIT
 
 # Debian's python3 (a pyenv shim in PATH costs ~100 ms a call; two calls frame every run)
@@ -131,9 +153,10 @@ start_store() { # system size
     null)
         cmd=("$NULL" --bind "127.0.0.1:$PORT" --workers 2 --get-size "$size")
         PROTO=http ;;
-    kvrelay)
+    kvrelay*)
+        # shellcheck disable=SC2207
         cmd=("$ROOT/build/kvrelay-supervisor" --http-bind "127.0.0.1:$PORT" --grpc-bind off --memory "$MEM"
-             --shutdown-grace 2s --log-level warn)
+             --shutdown-grace 2s --log-level warn $(variant_args "$sys"))
         PROTO=http ;;
     memcached)
         [ "$(id -u)" -eq 0 ] && u="-u nobody"
@@ -276,7 +299,7 @@ for size in $SIZES; do
         stop_store
     done
 done
-for sys in null kvrelay memcached; do
+for sys in null kvrelay$VNAMES memcached; do
     start_store "$sys" 16K
     pre=$sys-16K-get
     bench warm "$sys" 16K 64 0 --workload get --preload --keys 256 --key-prefix "$pre" --duration $WARM

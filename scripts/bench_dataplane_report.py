@@ -163,6 +163,8 @@ def main():
     w("| op | size | conns | store | req/s | GB/s | p50 ms | p99 ms | errors | server CPU s/GB | client CPU s/GB "
       "| kvrelay / store |")
     w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    variants = sorted({k[0] for k in med if k[0].startswith("kvrelay-")})
+    SYSTEMS[2:2] = [v for v in variants if v not in SYSTEMS]
     keys = sorted({(k[1], k[2], k[3]) for k in med if k[1] in ("get", "put")},
                   key=lambda t: (OPS.index(t[0]), t[2], SIZES.index(t[1]) if t[1] in SIZES else 9))
     for op, size, conns in keys:
@@ -268,6 +270,25 @@ def main():
     w(f"{met} met, {missed} missed.\n")
     put_kv("targets_met", met)
     put_kv("targets_missed", missed)
+
+    if variants:  # kvrelay with other options, beside the default and the peers of the same run
+        w("## kvrelay variants (same run; the targets above are the default's)\n")
+        w("| variant | op | size | conns | GB/s | req/s | p99 ms | server CPU s/GB | / kvrelay | / null | / memcached |")
+        w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for v in variants:
+            for op, size, conns in keys:
+                r = fig(v, op, size, conns)
+                if r is None:
+                    continue
+                fn = rps if size == "16K" else gbps
+                cols = []
+                for peer in ("kvrelay", "null", "memcached"):
+                    p = fig(peer, op, size, conns)
+                    cols.append(f"{fn(r) / fn(p):.2f}" if p is not None and fn(p) > 0 else "-")
+                cg = cpu_per_gb(r)
+                w(f"| {v} | {op.upper()} | {size} | {conns} | {gbps(r):.2f} | {rps(r):,.1f} | {p99_ms(r):.2f} | "
+                  f"{'-' if cg is None else f'{cg:.3f}'} | " + " | ".join(cols) + " |")
+        w("")
 
     def short(c):  # paths relative to the repository; the run's scratch directory as $WORK
         return c.replace(a.work, "$WORK").replace(a.root + "/", "")
