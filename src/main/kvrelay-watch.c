@@ -10,9 +10,26 @@
  *   kvrelay-watch --grpc 127.0.0.1:5561                     follow and print status
  *   kvrelay-watch --grpc ... --contains 0x7ee2cbedc694ab46 --contains 42
  *   kvrelay-watch --grpc ... --tokens 0,1,2,3,4,5,6,7 --kv-block-size 4
+ *
+ * Over a fleet (--relay NAME=HOST:PORT, repeatable, or --relays N1=A1,N2=A2,...): one replica
+ * per node, each subscribed on its own connection, all driven from one poll(). With lookups it
+ * answers, once every reachable replica is live, which nodes hold each hash — the router's
+ * view of a sharded pool, where each node publishes only its own blocks:
+ *
+ *   kvrelay-watch --relay n1=127.0.0.1:5561 --relay n2=127.0.0.1:5562 --lookup 'my/key' --lookup 0x2a
+ *   0x7ee2cbedc694ab46 n2 key=my/key
+ *   0x000000000000002a - hash
+ *
+ * --lookup takes a hash (0x hex or decimal digits) or a key, hashed as the server hashes a PUT
+ * without X-KV-Sequence-Hash (docs/http-contract.md); --key forces a key, --contains a hash,
+ * --tokens the block hashes of a token list. The nodes column is "-" when none holds it. A
+ * replica is a Cuckoo filter: a "yes" may be a false positive (about 1 in 10^4 per lookup and
+ * node at the default fill), a "no" is exact. A node that cannot be reached is reported on
+ * stderr and leaves the exit status 1; the others still answer.
  */
-#include "core/ckf.h"
+#include "wire/ckf.h"
 #include "core/kvhash.h"
+#include "core/store.h"
 #include "io/grpc_client.h"
 #include "wire/mirror.h"
 #include "wire/relay.pb-c.h"
@@ -112,8 +129,256 @@ static void usage(const char *p)
     fprintf(stderr,
             "usage: %s --grpc HOST:PORT [--subscriber-id ID] [--duration SECONDS]\n"
             "          [--contains HASH]... [--tokens T0,T1,...] [--kv-block-size N]\n"
-            "          [--hash-format standard|eagle] [--lora NAME] [--cache-namespace NS] [--quiet]\n",
-            p);
+            "          [--hash-format standard|eagle] [--lora NAME] [--cache-namespace NS] [--quiet]\n"
+            "   or: %s --relay NAME=HOST:PORT... | --relays N1=A1,N2=A2,...\n"
+            "          [--lookup KEY|HASH]... [--key KEY]... [--contains HASH]... [--tokens ...]\n",
+            p, p);
+}
+
+/* ------------------------------------------------------------------ fleet */
+
+#define FLEET_MAX      32   /* relays */
+#define FLEET_LOOKUPS  256  /* hashes asked at once (as --contains) */
+#define FLEET_NAME_MAX 64
+#define FLEET_LIVE_S   15.0 /* without --duration: how long the replicas may take to go live */
+
+typedef struct {
+    char name[FLEET_NAME_MAX];
+    char addr[256];
+    kvr_gclient_t *c;
+    kvr_gcall_t *call;
+    Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *cat;
+    int subscribed, down;
+    watch_t w;
+} node_t;
+
+typedef struct {
+    uint64_t hash;
+    char what[80]; /* how it was asked, for the answer line */
+} lookup_t;
+
+static int fleet_add(node_t *nodes, size_t *n, const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    size_t nl = eq != NULL ? (size_t)(eq - spec) : 0;
+    node_t *x;
+
+    if (eq == NULL || nl == 0 || nl >= FLEET_NAME_MAX || strlen(eq + 1) == 0 || strlen(eq + 1) >= 256) {
+        fprintf(stderr, "kvrelay-watch: --relay wants NAME=HOST:PORT, got '%s'\n", spec);
+        return -1;
+    }
+    if (*n == FLEET_MAX) {
+        fprintf(stderr, "kvrelay-watch: at most %d relays\n", FLEET_MAX);
+        return -1;
+    }
+    x = &nodes[(*n)++];
+    memset(x, 0, sizeof(*x));
+    memcpy(x->name, spec, nl);
+    strcpy(x->addr, eq + 1);
+    return 0;
+}
+
+/* "0x..." or all decimal digits: a hash; anything else: a key, hashed as a PUT without
+ * X-KV-Sequence-Hash is (kvr_store_default_canon). */
+static void lookup_parse(lookup_t *l, const char *arg, int force_key)
+{
+    size_t n = strlen(arg), i = 0;
+    int digits = n > 0;
+
+    if (!force_key && n > 2 && arg[0] == '0' && (arg[1] == 'x' || arg[1] == 'X')) {
+        for (i = 2; i < n && ((arg[i] >= '0' && arg[i] <= '9') || ((arg[i] | 0x20) >= 'a' && (arg[i] | 0x20) <= 'f'));
+             i++)
+            ;
+        if (i == n && n <= 18) {
+            l->hash = strtoull(arg, NULL, 16);
+            snprintf(l->what, sizeof(l->what), "hash");
+            return;
+        }
+    }
+    for (i = 0; i < n; i++)
+        digits &= arg[i] >= '0' && arg[i] <= '9';
+    if (!force_key && digits && n <= 20) {
+        l->hash = strtoull(arg, NULL, 10);
+        snprintf(l->what, sizeof(l->what), "hash");
+        return;
+    }
+    l->hash = kvr_store_default_canon(arg, n);
+    snprintf(l->what, sizeof(l->what), "key=%.70s", arg);
+}
+
+/* Catalog, then subscription, on each node's own connection. Returns 1 while not all done. */
+static int fleet_advance(node_t *x, const char *sid, uint8_t *req, size_t cap)
+{
+    Dynamo__Kvrelay__V1__SubscribeKvPoolRequest sreq = DYNAMO__KVRELAY__V1__SUBSCRIBE_KV_POOL_REQUEST__INIT;
+    size_t rlen;
+
+    if (x->down || x->subscribed)
+        return 0;
+    if (!x->w.catalog_seen) {
+        if (x->call != NULL && x->call->done) {
+            fprintf(stderr, "kvrelay-watch: %s: no catalog (status %d %s)\n", x->name, x->call->grpc_status,
+                    x->call->grpc_message);
+            x->down = 1;
+        }
+        return !x->down;
+    }
+    x->cat = dynamo__kvrelay__v1__kv_pool_catalog_update__unpack(NULL, x->w.catalog_len, x->w.catalog_bytes);
+    if (x->cat == NULL || x->cat->contract_marker != MARKER || x->cat->protocol_version != 1 ||
+        x->cat->snapshot == NULL || x->cat->snapshot->n_pools == 0) {
+        fprintf(stderr, "kvrelay-watch: %s: the catalog has no pool\n", x->name);
+        x->down = 1;
+        return 0;
+    }
+    x->w.producer = x->cat->snapshot->pools[0]->producer;
+    if (kvr_relay_validate_producer(x->w.producer) != 0 ||
+        kvr_mirror_init(&x->w.mirror, x->w.producer->ckf_format->seed, x->w.producer->ckf_format->bucket_count,
+                        x->w.producer->pool_id->dc_id) != KVR_OK) {
+        fprintf(stderr, "kvrelay-watch: %s: the pool's producer identity is invalid\n", x->name);
+        x->w.producer = NULL;
+        x->down = 1;
+        return 0;
+    }
+    sreq.subscriber_id = (char *)sid;
+    sreq.expected_producer = x->w.producer;
+    sreq.contract_marker = MARKER;
+    rlen = dynamo__kvrelay__v1__subscribe_kv_pool_request__get_packed_size(&sreq);
+    if (rlen > cap) {
+        x->down = 1;
+        return 0;
+    }
+    rlen = dynamo__kvrelay__v1__subscribe_kv_pool_request__pack(&sreq, req);
+    x->call = kvr_gclient_call(x->c, "/dynamo.kvrelay.v1.KvEventRelay/SubscribeKvPool", req, rlen, on_update, &x->w);
+    x->subscribed = 1;
+    if (x->call == NULL)
+        x->down = 1;
+    return 0;
+}
+
+/* One poll() over every connection (at most timeout_ms), then a step of each that is ready. */
+static void fleet_step(node_t *nodes, size_t n, int timeout_ms)
+{
+    struct pollfd pfd[FLEET_MAX];
+    size_t map[FLEET_MAX], k = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (nodes[i].down)
+            continue;
+        pfd[k].fd = kvr_gclient_fd(nodes[i].c);
+        pfd[k].events = POLLIN;
+        pfd[k].revents = 0;
+        map[k++] = i;
+    }
+    if (k == 0)
+        return;
+    (void)poll(pfd, k, timeout_ms);
+    for (size_t j = 0; j < k; j++) {
+        node_t *x = &nodes[map[j]];
+        /* an error or hang-up (a refused connect shows here) ends the node after what it sent */
+        if (kvr_gclient_step(x->c) != KVR_OK || x->w.failed || (pfd[j].revents & (POLLERR | POLLHUP)) ||
+            (x->subscribed && x->call != NULL && x->call->done)) {
+            fprintf(stderr, "kvrelay-watch: %s: %s\n", x->name,
+                    x->w.failed ? x->w.error : "the relay connection or stream ended");
+            x->down = 1;
+        }
+    }
+}
+
+static int fleet_live(const node_t *nodes, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!nodes[i].down && !nodes[i].w.mirror_ready)
+            return 0;
+    return 1;
+}
+
+static void fleet_answer(const node_t *nodes, size_t n, const lookup_t *ls, size_t nl)
+{
+    for (size_t i = 0; i < nl; i++) {
+        int any = 0;
+        printf("0x%016" PRIx64 " ", ls[i].hash);
+        for (size_t j = 0; j < n; j++)
+            if (!nodes[j].down && nodes[j].w.mirror_ready && kvr_mirror_contains(&nodes[j].w.mirror, ls[i].hash)) {
+                printf("%s%s", any ? "," : "", nodes[j].name);
+                any = 1;
+            }
+        printf("%s %s\n", any ? "" : "-", ls[i].what);
+    }
+    fflush(stdout);
+}
+
+static void fleet_status(const node_t *nodes, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const node_t *x = &nodes[i];
+        if (x->down)
+            printf("%s down\n", x->name);
+        else if (!x->w.mirror_ready)
+            printf("%s syncing\n", x->name);
+        else
+            printf("%s seq %" PRIu64 "  fill %.2f%%  lag %.1f ms  frames %" PRIu64 "\n", x->name, x->w.mirror.sequence,
+                   100.0 * fill(&x->w.mirror), (double)x->w.lag_us / 1000.0, x->w.frames);
+    }
+    fflush(stdout);
+}
+
+static int fleet_main(node_t *nodes, size_t n, const char *sid, const lookup_t *ls, size_t nl, double duration,
+                      int quiet)
+{
+    Dynamo__Kvrelay__V1__WatchKvPoolCatalogRequest creq = DYNAMO__KVRELAY__V1__WATCH_KV_POOL_CATALOG_REQUEST__INIT;
+    double start = now_s(), last_print = 0, limit = duration > 0 ? duration : FLEET_LIVE_S;
+    uint8_t req[4096];
+    size_t rlen;
+    char err[256];
+    int rc = 0, answered = 0;
+
+    creq.subscriber_id = (char *)sid;
+    creq.contract_marker = MARKER;
+    rlen = dynamo__kvrelay__v1__watch_kv_pool_catalog_request__pack(&creq, req);
+    for (size_t i = 0; i < n; i++) {
+        node_t *x = &nodes[i];
+        x->c = kvr_gclient_connect(x->addr, 3000, err, sizeof(err));
+        if (x->c == NULL) {
+            fprintf(stderr, "kvrelay-watch: %s: %s\n", x->name, err);
+            x->down = 1;
+            continue;
+        }
+        x->call = kvr_gclient_call(x->c, "/dynamo.kvrelay.v1.KvEventRelay/WatchKvPoolCatalog", req, rlen, on_catalog,
+                                   &x->w);
+        if (x->call == NULL)
+            x->down = 1;
+    }
+    while (now_s() - start < limit) {
+        int waiting = 0;
+        for (size_t i = 0; i < n; i++)
+            waiting |= fleet_advance(&nodes[i], sid, req, sizeof(req));
+        fleet_step(nodes, n, waiting ? 10 : 100);
+        if (!waiting && fleet_live(nodes, n) && nl > 0) {
+            fleet_step(nodes, n, 50); /* one more beat: deltas already on the wire are applied */
+            fleet_answer(nodes, n, ls, nl);
+            answered = 1;
+            break;
+        }
+        if (!quiet && nl == 0 && now_s() - last_print >= 1.0) {
+            last_print = now_s();
+            fleet_status(nodes, n);
+        }
+    }
+    if (nl > 0 && !answered) {
+        fprintf(stderr, "kvrelay-watch: not every replica became live within %.0f s\n", limit);
+        rc = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        node_t *x = &nodes[i];
+        rc |= x->down;
+        if (x->cat != NULL)
+            dynamo__kvrelay__v1__kv_pool_catalog_update__free_unpacked(x->cat, NULL);
+        free(x->w.catalog_bytes);
+        if (x->w.producer != NULL)
+            kvr_mirror_destroy(&x->w.mirror);
+        if (x->c != NULL)
+            kvr_gclient_close(x->c);
+    }
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -123,7 +388,12 @@ int main(int argc, char **argv)
                                        {"tokens", 1, 0, 't'},        {"kv-block-size", 1, 0, 'b'},
                                        {"hash-format", 1, 0, 'f'},   {"lora", 1, 0, 'l'},
                                        {"cache-namespace", 1, 0, 'n'}, {"quiet", 0, 0, 'q'},
+                                       {"relay", 1, 0, 'r'},         {"relays", 1, 0, 'R'},
+                                       {"lookup", 1, 0, 'L'},        {"key", 1, 0, 'K'},
                                        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+    static node_t fleet[FLEET_MAX];
+    static lookup_t lookups[FLEET_LOOKUPS];
+    size_t nfleet = 0, nl = 0;
     const char *addr = "127.0.0.1:5561", *sid = "kvrelay-watch", *tokens = NULL, *lora = "", *ns = "";
     uint64_t hashes[256];
     size_t nh = 0;
@@ -156,8 +426,32 @@ int main(int argc, char **argv)
         case 'l': lora = optarg; break;
         case 'n': ns = optarg; break;
         case 'q': quiet = 1; break;
+        case 'r':
+            if (fleet_add(fleet, &nfleet, optarg) < 0)
+                return 2;
+            break;
+        case 'R': {
+            char list[4096], *save = NULL;
+            snprintf(list, sizeof(list), "%s", optarg);
+            for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
+                if (fleet_add(fleet, &nfleet, t) < 0)
+                    return 2;
+            break;
+        }
+        case 'L':
+        case 'K':
+            if (nl == FLEET_LOOKUPS) {
+                fprintf(stderr, "kvrelay-watch: at most %d lookups\n", FLEET_LOOKUPS);
+                return 2;
+            }
+            lookup_parse(&lookups[nl++], optarg, opt == 'K');
+            break;
         default: usage(argv[0]); return opt == 'h' ? 0 : 2;
         }
+    }
+    if (nl > 0 && nfleet == 0) {
+        fprintf(stderr, "kvrelay-watch: --lookup and --key need --relay\n");
+        return 2;
     }
     if (tokens != NULL) { /* hash the token list as a router would */
         uint32_t tok[65536];
@@ -181,6 +475,13 @@ int main(int argc, char **argv)
             hashes[nh++] = blocks[i];
     }
 
+    if (nfleet > 0) {
+        for (size_t i = 0; i < nh && nl < FLEET_LOOKUPS; i++) {
+            lookups[nl].hash = hashes[i];
+            snprintf(lookups[nl++].what, sizeof(lookups[0].what), "hash");
+        }
+        return fleet_main(fleet, nfleet, sid, lookups, nl, duration, quiet);
+    }
     c = kvr_gclient_connect(addr, 3000, err, sizeof(err));
     if (c == NULL) {
         fprintf(stderr, "kvrelay-watch: %s\n", err);
