@@ -13,6 +13,10 @@ kvrelay.Client — one kvrelay node over HTTP/1.1 keep-alive, behaving like the 
     contains(key) -> bool                    HEAD
     exists(key) -> bool                      GET /kv/<key>/exists, reads "exists"
     exists_many(keys) -> list[bool]          many existence checks in one request (POST /batch/exists)
+    get_many_into(keys, buffers) -> list[bool]
+                                             many GETs in one request (POST /batch/get), each
+                                             block received straight into its buffer; a miss
+                                             or a block of another length is False for its key
     delete(key) -> int | None                DELETE: references left, or None
     stats() -> KvCacheStats | None           GET /kv/stats
 
@@ -42,6 +46,7 @@ import json
 import logging
 import os
 import ssl
+import struct
 import threading
 import urllib.parse
 from typing import List, Optional, Sequence
@@ -61,6 +66,16 @@ BATCH_MAX_BODY = 1 << 20
 # A body that does not fit the caller's buffer is read and dropped up to this size (the
 # connection stays usable); a longer one closes the connection instead.
 _DISCARD_LIMIT = 64 * 1024
+
+# POST /batch/get (docs/http-contract.md, "Batches"): keys per request, and the found bytes per
+# response this client asks for at most (the server's bound is its --max-block-size, 256 MiB
+# by default; a smaller one answers 413 and the keys are fetched one by one instead).
+BATCH_GET_MAX_KEYS = 128
+BATCH_GET_MAX_BYTES = 256 << 20
+_BATCH_MAGIC = b"KVRB"
+_BATCH_REC = struct.Struct("<B7xQ")  # status (1 found), length
+# Bytes of a block that does not fit its key's buffer are received here and dropped.
+_SCRATCH = 1 << 20
 
 MISS = -1  # fetch_into: 404
 WRONG_LENGTH = -2  # fetch_into: the value exists with another length
@@ -390,6 +405,82 @@ class Client:
             i += n
         return out
 
+    def fetch_many_into(self, keys: Sequence, views: Sequence[Sequence[memoryview]],
+                        max_bytes: int = BATCH_GET_MAX_BYTES) -> List[int]:
+        """fetch_into for many keys: per key the byte count, MISS or WRONG_LENGTH (nothing
+        usable written then), in order. Keys travel in POST /batch/get requests of at most
+        BATCH_GET_MAX_KEYS keys and max_bytes of buffers; a key whose buffers alone exceed
+        max_bytes, and every key of a request the server refuses (a limit, an older server
+        without the route), is fetched on its own. Raises on transport and protocol errors."""
+        keys = list(keys)
+        if len(keys) != len(views):
+            raise ValueError("keys and buffers size mismatch")
+        wants = [sum(v.nbytes for v in vs) for vs in views]
+        out = [MISS] * len(keys)
+        group: List[int] = []
+        size = 0
+
+        def flush():
+            if group and not self._batch_get(keys, views, wants, group, out):
+                for i in group:
+                    out[i] = self.fetch_into(keys[i], views[i])
+            group.clear()
+
+        for i in range(len(keys)):
+            if wants[i] > max_bytes:
+                out[i] = self.fetch_into(keys[i], views[i])
+                continue
+            if len(group) == BATCH_GET_MAX_KEYS or size + wants[i] > max_bytes:
+                flush()
+                size = 0
+            group.append(i)
+            size += wants[i]
+        flush()
+        return out
+
+    def _batch_get(self, keys, views, wants, idx: List[int], out: List[int]) -> bool:
+        """One POST /batch/get for keys[idx]; fills out[idx]. False when the server refused
+        the request as a whole (its keys are then to be fetched one by one)."""
+        body = b"\n".join(quote_key(keys[i]).encode("ascii") for i in idx)
+
+        def on_response(conn, resp):
+            if resp.status != 200:
+                log.debug("kvrelay batch get of %d keys: HTTP %d", len(idx), resp.status)
+                if resp.length <= _DISCARD_LIMIT:
+                    conn.discard(resp.length)
+                    return False, True
+                return False, False
+            left = resp.length - 8 - 16 * len(idx)
+            if left < 0:
+                raise ProtocolError(f"batch get: {resp.length} bytes for {len(idx)} keys")
+            pre = conn.read_body(8)
+            if pre[:4] != _BATCH_MAGIC or int.from_bytes(pre[4:], "little") != len(idx):
+                raise ProtocolError(f"batch get: bad preamble {pre!r}")
+            scratch = None
+            for i in idx:
+                found, length = _BATCH_REC.unpack(conn.read_body(16))
+                if found > 1 or (not found and length) or length > left:
+                    raise ProtocolError(f"batch get: bad record ({found}, {length}), {left} bytes left")
+                left -= length
+                if not found:
+                    out[i] = MISS
+                elif length == wants[i]:
+                    conn.read_into(views[i])
+                    out[i] = length
+                else:  # another length: a miss for this key; its bytes are dropped
+                    if scratch is None:
+                        scratch = memoryview(bytearray(min(_SCRATCH, max(length, 1))))
+                    while length:
+                        k = min(length, scratch.nbytes)
+                        conn.read_into([scratch[:k]])
+                        length -= k
+                    out[i] = WRONG_LENGTH
+            if left:
+                raise ProtocolError(f"batch get: {left} bytes after the last record")
+            return True, True
+
+        return self._exchange(self._head("POST", self.base_path + "/batch/get", len(body)), [body], on_response)
+
     # -- the connector API (never raises) ----------------------------------------------------
 
     def get(self, key) -> Optional[bytes]:
@@ -404,6 +495,17 @@ class Client:
             return n if n >= 0 else None
         except Exception as e:
             return self._degrade("get_into", key, e, None)
+
+    def get_many_into(self, keys: Sequence, buffers: Sequence) -> List[bool]:
+        """Every key's block received straight into its buffer (writable, C-contiguous), in
+        as few requests as the batch limits allow; True per key that was filled, False for a
+        miss, a block of another length or an error."""
+        keys = list(keys)
+        try:
+            views = [[writable_view(b)] for b in buffers]
+            return [n >= 0 for n in self.fetch_many_into(keys, views)]
+        except Exception as e:
+            return self._degrade("get_many_into", len(keys), e, [False] * len(keys))
 
     def put(self, key, value, sequence_hash: Optional[int] = None) -> bool:
         try:

@@ -277,6 +277,60 @@ class Cluster:
             raise ConnectionError(f"no owner of {key!r} reachable")
         return code
 
+    def fetch_many_into(self, keys: Sequence, views) -> List[int]:
+        """Client.fetch_many_into routed: the keys whose first usable owner is the same node
+        go to it in batch requests, nodes in parallel; a key that missed there (or whose node
+        failed) is fetched on its own from its other owners (fetch_into). Per key the byte
+        count, MISS or WRONG_LENGTH; ConnectionError only when no owner of any key answered."""
+        keys = list(keys)
+        out = [MISS] * len(keys)
+        owners = [self._each_owner(k) for k in keys]
+        by_node: Dict[int, List[int]] = {}
+        nodes: Dict[int, Node] = {}
+        for i, own in enumerate(owners):
+            if own:
+                by_node.setdefault(id(own[0]), []).append(i)
+                nodes[id(own[0])] = own[0]
+        futs = {nid: self._fanout.submit(self._call, nodes[nid],
+                                         lambda c, idx=idx: c.fetch_many_into([keys[i] for i in idx],
+                                                                              [views[i] for i in idx]))
+                for nid, idx in by_node.items()}
+        reached = False
+        retry: List[int] = []
+        for nid, fut in futs.items():
+            r = fut.result()
+            idx = by_node[nid]
+            if r is _FAILED:
+                retry.extend(idx)
+                continue
+            reached = True
+            for i, n in zip(idx, r):
+                out[i] = n
+                if n < 0 and len(owners[i]) > 1:
+                    retry.append(i)
+        for i in sorted(retry):
+            for node in owners[i][1:]:
+                r = self._call(node, lambda c, i=i: c.fetch_into(keys[i], views[i]))
+                if r is _FAILED:
+                    continue
+                reached = True
+                if r >= 0 or out[i] == MISS:
+                    out[i] = r
+                if r >= 0:
+                    break
+        if keys and not reached:
+            raise ConnectionError("no owner of any key reachable")
+        return out
+
+    def get_many_into(self, keys: Sequence, buffers: Sequence) -> List[bool]:
+        keys = list(keys)
+        try:
+            views = [[writable_view(b)] for b in buffers]
+            return [n >= 0 for n in self.fetch_many_into(keys, views)]
+        except Exception:
+            self.errors += 1
+            return [False] * len(keys)
+
     def fetch_with(self, key, reader):
         """Client.fetch_with over the owners; raises ConnectionError when none is reachable."""
         reached = False

@@ -281,6 +281,17 @@ class KvrelayL2Adapter:
             batch.errors.append(f"{batch.keys[i]}: {type(e).__name__}: {e}")
 
     def _do_get(self, batch: _Batch, lo: int, hi: int) -> None:
+        # The tile's keys in as few POST /batch/get requests as the limits allow, each block
+        # received into its buffer; the store falls back to one GET per key where it must.
+        many = getattr(self.store, "fetch_many_into", None)
+        if many is not None and hi - lo > 1:
+            try:
+                got = many(batch.keys[lo:hi], [[v] for v in batch.views[lo:hi]])
+                batch.results[lo:hi] = [n >= 0 for n in got]
+            except Exception as e:
+                with batch.lock:
+                    batch.errors.append(f"{type(e).__name__}: {e}")
+            return
         for i in range(lo, hi):
             if self._closed:
                 batch.errors.append("kvrelay: adapter closed")

@@ -168,6 +168,26 @@ class KvrelayHiCacheStorage(_Base):
             log.debug("kvrelay HiCache set %s: %s", key, e)
             return False
 
+    def _get_tile(self, keys, views) -> List[bool]:
+        try:
+            return [n >= 0 for n in self.store.fetch_many_into([self.key(k) for k in keys], views)]
+        except Exception as e:
+            log.debug("kvrelay HiCache batch get of %d pages: %s", len(keys), e)
+            return [False] * len(keys)
+
+    def _get_pages(self, keys, views) -> List[bool]:
+        """The pages in POST /batch/get requests (one GET per page where the store must), in
+        one tile per worker so that the workers' connections run in parallel."""
+        if len(keys) == 1 or getattr(self.store, "fetch_many_into", None) is None:
+            return self._parallel(self._get_page, keys, views)
+        tiles = min(self.num_workers, len(keys))
+        step = (len(keys) + tiles - 1) // tiles
+        parts = [(keys[i:i + step], views[i:i + step]) for i in range(0, len(keys), step)]
+        out: List[bool] = []
+        for r in self._pool.map(lambda kv: self._get_tile(*kv), parts):
+            out.extend(r)
+        return out
+
     def _parallel(self, fn, keys, views) -> List[bool]:
         if len(keys) == 1:
             return [fn(keys[0], views[0])]
@@ -179,7 +199,7 @@ class KvrelayHiCacheStorage(_Base):
             if n > MAX_PAGES_PER_CALL:
                 raise ValueError(f"{n} pages in one call, over {MAX_PAGES_PER_CALL}")
             views = self._page_views(keys, host_indices)
-            return self._parallel(self._get_page, list(keys), views)
+            return self._get_pages(list(keys), views)
         except Exception as e:
             log.warning("kvrelay HiCache batch_get_v1 of %d pages failed: %s", n, e)
             return [False] * n
