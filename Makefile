@@ -2,7 +2,8 @@
 #
 #   make            install missing Debian packages, build everything into build/
 #   make run        the same, then start the server on its defaults (RUN_ARGS="..." adds flags)
-#   make test       build and run every test: test-unit, test-mp, test-e2e (each also on its own)
+#   make test       build and run every test: check-layers, test-unit, test-mp, test-e2e (each also
+#                   on its own; check-layers: the include graph of src/ has no cycles)
 #   make bench      build and run the benchmarks; each line is "name value unit"
 #   make fuzz       build the libFuzzer drivers (clang); make fuzz-run FUZZ_SECONDS=N runs them
 #   make format     clang-format the tree

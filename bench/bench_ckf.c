@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "core/ckf.h"
+#include "wire/ckf.h"
 #include "wire/cbi1.h"
 #include "wire/mirror.h"
 

@@ -9,7 +9,7 @@
  *   arena_fill_uniform_*   payload / arena bytes when full of 1.75 MiB or 33 MiB blocks
  *   arena_fill_mixed       steady-state payload / arena bytes under eviction churn, 256 KiB..8 MiB
  */
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 
 #include <sched.h>

@@ -39,7 +39,7 @@ CFLAGS  = $(CFLAGS_BASE) $(SAN) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS = $(LDFLAGS_BASE) $(SAN)
 
 # The library: every module under src/ except the program entry points in src/main/.
-LIB_SRCS := $(wildcard src/shm/*.c src/core/*.c src/wire/*.c src/io/*.c)
+LIB_SRCS := $(wildcard src/base/*.c src/shm/*.c src/wire/*.c src/core/*.c src/io/*.c src/proc/*.c)
 GEN_SRCS :=
 LIB_OBJS  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRCS)) $(patsubst %.c,%.o,$(GEN_SRCS))
 LIB       = $(BUILD)/libkvrelay.a
@@ -68,7 +68,7 @@ include mk/wire.mk
 # Keep program objects (they would otherwise count as intermediate files).
 .SECONDARY:
 
-.PHONY: all run test test-unit test-mp test-e2e bench fuzz fuzz-run format clean
+.PHONY: all run test test-unit test-mp test-e2e check-layers bench fuzz fuzz-run format clean
 
 all: $(LIB) $(PROGS) $(KVBENCH) $(NULLSRV)
 
@@ -120,7 +120,13 @@ test-mp: all $(MP_BIN)
 	$(TEST_ENV) $(MP_BIN) --jobs=1
 test-e2e: all
 	KVRELAY_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q tests/e2e
+# The include graph of src/ has no cycles (scripts/check-layers.py), and the checker refuses
+# deliberately bad includes (scripts/test-check-layers.sh).
+check-layers:
+	@scripts/check-layers.py src && echo "check-layers: src/ ok"
+	@scripts/test-check-layers.sh src
 test: all $(UNIT_BIN) $(MP_BIN)
+	@$(MAKE) --no-print-directory check-layers
 	@$(MAKE) --no-print-directory test-unit
 	@$(MAKE) --no-print-directory test-mp
 	@$(MAKE) --no-print-directory test-e2e

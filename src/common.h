@@ -28,6 +28,8 @@
 #define KVR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define KVR_ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
 #define KVR_CACHELINE 64
+/* Longest key in bytes, decoded (wire/keys.h decodes to it, the store keeps up to it). */
+#define KVR_KEY_MAX   1024
 
 /* Little-/big-endian loads and stores for wire codecs: never cast structs onto bytes. */
 static inline uint16_t kvr_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/ckf.h"
+#include "wire/ckf.h"
 
 typedef struct kvr_owner_ent {
     uint64_t hash;

@@ -1,8 +1,8 @@
 /* relay.c — see relay.h and shm/relay_sh.h. */
 #include "core/relay.h"
 
-#include "core/ckf.h"
-#include "core/log.h"
+#include "wire/ckf.h"
+#include "base/log.h"
 #include "wire/cbi1.h"
 #include "wire/identity.h"
 #include "wire/relay_validate.h"

@@ -7,14 +7,14 @@
  */
 #include "io/grpc_int.h"
 
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "wire/relay_validate.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define RBUF_SIZE        (256u << 10)
@@ -26,9 +26,7 @@
 
 uint64_t kvr_grpc_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return kvr_clock_ms();
 }
 
 static void conn_pump(gconn_t *c);

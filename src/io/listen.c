@@ -2,7 +2,7 @@
 #include "io/listen.h"
 
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

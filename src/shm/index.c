@@ -1,6 +1,7 @@
 /* index.c — see index.h for the design. */
 #include "shm/index.h"
 
+#include "base/atomics.h"
 #include "shm/segment.h"
 
 #include <stdlib.h>
@@ -112,7 +113,7 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
         uint32_t i;
 
         if (s1 & 1) {
-            __builtin_ia32_pause();
+            kvr_cpu_relax();
             continue;
         }
         i = atomic_load_explicit(&ix->buckets[bucket_of(ix, khash)], memory_order_relaxed);

@@ -1,7 +1,7 @@
 /* segment.c — see segment.h. */
 #include "shm/segment.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "shm/arena.h"
 #include "shm/changelog.h"
 #include "shm/index.h"

@@ -36,7 +36,6 @@
 #define KVR_SEG_MAGIC          0x314745535256564bULL /* "KVVRSEG1" little-endian */
 #define KVR_SEG_LAYOUT_VERSION 1u
 #define KVR_MAX_PROCS          64
-#define KVR_KEY_MAX            1024
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_NIL                UINT32_MAX
 

@@ -1,7 +1,7 @@
 /* shlock.c — see shlock.h. */
 #include "shm/shlock.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <string.h>

@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "core/ckf.h"
+#include "wire/ckf.h"
 
 #define KVR_CBI1_MAGIC                "CBI1"
 #define KVR_CBI1_WIRE_VERSION         1u

@@ -1,8 +1,6 @@
 /* keys.c — see keys.h. */
 #include "wire/keys.h"
 
-#include "shm/segment.h"
-
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9')

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/ckf.h"
+#include "wire/ckf.h"
 #include "wire/cbi1.h"
 
 /* FilterUpdateKind wire values (§2.3). */

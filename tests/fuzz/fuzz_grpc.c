@@ -13,7 +13,7 @@
  * requests, produced by nghttp2's client session) into DIR.
  */
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/relay.h"
 #include "core/store.h"
 #include "io/grpc.h"

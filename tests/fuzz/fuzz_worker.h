@@ -7,7 +7,7 @@
 #define KVR_FUZZ_WORKER_H
 
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/relay.h"
 #include "core/store.h"
 

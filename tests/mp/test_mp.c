@@ -9,7 +9,7 @@
  * leaked pin, every resident block intact, stats equal a full scan, and the change-log
  * replica equals the resident set.
  */
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 #include "shm/changelog.h"
 

@@ -4,7 +4,7 @@
  * the consumer (every frame goes through the CBI1 mirror with its sequencing checks).
  */
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/publisher.h"
 #include "core/relay.h"
 #include "core/store.h"

@@ -2,7 +2,7 @@
 #ifndef KVR_TEST_STORE_FIXTURE_H
 #define KVR_TEST_STORE_FIXTURE_H
 
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /* Unit tests of the arena (page runs) and of segment creation (huge pages and fallback). */
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 #include "shm/arena.h"
 #include "shm/segment.h"

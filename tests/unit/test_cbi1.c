@@ -6,7 +6,7 @@
 #include <criterion/criterion.h>
 
 #include "common.h"
-#include "core/ckf.h"
+#include "wire/ckf.h"
 #include "core/kvhash.h"
 #include "testdata.h"
 #include "wire/cbi1.h"

@@ -8,7 +8,7 @@
 #include <math.h>
 
 #include "common.h"
-#include "core/ckf.h"
+#include "wire/ckf.h"
 #include "core/kvhash.h"
 #include "core/owners.h"
 #include "testdata.h"

@@ -1,5 +1,5 @@
 /* Unit tests of --log-format json (issue 13): the exact object, escaping, fields, the bound. */
-#include "core/log.h"
+#include "base/log.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

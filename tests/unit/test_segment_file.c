@@ -5,7 +5,7 @@
  * file in use, a file on a disk filesystem; --segment-reset; an unsealed file starts empty.
  */
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 #include "shm/segment.h"
 

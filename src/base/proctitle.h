@@ -8,8 +8,8 @@
  * that follow the arguments are first copied to the heap (environ then points there), and
  * the arguments and the environment together become the title's room.
  */
-#ifndef KVR_CORE_PROCTITLE_H
-#define KVR_CORE_PROCTITLE_H
+#ifndef KVR_BASE_PROCTITLE_H
+#define KVR_BASE_PROCTITLE_H
 
 /* Sets the title (printf-style) and a short comm derived from it ("kvr worker 1"). Call
  * only after the command line and the environment have been parsed: argv is overwritten. */

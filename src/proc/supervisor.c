@@ -24,10 +24,10 @@
  * Each worker owns one SO_REUSEPORT listening socket of the group; the supervisor keeps the
  * socket of a dead worker open for its replacement so no queued connection is reset.
  */
-#include "core/supervisor.h"
+#include "proc/supervisor.h"
 
-#include "core/log.h"
-#include "core/proctitle.h"
+#include "base/log.h"
+#include "base/proctitle.h"
 #include "core/publisher.h"
 #include "core/relay.h"
 #include "core/store.h"

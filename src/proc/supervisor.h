@@ -1,8 +1,8 @@
 /*
  * supervisor.h — the kvrelay-supervisor process (see supervisor.c for the design).
  */
-#ifndef KVR_CORE_SUPERVISOR_H
-#define KVR_CORE_SUPERVISOR_H
+#ifndef KVR_PROC_SUPERVISOR_H
+#define KVR_PROC_SUPERVISOR_H
 
 #include "core/config.h"
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 
 #include "common.h"
-#include "core/ckf.h"
+#include "wire/ckf.h"
 
 /* Words are only ever stored by the single writer; relaxed atomics keep concurrent
  * readers in other processes free of torn words (plain movs on x86-64). */

@@ -1,5 +1,5 @@
 /* proctitle.c — see proctitle.h. */
-#include "core/proctitle.h"
+#include "base/proctitle.h"
 
 #include <errno.h>
 #include <stdarg.h>
