@@ -62,6 +62,29 @@ static void scalar(out_t *o, const char *name, const char *type, const char *hel
     emit(o, "%s %llu\n", name, (unsigned long long)v);
 }
 
+/* The counters of shm/stats.h's tables that have a metric name, each as one counter family. */
+typedef struct {
+    unsigned slot;
+    const char *name, *labels, *help;
+} counter_row_t;
+
+#define ST_ROW_(id, slots, metric, help) {KVR_ST_##id, metric, "", help},
+static const counter_row_t stats_rows[] = {KVR_STATS_TABLE(ST_ROW_)};
+#undef ST_ROW_
+#define RC_ROW_(id, metric, labels, help) {KVR_ST_RELAY + KVR_RC_##id, metric, labels, help},
+static const counter_row_t relay_rows[] = {KVR_RELAY_STATS_TABLE(RC_ROW_)};
+#undef RC_ROW_
+
+static void counters(out_t *o, kvr_store_t *st, const counter_row_t *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].name == NULL)
+            continue;
+        family(o, rows[i].name, "counter", rows[i].help);
+        emit(o, "%s%s %llu\n", rows[i].name, rows[i].labels, (unsigned long long)sum(st, rows[i].slot));
+    }
+}
+
 static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "readiness", "load", "serving_load"};
 
 /*
@@ -82,15 +105,7 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
     family(o, "kv_dc_relay_subscribers", "gauge", "Current subscribers, by stream.");
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
         emit(o, "kv_dc_relay_subscribers{stream=\"%s\"} %u\n", stream_names[t], rs.active[t]);
-    scalar(o, "kv_dc_relay_subscriber_lagged_total", "counter", "Streams closed for queue lag.",
-           sum(st, KVR_ST_RELAY + KVR_RC_LAGGED));
-    family(o, "kv_dc_relay_subscriber_limit_rejected_total", "counter", "Admission rejections.");
-    emit(o, "kv_dc_relay_subscriber_limit_rejected_total{stream=\"all\",scope=\"total\"} %llu\n",
-         (unsigned long long)sum(st, KVR_ST_RELAY + KVR_RC_REJECTED));
-    scalar(o, "kv_dc_relay_pool_heartbeats_total", "counter", "Pool-stream heartbeats sent.",
-           sum(st, KVR_ST_RELAY + KVR_RC_HEARTBEATS));
-    scalar(o, "kv_dc_relay_load_updates_total", "counter", "Load windows emitted.",
-           sum(st, KVR_ST_RELAY + KVR_RC_LOAD_WINDOWS));
+    counters(o, st, relay_rows, KVR_ARRAY_SIZE(relay_rows));
     scalar(o, "kv_dc_relay_catalog_pool_count", "untyped", "Pools in the catalog.", gen != 0 && pub_up);
     scalar(o, "kv_dc_relay_requested_publication_hub_count", "untyped", "Hubs requested by at least one subscriber.",
            rs.active[KVR_STREAM_POOL] > 0);
@@ -112,16 +127,6 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
            rs.published_seq);
-    scalar(o, "kvrelay_relay_deltas_published_total", "counter", "Deltas published.",
-           sum(st, KVR_ST_RELAY + KVR_RC_DELTAS));
-    scalar(o, "kvrelay_relay_delta_bytes_published_total", "counter", "Bytes of the published delta messages.",
-           sum(st, KVR_ST_RELAY + KVR_RC_DELTA_BYTES));
-    scalar(o, "kvrelay_relay_frames_sent_total", "counter", "FilterUpdate frames sent to subscribers.",
-           sum(st, KVR_ST_RELAY + KVR_RC_FRAMES));
-    scalar(o, "kvrelay_relay_bytes_sent_total", "counter", "FilterUpdate bytes sent to subscribers.",
-           sum(st, KVR_ST_RELAY + KVR_RC_BYTES));
-    scalar(o, "kvrelay_relay_generations_total", "counter", "Generations started by publishers.",
-           sum(st, KVR_ST_RELAY + KVR_RC_GENERATIONS));
     scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
            atomic_load_explicit(&seg->hdr->ctl.publisher_restarts, memory_order_relaxed));
     family(o, "kvrelay_relay_publication_latency_seconds", "histogram",
@@ -180,9 +185,7 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
              (unsigned long long)count);
     }
 
-    scalar(&o, "kvrelay_http_received_bytes_total", "counter", "Request body bytes received.",
-           sum(st, KVR_ST_HTTP_BYTES_IN));
-    scalar(&o, "kvrelay_http_sent_bytes_total", "counter", "Response bytes sent.", sum(st, KVR_ST_HTTP_BYTES_OUT));
+    counters(&o, st, stats_rows, KVR_ARRAY_SIZE(stats_rows));
     scalar(&o, "kvrelay_blocks", "gauge", "Resident blocks.", s.unique_blocks);
     scalar(&o, "kvrelay_refs", "gauge", "Sum of the resident blocks' reference counts.", s.total_refs);
     scalar(&o, "kvrelay_resident_bytes", "gauge", "Payload bytes of resident blocks.", s.resident_bytes);
@@ -190,15 +193,6 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
     scalar(&o, "kvrelay_capacity_bytes", "gauge", "Block arena capacity (--memory).", s.capacity_bytes);
     scalar(&o, "kvrelay_free_bytes", "gauge", "Arena bytes not held by any block.", s.free_pages * (s.capacity_bytes / (s.total_pages ? s.total_pages : 1)));
     scalar(&o, "kvrelay_pinned_blocks", "gauge", "Blocks pinned by GETs in flight.", s.pinned_blocks);
-    scalar(&o, "kvrelay_put_new_total", "counter", "PUTs that stored a new block.", s.put_new);
-    scalar(&o, "kvrelay_dedup_hits_total", "counter", "PUTs that found the block resident.", s.dedup_hits);
-    scalar(&o, "kvrelay_put_conflicts_total", "counter", "PUTs refused: another length under the key.", s.put_conflicts);
-    scalar(&o, "kvrelay_put_nospace_total", "counter", "PUTs refused: no room even after eviction.", s.put_nospace);
-    scalar(&o, "kvrelay_get_hits_total", "counter", "GETs that found the block.", s.get_hits);
-    scalar(&o, "kvrelay_get_misses_total", "counter", "GETs that did not.", s.get_misses);
-    scalar(&o, "kvrelay_deletes_total", "counter", "DELETEs of resident blocks.", s.deletes);
-    scalar(&o, "kvrelay_evictions_total", "counter", "Blocks evicted to make room.", s.evictions);
-    scalar(&o, "kvrelay_evicted_bytes_total", "counter", "Payload bytes evicted.", s.evicted_bytes);
     scalar(&o, "kvrelay_store_repairs_total", "counter", "Store repairs after a process died.", s.repairs);
     scalar(&o, "kvrelay_change_log_dropped_total", "counter", "Change-log events dropped on overflow (then resynced).",
            s.log_dropped);

@@ -12,42 +12,80 @@
 
 #include "common.h"
 
+/*
+ * Every counter, in one table, in slot order (memcached's thread stats are declared the same
+ * way): X(id, slots, metric, help). KVR_ST_<id> is the counter's first slot and it spans
+ * `slots` of them; io/metrics.c exports each row with a metric name as a Prometheus counter
+ * of that name and help, and renders the others (arrays, histograms) itself. SPARE rows keep
+ * room for a group to grow without moving the next group: the layout is the segment's (the
+ * slots of a running server's processes), so the static_asserts below pin it.
+ */
+#define KVR_STATS_TABLE(X)                                                                        \
+    /* the store (core/store.c) */                                                                \
+    X(PUT_NEW, 1, "kvrelay_put_new_total", "PUTs that stored a new block.")                       \
+    X(PUT_DEDUP, 1, "kvrelay_dedup_hits_total", "PUTs that found the block resident.")            \
+    X(PUT_CONFLICT, 1, "kvrelay_put_conflicts_total", "PUTs refused: another length under the key.") \
+    X(PUT_NOSPACE, 1, "kvrelay_put_nospace_total", "PUTs refused: no room even after eviction.")  \
+    X(GET_HIT, 1, "kvrelay_get_hits_total", "GETs that found the block.")                         \
+    X(GET_MISS, 1, "kvrelay_get_misses_total", "GETs that did not.")                              \
+    X(DELETES, 1, "kvrelay_deletes_total", "DELETEs of resident blocks.")                         \
+    X(EVICTIONS, 1, "kvrelay_evictions_total", "Blocks evicted to make room.")                    \
+    X(EVICTED_BYTES, 1, "kvrelay_evicted_bytes_total", "Payload bytes evicted.")                  \
+    X(REPAIRS, 1, NULL, NULL) /* kvrelay_store_repairs_total comes from the store's own count */ \
+    X(STORE_SPARE, 6, NULL, NULL)                                                                 \
+    /* HTTP (io/api.c) */                                                                         \
+    X(HTTP_BYTES_IN, 1, "kvrelay_http_received_bytes_total", "Request body bytes received.")      \
+    X(HTTP_BYTES_OUT, 1, "kvrelay_http_sent_bytes_total", "Response bytes sent.")                 \
+    X(HTTP_SPARE, 2, NULL, NULL)                                                                  \
+    X(HTTP_REQ, 80, NULL, NULL)  /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES (io/api.h) */            \
+    X(HTTP_HIST, 90, NULL, NULL) /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */ \
+    X(HTTP_SPARE2, 10, NULL, NULL)                                                                \
+    /* the relay: KVR_ST_RELAY + KVR_RC_<id> (KVR_RELAY_STATS_TABLE) */                           \
+    X(RELAY, KVR_RC_COUNT, NULL, NULL)                                                            \
+    X(RELAY_SPARE, 20 - KVR_RC_COUNT, NULL, NULL)                                                 \
+    /* publication latency histogram (core/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */   \
+    X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL)
+
+/*
+ * The relay's counters, KVR_ST_RELAY + KVR_RC_<id>: X(id, metric, labels, help), who counts in
+ * the comment. Rows with a metric are exported by io/metrics.c as `metric{labels}`.
+ */
+#define KVR_RELAY_STATS_TABLE(X)                                                                   \
+    X(DELTAS, "kvrelay_relay_deltas_published_total", "", "Deltas published.") /* publisher */     \
+    X(DELTA_BYTES, "kvrelay_relay_delta_bytes_published_total", "",                               \
+      "Bytes of the published delta messages.") /* publisher */                                   \
+    X(FRAMES, "kvrelay_relay_frames_sent_total", "", "FilterUpdate frames sent to subscribers.") /* workers */ \
+    X(BYTES, "kvrelay_relay_bytes_sent_total", "", "FilterUpdate bytes sent to subscribers.") /* workers */ \
+    X(HEARTBEATS, "kv_dc_relay_pool_heartbeats_total", "", "Pool-stream heartbeats sent.") /* workers */ \
+    X(LAGGED, "kv_dc_relay_subscriber_lagged_total", "", "Streams closed for queue lag.") /* workers */ \
+    X(REJECTED, "kv_dc_relay_subscriber_limit_rejected_total", "{stream=\"all\",scope=\"total\"}", \
+      "Admission rejections.") /* workers */                                                      \
+    X(LOAD_WINDOWS, "kv_dc_relay_load_updates_total", "", "Load windows emitted.") /* workers */   \
+    X(STREAMS_OPENED, NULL, "", NULL) /* workers: streams admitted */                             \
+    X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */
+
+#define KVR_PUB_BUCKETS 12
+
 enum {
-    KVR_ST_PUT_NEW,
-    KVR_ST_PUT_DEDUP,
-    KVR_ST_PUT_CONFLICT,
-    KVR_ST_PUT_NOSPACE,
-    KVR_ST_GET_HIT,
-    KVR_ST_GET_MISS,
-    KVR_ST_DELETES,
-    KVR_ST_EVICTIONS,
-    KVR_ST_EVICTED_BYTES,
-    KVR_ST_REPAIRS,
-    KVR_ST_STORE_MAX = 16,
-    /* HTTP: requests by method x status, then latency histograms by method (see http.c) */
-    KVR_ST_HTTP_BYTES_IN = 16,
-    KVR_ST_HTTP_BYTES_OUT = 17,
-    KVR_ST_HTTP_REQ = 20,   /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES counters */
-    KVR_ST_HTTP_HIST = 100, /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */
-    KVR_ST_RELAY = 200,     /* the relay layer's counters (see io/grpc_relay.c, core/publisher.c) */
-    KVR_ST_PUB_HIST = 220,  /* publication latency histogram: KVR_PUB_BUCKETS + sum (us) + count */
-    KVR_ST_MAX = 256
+#define KVR_RC_ENUM_(id, metric, labels, help) KVR_RC_##id,
+    KVR_RELAY_STATS_TABLE(KVR_RC_ENUM_)
+#undef KVR_RC_ENUM_
+    KVR_RC_COUNT
 };
 
-/* Relay counters, KVR_ST_RELAY + i. */
+/* Each row's first slot, then the next row's after its span. */
 enum {
-    KVR_RC_DELTAS = 0,     /* publisher: deltas published */
-    KVR_RC_DELTA_BYTES,    /* publisher: their message bytes */
-    KVR_RC_FRAMES,         /* workers: FilterUpdate frames sent */
-    KVR_RC_BYTES,          /* workers: their bytes */
-    KVR_RC_HEARTBEATS,     /* workers: pool heartbeats sent */
-    KVR_RC_LAGGED,         /* workers: streams closed for lag */
-    KVR_RC_REJECTED,       /* workers: admission refusals */
-    KVR_RC_LOAD_WINDOWS,   /* workers: load windows sent */
-    KVR_RC_STREAMS_OPENED, /* workers: streams admitted */
-    KVR_RC_GENERATIONS,    /* publisher: generations started */
+#define KVR_ST_ENUM_(id, slots, metric, help) KVR_ST_##id, KVR_ST_##id##_END_ = KVR_ST_##id + (slots) - 1,
+    KVR_STATS_TABLE(KVR_ST_ENUM_)
+#undef KVR_ST_ENUM_
+    KVR_ST_USED /* slots the table takes */
 };
-#define KVR_PUB_BUCKETS 12
+#define KVR_ST_MAX 256 /* slots in a block: 2 KiB */
+
+/* The segment's layout: the slots every running process agrees on. */
+static_assert(KVR_ST_HTTP_BYTES_IN == 16 && KVR_ST_HTTP_REQ == 20 && KVR_ST_HTTP_HIST == 100, "stats layout");
+static_assert(KVR_ST_RELAY == 200 && KVR_ST_PUB_HIST == 220 && KVR_ST_USED <= KVR_ST_MAX, "stats layout");
+static_assert(KVR_RC_COUNT <= 20, "relay counters fit their group");
 
 typedef struct {
     uint64_t c[KVR_ST_MAX];
