@@ -16,6 +16,9 @@ Measured (each for about --seconds):
   *_vs_kvrelay_bench               the ratio of the two
   exists_many_1000 / heads_1000    one POST /batch/exists vs 1,000 HEADs one after the other
                                    on one keep-alive connection, ms, and their ratio
+  get_many_128x16KiB / gets_128    one POST /batch/get of 128 blocks of 16 KiB into 128
+                                   buffers vs 128 get_into one after the other, on one
+                                   keep-alive connection, ms (best of 5), and their ratio
 
 GB/s is 10^9 bytes of payload per second, as kvrelay-bench reports it. Not like for like on
 one point: kvrelay-bench receives every GET body into one 256 KiB buffer per thread (it stays
@@ -254,6 +257,29 @@ def bench_exists(url, n=1000):
         c.close()
 
 
+def bench_get_many(url, n=128, size=16 * 1024):
+    c = Client(url=url, max_connections=1)
+    try:
+        keys = [f"bench-gm-{i}" for i in range(n)]
+        for i, k in enumerate(keys):
+            assert c.put(k, bytes([i]) * size)
+        bufs = [bytearray(size) for _ in keys]
+        best_batch, best_single = float("inf"), float("inf")
+        for _ in range(5):
+            t0 = time.monotonic()
+            r = c.get_many_into(keys, bufs)
+            best_batch = min(best_batch, time.monotonic() - t0)
+            assert r == [True] * n and all(b[0] == i for i, b in enumerate(bufs))
+            t0 = time.monotonic()
+            r2 = [c.get_into(k, b) == size for k, b in zip(keys, bufs)]
+            best_single = min(best_single, time.monotonic() - t0)
+            assert r2 == r
+        assert c.connections_opened == 1
+        return best_batch * 1000, best_single * 1000
+    finally:
+        c.close()
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -280,6 +306,10 @@ def main():
         out("exists_many_1000", ms_batch, "ms")
         out("heads_1000_one_connection", ms_heads, "ms")
         out("exists_many_speedup", ms_heads / ms_batch, "x")
+        ms_many, ms_gets = bench_get_many(url)
+        out("get_many_128x16KiB", ms_many, "ms")
+        out("gets_128x16KiB_one_connection", ms_gets, "ms")
+        out("get_many_speedup", ms_gets / ms_many, "x")
         # Alternate the adapter and kvrelay-bench so that a busy machine slows both alike.
         runs = {k: [] for k in ("lset", "lget", "sset", "sget", "p32", "g32", "p8", "g8")}
         for _ in range(max(1, args.rounds)):

@@ -421,7 +421,9 @@ class Client:
         size = 0
 
         def flush():
-            if group and not self._batch_get(keys, views, wants, group, out):
+            if len(group) == 1:  # a batch of one is a plain GET
+                out[group[0]] = self.fetch_into(keys[group[0]], views[group[0]])
+            elif group and not self._batch_get(keys, views, wants, group, out):
                 for i in group:
                     out[i] = self.fetch_into(keys[i], views[i])
             group.clear()

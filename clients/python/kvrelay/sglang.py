@@ -178,7 +178,8 @@ class KvrelayHiCacheStorage(_Base):
     def _get_pages(self, keys, views) -> List[bool]:
         """The pages in POST /batch/get requests (one GET per page where the store must), in
         one tile per worker so that the workers' connections run in parallel."""
-        if len(keys) == 1 or getattr(self.store, "fetch_many_into", None) is None:
+        if len(keys) <= self.num_workers or getattr(self.store, "fetch_many_into", None) is None:
+            # a page per worker: parallel GETs (a batch of one is a GET)
             return self._parallel(self._get_page, keys, views)
         tiles = min(self.num_workers, len(keys))
         step = (len(keys) + tiles - 1) // tiles

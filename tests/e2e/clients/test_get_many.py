@@ -89,11 +89,16 @@ def test_past_the_limits_split_and_fall_back(kvrelay):
         assert delta(before, requests(srv)) == {("other", "413"): 1, ("GET", "200"): 4}
 
         # the client's own byte bound: keys over it alone go one by one, the rest batch
-        views = [[memoryview(bytearray(2 * MiB))] for _ in big] + [[memoryview(bytearray(len(small["s/0"])))]]
+        views = [[memoryview(bytearray(2 * MiB))] for _ in big] + [[memoryview(bytearray(len(small[k])))]
+                                                                   for k in ("s/0", "s/1")]
         before = requests(srv)
-        n = c.fetch_many_into(list(big) + ["s/0"], views, max_bytes=MiB)
-        assert n == [2 * MiB] * 3 + [len(small["s/0"])]
+        n = c.fetch_many_into(list(big) + ["s/0", "s/1"], views, max_bytes=MiB)
+        assert n == [2 * MiB] * 3 + [len(small["s/0"]), len(small["s/1"])]
         assert delta(before, requests(srv)) == {("other", "200"): 1, ("GET", "200"): 4}
+        # a batch of one is a plain GET
+        before = requests(srv)
+        assert c.get_many_into(["s/2"], [bytearray(len(small["s/2"]))]) == [True]
+        assert delta(before, requests(srv)) == {("GET", "200"): 2}
         assert c.errors == 0
     srv.assert_consistent()
 
