@@ -202,6 +202,59 @@ static void pool_release(gstream_t *s)
     }
 }
 
+/* One snapshot chunk into the stream's output; the last one starts the deltas. */
+static void pool_snapshot_chunk(gstream_t *s)
+{
+    kvr_grpc_t *g = s->conn->g;
+    size_t cap = kvr_relay_chunk_msg_max(g->relay), len;
+
+    if (kvr_grpc_out_reserve(s, cap) != KVR_OK) {
+        pool_fail(s, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
+    }
+    len = kvr_relay_sub_chunk(g->relay, s->sub, s->next_chunk, s->out + s->out_len, cap);
+    if (len == 0) {
+        pool_fail(s, KVR_RELAY_REASON_INTERNAL, "snapshot encoding failed");
+        return;
+    }
+    s->out_len += len;
+    relay_stat(g, KVR_RC_FRAMES, 1);
+    relay_stat(g, KVR_RC_BYTES, len);
+    if (++s->next_chunk == s->chunk_count) {
+        s->phase = PH_DELTAS;
+        s->last_seq = s->snap_seq;
+    }
+    s->last_send_ms = kvr_grpc_now_ms();
+}
+
+/* Published frames from the ring into the stream's output, up to `budget` queued bytes. */
+static void pool_deltas(gstream_t *s, size_t budget)
+{
+    kvr_grpc_t *g = s->conn->g;
+
+    if (budget > DELTA_BATCH_MAX)
+        budget = DELTA_BATCH_MAX;
+    while (budget > 0 && s->out_len - s->out_off < budget) {
+        uint64_t seq;
+        ssize_t n;
+        if (kvr_grpc_out_reserve(s, KVR_CBI1_MAX_FRAME + KVR_RELAY_ENVELOPE_MAX) != KVR_OK)
+            return;
+        n = kvr_relay_sub_next_frame(g->relay, s->sub, s->out + s->out_len, s->out_cap - s->out_len, &seq);
+        if (n == 0)
+            break;
+        if (n < 0) {
+            pool_release(s);
+            pool_fail(s, KVR_RELAY_REASON_SUBSCRIBER_LAGGED, "subscriber lagged behind the publication");
+            return;
+        }
+        s->out_len += (size_t)n;
+        s->last_seq = seq;
+        s->last_send_ms = kvr_grpc_now_ms();
+        relay_stat(g, KVR_RC_FRAMES, 1);
+        relay_stat(g, KVR_RC_BYTES, (uint64_t)n);
+    }
+}
+
 /*
  * Moves a pool stream forward: admission, snapshot chunks, deltas. Deltas leave the shared
  * ring only as far as `budget` (what HTTP/2 flow control lets us send right now): frames a
@@ -211,14 +264,12 @@ static void pool_release(gstream_t *s)
  */
 static void pool_refill(gstream_t *s, size_t budget)
 {
-    kvr_grpc_t *g = s->conn->g;
-    kvr_relay_t *r = g->relay;
     kvr_relay_sub_view_t v;
     kvr_relay_poll_t st;
 
     if (s->sub < 0)
         return;
-    st = kvr_relay_sub_poll(r, s->sub, &v);
+    st = kvr_relay_sub_poll(s->conn->g->relay, s->sub, &v);
     if (st == KVR_SUBP_CLOSED) {
         int reason = v.reason;
         pool_release(s);
@@ -242,50 +293,10 @@ static void pool_refill(gstream_t *s, size_t budget)
         s->phase = PH_SNAPSHOT;
         s->progress_ms = kvr_grpc_now_ms();
     }
-    if (s->phase == PH_SNAPSHOT) {
-        size_t cap = kvr_relay_chunk_msg_max(r), len;
-        if (kvr_grpc_out_reserve(s, cap) != KVR_OK) {
-            pool_fail(s, KVR_RELAY_REASON_INTERNAL, "out of memory");
-            return;
-        }
-        len = kvr_relay_sub_chunk(r, s->sub, s->next_chunk, s->out + s->out_len, cap);
-        if (len == 0) {
-            pool_fail(s, KVR_RELAY_REASON_INTERNAL, "snapshot encoding failed");
-            return;
-        }
-        s->out_len += len;
-        relay_stat(g, KVR_RC_FRAMES, 1);
-        relay_stat(g, KVR_RC_BYTES, len);
-        if (++s->next_chunk == s->chunk_count) {
-            s->phase = PH_DELTAS;
-            s->last_seq = s->snap_seq;
-        }
-        s->last_send_ms = kvr_grpc_now_ms();
-        return;
-    }
-    if (s->phase == PH_DELTAS) {
-        if (budget > DELTA_BATCH_MAX)
-            budget = DELTA_BATCH_MAX;
-        while (budget > 0 && s->out_len - s->out_off < budget) {
-            uint64_t seq;
-            ssize_t n;
-            if (kvr_grpc_out_reserve(s, KVR_CBI1_MAX_FRAME + KVR_RELAY_ENVELOPE_MAX) != KVR_OK)
-                return;
-            n = kvr_relay_sub_next_frame(r, s->sub, s->out + s->out_len, s->out_cap - s->out_len, &seq);
-            if (n == 0)
-                break;
-            if (n < 0) {
-                pool_release(s);
-                pool_fail(s, KVR_RELAY_REASON_SUBSCRIBER_LAGGED, "subscriber lagged behind the publication");
-                return;
-            }
-            s->out_len += (size_t)n;
-            s->last_seq = seq;
-            s->last_send_ms = kvr_grpc_now_ms();
-            relay_stat(g, KVR_RC_FRAMES, 1);
-            relay_stat(g, KVR_RC_BYTES, (uint64_t)n);
-        }
-    }
+    if (s->phase == PH_SNAPSHOT)
+        pool_snapshot_chunk(s);
+    else if (s->phase == PH_DELTAS)
+        pool_deltas(s, budget);
 }
 
 /* ------------------------------------------------------------------ calls */
