@@ -1,9 +1,9 @@
 /* relay.c — see relay.h and shm/relay_sh.h. */
 #include "core/relay.h"
 
-#include "wire/ckf.h"
 #include "base/log.h"
 #include "wire/cbi1.h"
+#include "wire/ckf.h"
 #include "wire/identity.h"
 #include "wire/relay_validate.h"
 
@@ -385,58 +385,20 @@ void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_
     id->relay.relay_incarnation = sh->incarnation;
 }
 
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
 size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64_t base_seq, uint64_t seq, int kind,
                                size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload)
 {
-    Dynamo__Kvrelay__V1__FilterUpdate fu = DYNAMO__KVRELAY__V1__FILTER_UPDATE__INIT;
     kvr_relay_ident_t id;
-    size_t env, total;
-    uint8_t *p;
+    kvr_wire_filter_update_t u;
 
     kvr_relay_ident(r, generation, &id);
-    fu.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
-    fu.relay = &id.relay;
-    fu.producer = &id.producer;
-    fu.base_sequence = base_seq;
-    fu.sequence = seq;
-    fu.send_ts_us = kvr_relay_wall_us();
-    fu.kind = (Dynamo__Kvrelay__V1__FilterUpdateKind)kind;
-    fu.contract_marker = KVR_RELAY_CONTRACT_MARKER;
-    env = dynamo__kvrelay__v1__filter_update__get_packed_size(&fu);
-    /* Field 8 (payload) follows the packed envelope; decoders accept fields in any order. */
-    total = env + (payload_len > 0 ? 1 + varint_len(payload_len) + payload_len : 0);
-    if (KVR_GRPC_PREFIX + total > cap || total > UINT32_MAX)
-        return 0;
-    dst[0] = 0;
-    kvr_put_be32(dst + 1, (uint32_t)total);
-    p = dst + KVR_GRPC_PREFIX;
-    p += dynamo__kvrelay__v1__filter_update__pack(&fu, p);
-    if (payload_len > 0) {
-        *p++ = (8 << 3) | 2;
-        p = put_varint(p, payload_len);
-    }
-    *payload = p;
-    return KVR_GRPC_PREFIX + total;
+    u.relay = &id.relay;
+    u.producer = &id.producer;
+    u.base_seq = base_seq;
+    u.seq = seq;
+    u.send_ts_us = kvr_relay_wall_us();
+    u.kind = kind;
+    return kvr_wire_filter_update(&u, payload_len, dst, cap, payload);
 }
 
 size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r)

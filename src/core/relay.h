@@ -15,6 +15,7 @@
 #include "shm/relay_sh.h"
 #include "shm/segment.h"
 #include "wire/grpc_frame.h"
+#include "wire/relay_msg.h"
 #include "wire/relay.pb-c.h"
 
 #define KVR_RELAY_SEED 0x5DEECE66D1B54A33ull
@@ -147,9 +148,9 @@ typedef struct {
 void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_t *id);
 
 /*
- * Writes a gRPC-framed FilterUpdate into dst: the envelope (fields 1-7 and 127) and then
- * field 8 with payload_len bytes, whose start is returned in *payload for the caller to
- * fill (CBI1). Returns the total message length, or 0 if cap is too small.
+ * Writes a gRPC-framed FilterUpdate of this relay's identity for generation into dst
+ * (wire/relay_msg.h: field 8 with payload_len bytes, whose start is returned in *payload for
+ * the caller to fill). Returns the total message length, or 0 if cap is too small.
  */
 size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64_t base_seq, uint64_t seq, int kind,
                                size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload);
@@ -163,9 +164,6 @@ size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation
 
 /* Size of the largest snapshot chunk message for this filter. */
 size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r);
-
-/* Upper bound of the envelope kvr_relay_filter_update adds around a payload. */
-#define KVR_RELAY_ENVELOPE_MAX 512
 
 uint64_t kvr_relay_wall_us(void);
 uint64_t kvr_relay_mono_ns(void);
