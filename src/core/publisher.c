@@ -67,6 +67,13 @@ typedef struct {
     uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;
     int resync;            /* owner counting failed (out of memory): the filter is not exact */
+    /* the main loop (docs/concurrency.md, change log) */
+    uint64_t delay_ns;     /* --publication-delay */
+    uint64_t linger_ns;    /* how long queued events may wait unconsumed */
+    uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
+    uint64_t scanned_ns;   /* the subscriber slots' last scan */
+    int scan_due;          /* a wake-up came since: perhaps a subscriber's request */
+    int wake_fd;
     /* Snapshot references, private: which copy each subscriber slot holds (-1: none) and
      * how many hold each copy. Only this process counts; a worker never writes a count. */
     int8_t held[KVR_RELAY_MAX_SUBS];
@@ -538,15 +545,110 @@ static void new_generation(pub_t *p, const char *why)
 #define LINGER_NS    250000ull /* at most --publication-delay */
 #define SCAN_IDLE_NS 100000000ull /* without a wake-up: dead owners, finished snapshots */
 
-static void scan_slots(pub_t *p, int *due, uint64_t *scanned_ns)
+static void scan_slots(pub_t *p)
 {
     uint64_t now = kvr_relay_mono_ns();
 
-    if (now < *scanned_ns + (*due ? SCAN_NS : SCAN_IDLE_NS))
+    if (now < p->scanned_ns + (p->scan_due ? SCAN_NS : SCAN_IDLE_NS))
         return;
-    *due = 0;
-    *scanned_ns = now;
+    p->scan_due = 0;
+    p->scanned_ns = now;
     admit_subscribers(p);
+}
+
+/* Events queued in the change log; notes when the log was first seen non-empty. */
+static uint64_t log_queued(pub_t *p, uint64_t now)
+{
+    uint64_t queued = kvr_log_count(p->store.log);
+
+    if (queued > 0 && p->log_seen_ns == 0)
+        p->log_seen_ns = now;
+    return queued;
+}
+
+/* Sleeps until a wake-up or the earliest of: a partial delta's --publication-delay, the end
+ * of the linger on queued events, a delta's worth queued (at once), a due slot scan. */
+static void wait_for_work(pub_t *p)
+{
+    struct pollfd pfd = {p->wake_fd, POLLIN, 0};
+    struct timespec timeout = {0, 100000000};
+    uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX;
+
+    if (p->pending > 0)
+        due = p->first_pending_ns + p->delay_ns;
+    if (queued > 0 && p->log_seen_ns + p->linger_ns < due)
+        due = p->log_seen_ns + p->linger_ns;
+    if (queued >= p->cfg->publication_threshold)
+        due = now;
+    if (p->scan_due && p->scanned_ns + SCAN_NS < due)
+        due = p->scanned_ns + SCAN_NS;
+    if (due != UINT64_MAX) {
+        uint64_t ns;
+        if (due < p->retry_at_ns)
+            due = p->retry_at_ns;
+        ns = due > now ? due - now : 0;
+        if (ns < 100000000ull)
+            timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    }
+    if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
+        uint64_t v;
+        (void)!read(p->wake_fd, &v, sizeof(v));
+        p->scan_due = 1; /* perhaps a subscriber's request */
+    }
+}
+
+/* Applies every queued event, one at a time as the reference producer: a boundary every
+ * --publication-threshold events, whatever the batch the log handed over. An event waited in
+ * the log since log_seen_ns at the earliest: its latency counts from there. */
+static void consume_log(pub_t *p, kvr_log_event_t *ev)
+{
+    size_t n;
+
+    while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+        kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
+        for (size_t i = 0; i < n; i++) {
+            if (p->pending == 0)
+                p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_relay_mono_ns();
+            if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
+                apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
+            else
+                apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
+            if (++p->pending >= p->cfg->publication_threshold)
+                publish(p);
+        }
+    }
+    p->log_seen_ns = 0;
+}
+
+/* One turn of the main loop. Appends wake us when the log goes from empty to one event, or
+ * reaches a delta's worth (kvr_log_set_wake_batch). Between the two we linger up to linger_ns
+ * without consuming, so the log stays non-empty and the workers' appends write no eventfd: one
+ * wake-up for every few PUTs instead of one per PUT. */
+static void publisher_turn(pub_t *p, kvr_log_event_t *ev)
+{
+    uint64_t now, queued;
+
+    kvr_seg_heartbeat(p->seg); /* the supervisor's watchdog */
+    wait_for_work(p);
+    if (atomic_load_explicit(&p->store.log->overflow, memory_order_acquire)) {
+        kvr_warn("publisher: change log overflowed; rebuilding from the index");
+        new_generation(p, "change-log overflow");
+        p->log_seen_ns = 0;
+    }
+    now = kvr_relay_mono_ns();
+    queued = log_queued(p, now);
+    if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
+        scan_slots(p); /* a subscriber's wake-up: keep lingering */
+        return;
+    }
+    consume_log(p, ev);
+    if (p->resync) {
+        kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
+        new_generation(p, "owner counting out of memory");
+    }
+    if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + p->delay_ns)
+        publish(p);
+    scan_slots(p);
 }
 
 void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)
@@ -556,9 +658,6 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     kvr_log_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
     struct sigaction sa;
     sigset_t none;
-    uint64_t delay_ns = cfg->publication_delay_us * 1000, log_seen_ns = 0, scanned_ns = 0;
-    uint64_t linger_ns = delay_ns < LINGER_NS ? delay_ns : LINGER_NS;
-    int scan_due = 1;
 
     kvr_log_set_role("publisher");
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -573,6 +672,10 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
 
     p->cfg = cfg;
     p->seg = seg;
+    p->wake_fd = fds->publisher;
+    p->delay_ns = cfg->publication_delay_us * 1000;
+    p->linger_ns = p->delay_ns < LINGER_NS ? p->delay_ns : LINGER_NS;
+    p->scan_due = 1;
     if (ev == NULL || kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_PUBLISHER) < 0 ||
         kvr_store_open(&p->store, seg) != KVR_OK)
         _exit(70);
@@ -590,80 +693,9 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
     atomic_store(&seg->hdr->ctl.publisher_running, 1);
 
-    /* Appends wake us when the log goes from empty to one event, or reaches a delta's worth
-     * (kvr_log_set_wake_batch). Between the two we linger up to LINGER_NS without consuming,
-     * so the log stays non-empty and the workers' appends write no eventfd: one wake-up for
-     * every few PUTs instead of one per PUT. */
     kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
-    while (!pub_term) {
-        struct pollfd pfd = {fds->publisher, POLLIN, 0};
-        uint64_t now = kvr_relay_mono_ns(), queued, due = UINT64_MAX;
-        struct timespec timeout = {0, 100000000};
-        size_t n;
-
-        kvr_seg_heartbeat(seg); /* the supervisor's watchdog */
-        queued = kvr_log_count(p->store.log);
-        if (queued > 0 && log_seen_ns == 0)
-            log_seen_ns = now;
-        if (p->pending > 0)
-            due = p->first_pending_ns + delay_ns;
-        if (queued > 0 && log_seen_ns + linger_ns < due)
-            due = log_seen_ns + linger_ns;
-        if (queued >= cfg->publication_threshold)
-            due = now;
-        if (scan_due && scanned_ns + SCAN_NS < due)
-            due = scanned_ns + SCAN_NS;
-        if (due != UINT64_MAX) {
-            if (due < p->retry_at_ns)
-                due = p->retry_at_ns;
-            uint64_t ns = due > now ? due - now : 0;
-            if (ns < 100000000ull)
-                timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-        }
-        if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
-            uint64_t v;
-            (void)!read(fds->publisher, &v, sizeof(v));
-            scan_due = 1; /* perhaps a subscriber's request */
-        }
-        if (atomic_load_explicit(&p->store.log->overflow, memory_order_acquire)) {
-            kvr_warn("publisher: change log overflowed; rebuilding from the index");
-            new_generation(p, "change-log overflow");
-            log_seen_ns = 0;
-        }
-        now = kvr_relay_mono_ns();
-        queued = kvr_log_count(p->store.log);
-        if (queued > 0 && log_seen_ns == 0)
-            log_seen_ns = now;
-        if (queued > 0 && queued < cfg->publication_threshold && now < log_seen_ns + linger_ns) {
-            scan_slots(p, &scan_due, &scanned_ns); /* a subscriber's wake-up: keep lingering */
-            continue;
-        }
-        while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
-            kvr_seg_heartbeat(seg); /* a busy log keeps us here: still alive */
-            /* One event at a time, as the reference producer: a boundary every
-             * --publication-threshold events, whatever the batch the log handed over. An
-             * event waited in the log since log_seen_ns at the earliest: latency counts from
-             * there. */
-            for (size_t i = 0; i < n; i++) {
-                if (p->pending == 0)
-                    p->first_pending_ns = log_seen_ns ? log_seen_ns : kvr_relay_mono_ns();
-                if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
-                    apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
-                else
-                    apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
-                if (++p->pending >= cfg->publication_threshold)
-                    publish(p);
-            }
-        }
-        log_seen_ns = 0;
-        if (p->resync) {
-            kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
-            new_generation(p, "owner counting out of memory");
-        }
-        if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + delay_ns)
-            publish(p);
-        scan_slots(p, &scan_due, &scanned_ns);
-    }
+    while (!pub_term)
+        publisher_turn(p, ev);
     kvr_info("publisher: stopping");
     exit(0);
 }
