@@ -89,7 +89,14 @@ int kvr_uring_select(const char *engine)
 
 static int ring_init(kvr_uring_t *u, unsigned entries)
 {
-    int rc = io_uring_queue_init(entries, &u->ring, 0);
+    /* COOP_TASKRUN: completions are run when this worker enters the kernel anyway (it does so
+     * every loop iteration) instead of interrupting it with an IPI; SINGLE_ISSUER: only this
+     * process submits. 16 KiB GETs over 64 connections: ~15 % more requests/s in one A/B run
+     * (docs/dataplane.md). Kernels before 6.0 refuse the flags: plain setup then. */
+    int rc = io_uring_queue_init(entries, &u->ring, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER);
+
+    if (rc == -EINVAL)
+        rc = io_uring_queue_init(entries, &u->ring, 0);
 
     if (rc < 0)
         return rc;
