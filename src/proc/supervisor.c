@@ -28,10 +28,10 @@
 
 #include "base/log.h"
 #include "base/proctitle.h"
-#include "core/publisher.h"
+#include "proc/publisher.h"
 #include "core/relay.h"
 #include "core/store.h"
-#include "core/worker.h"
+#include "proc/worker.h"
 #include "io/listen.h"
 #include "io/uring.h"
 

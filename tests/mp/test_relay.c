@@ -5,7 +5,7 @@
  */
 #include "core/config.h"
 #include "base/log.h"
-#include "core/publisher.h"
+#include "proc/publisher.h"
 #include "core/relay.h"
 #include "core/store.h"
 #include "wire/cbi1.h"

@@ -21,10 +21,10 @@
  * revision + 1; subscribers of the old generation are closed (PUBLICATION_UNAVAILABLE).
  * A change-log overflow does the same without a restart.
  */
-#include "core/publisher.h"
+#include "proc/publisher.h"
 
-#include "core/ckf.h"
-#include "core/log.h"
+#include "wire/ckf.h"
+#include "base/log.h"
 #include "core/owners.h"
 #include "core/store.h"
 #include "shm/changelog.h"

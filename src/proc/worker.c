@@ -1,7 +1,7 @@
 /* worker.c — see worker.h. */
-#include "core/worker.h"
+#include "proc/worker.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "core/store.h"
 #include "io/api.h"
 #include "io/grpc.h"
