@@ -3,7 +3,7 @@
  * admission counting, subscriber slots, reading published frames, and building the
  * dynamo.kvrelay.v1 messages every process needs (FilterUpdate, ProducerIdentity).
  *
- * The publisher (core/publisher.c) is the only writer of the filter, the frame ring and
+ * The publisher (proc/publisher.c) is the only writer of the filter, the frame ring and
  * the snapshot copies; workers only claim, read and release their subscriber slots, through
  * the functions below (nothing outside core/ touches kvr_relay_sh_t; docs/concurrency.md).
  */

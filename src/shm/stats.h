@@ -43,7 +43,7 @@
     /* the relay: KVR_ST_RELAY + KVR_RC_<id> (KVR_RELAY_STATS_TABLE) */                           \
     X(RELAY, KVR_RC_COUNT, NULL, NULL)                                                            \
     X(RELAY_SPARE, 20 - KVR_RC_COUNT, NULL, NULL)                                                 \
-    /* publication latency histogram (core/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */   \
+    /* publication latency histogram (proc/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */   \
     X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL)
 
 /*

@@ -185,7 +185,7 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* One iteration of the worker's loop as core/worker.c runs it, with the tick at every turn
+/* One iteration of the worker's loop as proc/worker.c runs it, with the tick at every turn
  * (the worker ticks every 50 ms): timers, heartbeats and windows are reached sooner. */
 static void run_loop(int ms)
 {
