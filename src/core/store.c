@@ -1,7 +1,7 @@
 /* store.c — see store.h for the semantics and the recovery model. */
 #include "core/store.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* api.c — see api.h for the design. */
 #include "io/api.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "io/metrics.h"
 #include "wire/json.h"
 #include "wire/keys.h"

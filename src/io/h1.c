@@ -1,7 +1,7 @@
 /* h1.c — see h1.h for the design. */
 #include "io/h1.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "io/phr.h"
 #include "io/uring.h"
 

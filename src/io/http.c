@@ -2,7 +2,7 @@
 #define H2O_USE_LIBUV 0
 #include "io/http.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,7 +1,6 @@
 /* metrics.c — see metrics.h. */
 #include "io/metrics.h"
 
-#include "proc/publisher.h"
 #include "io/http.h"
 #include "shm/relay_sh.h"
 #include "shm/stats.h"

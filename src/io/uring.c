@@ -1,7 +1,7 @@
 /* uring.c — see uring.h. */
 #include "io/uring.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

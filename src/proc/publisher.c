@@ -42,7 +42,6 @@
 
 #define LOG_BATCH 4096
 
-const uint64_t kvr_pub_bucket_us[KVR_PUB_BUCKETS] = {100, 250, 500, 1000, 2000, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
 /* (4194368 - 48 - 12) / 12, §3.1 */
 #define KVR_CBI1_MAX_DELTA_IMAGES_ 349525u
 

@@ -1,8 +1,8 @@
 /*
  * publisher.h — the relay publisher process (see publisher.c for the design).
  */
-#ifndef KVR_CORE_PUBLISHER_H
-#define KVR_CORE_PUBLISHER_H
+#ifndef KVR_PROC_PUBLISHER_H
+#define KVR_PROC_PUBLISHER_H
 
 #include "core/config.h"
 #include "core/relay.h"
@@ -12,9 +12,6 @@
  * publisher process; the one numbered kvr_pub_fail_alloc_at fails (0: none). Set it before
  * the publisher is forked; production never sets it. */
 extern unsigned kvr_pub_fail_alloc_at;
-
-/* Upper bounds (microseconds) of the publication latency histogram's buckets. */
-extern const uint64_t kvr_pub_bucket_us[];
 
 /* Runs the publisher in process slot `slot`; never returns. */
 void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const kvr_relay_fds_t *fds)

@@ -3,8 +3,8 @@
  * shared store. Forked by the supervisor, which owns its process slot number and its
  * listening socket.
  */
-#ifndef KVR_CORE_WORKER_H
-#define KVR_CORE_WORKER_H
+#ifndef KVR_PROC_WORKER_H
+#define KVR_PROC_WORKER_H
 
 #include "core/config.h"
 #include "core/relay.h"

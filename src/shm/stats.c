@@ -1,6 +1,8 @@
 /* stats.c — see stats.h. */
 #include "shm/stats.h"
 
+const uint64_t kvr_pub_bucket_us[KVR_PUB_BUCKETS] = {100, 250, 500, 1000, 2000, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
+
 uint64_t kvr_stats_sum(const kvr_stats_block_t *blocks, unsigned n, unsigned i)
 {
     uint64_t s = 0;

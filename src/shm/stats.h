@@ -65,6 +65,9 @@
     X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */
 
 #define KVR_PUB_BUCKETS 12
+/* Upper bounds (microseconds) of the publication latency histogram's buckets (shm/stats.c):
+ * the publisher counts into them, /metrics exports them. */
+extern const uint64_t kvr_pub_bucket_us[KVR_PUB_BUCKETS];
 
 enum {
 #define KVR_RC_ENUM_(id, metric, labels, help) KVR_RC_##id,

@@ -12,7 +12,7 @@
  * run in between, so that partial heads and bodies split at every place are exercised.
  */
 #include "core/config.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/relay.h"
 #include "core/store.h"
 #include "io/api.h"
