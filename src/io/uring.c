@@ -424,11 +424,24 @@ static void ep_flush(kvr_uring_t *u)
     }
 }
 
+/* Takes a direction's waiting ops off the descriptor and tries each again (one that would
+ * still block waits anew). */
+static void ep_run_list(kvr_uring_t *u, kvr_uring_op_t **head)
+{
+    kvr_uring_op_t *list = *head;
+
+    *head = NULL;
+    while (list != NULL) {
+        kvr_uring_op_t *op = list;
+        list = op->next;
+        ep_run(u, op);
+    }
+}
+
 /* A descriptor is ready: its waiting ops of that direction are tried again. */
 static void ep_ready(kvr_uring_t *u, int fd, uint32_t events)
 {
     kvr_uring_fd_t *s;
-    kvr_uring_op_t *list;
 
     if (fd < 0 || (unsigned)fd >= u->nfds)
         return;
@@ -440,24 +453,10 @@ static void ep_ready(kvr_uring_t *u, int fd, uint32_t events)
         s->added = 0;
         return;
     }
-    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && s->rd != NULL) {
-        list = s->rd;
-        s->rd = NULL;
-        while (list != NULL) {
-            kvr_uring_op_t *op = list;
-            list = op->next;
-            ep_run(u, op);
-        }
-    }
-    if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) && s->wr != NULL) {
-        list = s->wr;
-        s->wr = NULL;
-        while (list != NULL) {
-            kvr_uring_op_t *op = list;
-            list = op->next;
-            ep_run(u, op);
-        }
-    }
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+        ep_run_list(u, &s->rd);
+    if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+        ep_run_list(u, &s->wr);
 }
 
 /* A descriptor our accept returned is new: whatever the table says of that number is about

@@ -194,19 +194,6 @@ static void run_loop(int ms)
     kvr_grpc_flush(server);
 }
 
-/* Reads what the server sent (a peer that reads everything); 1 once it has closed. */
-static int drain_client(int fd)
-{
-    static char buf[1 << 16];
-    for (;;) {
-        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n == 0)
-            return 1;
-        if (n < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
-    }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t buf[1 << 20];

@@ -67,19 +67,6 @@ static void run_loop(int ms)
     kvr_h1_flush(h1);
 }
 
-/* Reads what the server sent; 1 once it has closed. */
-static int drain_client(int fd)
-{
-    static char buf[1 << 16];
-    for (;;) {
-        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n == 0)
-            return 1;
-        if (n < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
-    }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};

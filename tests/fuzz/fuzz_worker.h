@@ -11,8 +11,10 @@
 #include "core/relay.h"
 #include "core/store.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 
 static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store,
                               kvr_relay_t *relay, kvr_relay_fds_t *fds)
@@ -31,6 +33,20 @@ static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_
     for (int i = 0; i < KVR_MAX_PROCS; i++)
         fds->worker[i] = -1;
     kvr_relay_attach(relay, seg, cfg, fds);
+}
+
+/* The driver's client reads whatever the server sent (a peer that reads everything); 1 once
+ * the server has closed the connection. */
+static inline int drain_client(int fd)
+{
+    static char buf[1 << 16];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0)
+            return 1;
+        if (n < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
+    }
 }
 
 #endif
