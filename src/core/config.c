@@ -332,17 +332,11 @@ static int validate(kvr_config_t *cfg, FILE *err)
     return KVR_OK;
 }
 
-int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
+/* The reference server's environment, where our twins are unset. */
+static int load_reference_env(kvr_config_t *cfg, FILE *err)
 {
-    char ev[96];
     const char *v;
 
-    memset(cfg, 0, sizeof(*cfg));
-    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
-        if (set_opt(cfg, &opts[i], opts[i].def, "default", err) != KVR_OK)
-            return KVR_EINVAL;
-
-    /* The reference server's environment, where our twins are unset. */
     if (getenv("KVRELAY_HTTP_BIND") == NULL && (v = getenv("EPISTEMIC_GRAPH_KVCACHE_ADDR")) != NULL && *v) {
         if (epistemic_addr(v, cfg->http_bind, sizeof(cfg->http_bind)) != KVR_OK) {
             fprintf(err, "kvrelay: invalid EPISTEMIC_GRAPH_KVCACHE_ADDR\n");
@@ -357,6 +351,15 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
         snprintf(cfg->token, sizeof(cfg->token), "%s", v);
         snprintf(cfg->token_source, sizeof(cfg->token_source), "EPISTEMIC_GRAPH_KVCACHE_TOKEN");
     }
+    return KVR_OK;
+}
+
+/* Every option's KVRELAY_* twin that is set. */
+static int load_env(kvr_config_t *cfg, FILE *err)
+{
+    char ev[96];
+    const char *v;
+
     for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++) {
         env_name(&opts[i], ev, sizeof(ev));
         if ((v = getenv(ev)) != NULL) {
@@ -366,24 +369,47 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
                 snprintf(cfg->token_source, sizeof(cfg->token_source), "KVRELAY_TOKEN");
         }
     }
+    return KVR_OK;
+}
 
+/* The flags that take no value and set no option: 1 if arg is one of them. */
+static int action_flag(kvr_config_t *cfg, const char *arg)
+{
+    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        cfg->help = 1;
+        return 1;
+    }
+    if (!strcmp(arg, "--print-config")) {
+        cfg->print_config = 1;
+        return 1;
+    }
+    if (!strcmp(arg, "--version")) {
+        cfg->version = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* The option named by the first nl bytes of name, or NULL. */
+static const opt_t *find_opt(const char *name, size_t nl)
+{
+    const opt_t *o = NULL;
+
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
+        if (strlen(opts[i].name) == nl && !strncmp(opts[i].name, name, nl))
+            o = &opts[i];
+    return o;
+}
+
+static int load_args(kvr_config_t *cfg, int argc, char **argv, FILE *err)
+{
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a], *val = NULL, *eq;
-        const opt_t *o = NULL;
+        const opt_t *o;
         size_t nl;
 
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            cfg->help = 1;
+        if (action_flag(cfg, arg))
             continue;
-        }
-        if (!strcmp(arg, "--print-config")) {
-            cfg->print_config = 1;
-            continue;
-        }
-        if (!strcmp(arg, "--version")) {
-            cfg->version = 1;
-            continue;
-        }
         if (strncmp(arg, "--", 2) != 0) {
             fprintf(err, "kvrelay: unexpected argument '%s' (see --help)\n", arg);
             return KVR_EINVAL;
@@ -391,9 +417,7 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
         arg += 2;
         eq = strchr(arg, '=');
         nl = eq ? (size_t)(eq - arg) : strlen(arg);
-        for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
-            if (strlen(opts[i].name) == nl && !strncmp(opts[i].name, arg, nl))
-                o = &opts[i];
+        o = find_opt(arg, nl);
         if (o == NULL) {
             fprintf(err, "kvrelay: unknown option '--%.*s' (see --help)\n", (int)nl, arg);
             return KVR_EINVAL;
@@ -413,6 +437,20 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
         if (o->off == offsetof(kvr_config_t, token))
             snprintf(cfg->token_source, sizeof(cfg->token_source), "--token");
     }
+    return KVR_OK;
+}
+
+/* Defaults, then the reference server's environment, then our twins, then the command line:
+ * each later source overrides the earlier ones. */
+int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++)
+        if (set_opt(cfg, &opts[i], opts[i].def, "default", err) != KVR_OK)
+            return KVR_EINVAL;
+    if (load_reference_env(cfg, err) != KVR_OK || load_env(cfg, err) != KVR_OK ||
+        load_args(cfg, argc, argv, err) != KVR_OK)
+        return KVR_EINVAL;
     return validate(cfg, err);
 }
 
