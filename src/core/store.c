@@ -754,39 +754,35 @@ static int proc_alive(const kvr_store_t *st, int slot, int dead_slot)
     return slot != dead_slot && atomic_load(&st->seg->procs[slot].state) == KVR_PROC_ACTIVE;
 }
 
-/*
- * Full repair, lock held. Ground truth: each entry's state/fields, each chain in the page
- * map, and the pin tables of live processes. Everything else is rebuilt:
- *  1. reservations of dead processes are dropped; interrupted removals (DYING) roll forward;
- *  2. pins are recounted from live processes' pin tables (the dead one's is cleared);
- *  3. zombies nobody pins are freed; LIVE blocks whose insert event may be missing are
- *     announced again (the consumer de-duplicates by entry and generation);
- *  4. chains, LRU and the free list are rebuilt; chains are validated, invalid ones dropped;
- *  5. the arena's free lists are rebuilt from the used-page bitmap; aggregates recomputed.
- */
-static void repair_locked(kvr_store_t *st, int dead_slot)
+/* A writer that died inside a seqlock section left it odd: close it. */
+static void close_seqlock_locked(kvr_store_sh_t *sh)
 {
-    kvr_store_sh_t *sh = st->sh;
-    kvr_seg_hdr_t *h = st->seg->hdr;
-    kvr_entry_t *ent = st->ix.ent;
-    uint8_t *bm = st->scratch;
-    dup_ctx_t dctx = {st};
-    uint64_t seq;
+    uint64_t seq = atomic_load(&sh->index.seq);
 
-    /* A writer that died inside a seqlock section left it odd: close it. */
-    seq = atomic_load(&sh->index.seq);
     if (seq & 1)
         atomic_store(&sh->index.seq, seq + 1);
+}
 
-    if (dead_slot >= 0 && dead_slot < KVR_MAX_PROCS) {
-        kvr_pin_t *t = pin_table(st, dead_slot);
-        for (uint32_t k = 0; k < st->pin_slots; k++) {
-            t[k].entry = KVR_NIL;
-            t[k].count = 0;
-        }
+/* The dead process's pins die with it; they are recounted from the live tables below. */
+static void clear_dead_pins_locked(kvr_store_t *st, int dead_slot)
+{
+    kvr_pin_t *t;
+
+    if (dead_slot < 0 || dead_slot >= KVR_MAX_PROCS)
+        return;
+    t = pin_table(st, dead_slot);
+    for (uint32_t k = 0; k < st->pin_slots; k++) {
+        t[k].entry = KVR_NIL;
+        t[k].count = 0;
     }
+}
 
-    for (uint64_t i = 0; i < h->max_blocks; i++) {
+/* Step 1: pins zeroed, unknown states and dead reservations freed, DYING rolled forward. */
+static void settle_entries_locked(kvr_store_t *st, int dead_slot)
+{
+    kvr_entry_t *ent = st->ix.ent;
+
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         e->pins = 0;
         if (e->state > KVR_ENT_DYING) {
@@ -800,6 +796,13 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             e->state = KVR_ENT_ZOMBIE;
         }
     }
+}
+
+/* Step 2: each LIVE or ZOMBIE entry's pins are the sum over the live processes' tables. */
+static void recount_pins_locked(kvr_store_t *st, int dead_slot)
+{
+    kvr_seg_hdr_t *h = st->seg->hdr;
+    kvr_entry_t *ent = st->ix.ent;
 
     for (int s = 0; s < KVR_MAX_PROCS; s++) {
         kvr_pin_t *t = pin_table(st, s);
@@ -813,8 +816,14 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
                 ent[i].pins += t[k].count;
         }
     }
+}
 
-    for (uint64_t i = 0; i < h->max_blocks; i++) {
+/* Step 3: zombies nobody pins are freed; LIVE entries not yet announced are announced. */
+static void free_zombies_announce_live_locked(kvr_store_t *st)
+{
+    kvr_entry_t *ent = st->ix.ent;
+
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         if (e->state == KVR_ENT_ZOMBIE && e->pins == 0)
             e->state = KVR_ENT_FREE;
@@ -823,10 +832,15 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             e->meta |= KVR_ENT_ANNOUNCED;
         }
     }
+}
 
-    /* Validate chains into the used-page bitmap; an entry with a broken chain is dropped. */
-    memset(bm, 0, (h->npages + 7) / 8);
-    for (uint64_t i = 0; i < h->max_blocks; i++) {
+/* Step 4, first half: validate chains into the used-page bitmap bm (cleared by the caller);
+ * an entry with a broken chain is dropped. */
+static void drop_broken_chains_locked(kvr_store_t *st, uint8_t *bm)
+{
+    kvr_entry_t *ent = st->ix.ent;
+
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         if (e->state == KVR_ENT_FREE)
             continue;
@@ -839,13 +853,18 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             e->state = KVR_ENT_FREE;
         }
     }
+}
 
-    kvr_index_rebuild_locked(&st->ix, drop_duplicate, &dctx);
-    /* Duplicates were freed after their chains were claimed: claim again from scratch. */
-    memset(bm, 0, (h->npages + 7) / 8);
+/* Step 5, first half: claims the surviving chains into bm (cleared by the caller) and
+ * recomputes the aggregates from the entries. */
+static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
+{
+    kvr_store_sh_t *sh = st->sh;
+    kvr_entry_t *ent = st->ix.ent;
+
     sh->unique_blocks = sh->total_refs = sh->resident_bytes = sh->logical_bytes = 0;
     sh->pinned_entries = sh->zombies = 0;
-    for (uint64_t i = 0; i < h->max_blocks; i++) {
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         if (e->state == KVR_ENT_FREE)
             continue;
@@ -861,7 +880,40 @@ static void repair_locked(kvr_store_t *st, int dead_slot)
             sh->logical_bytes += e->length * e->refs;
         }
     }
+}
+
+/*
+ * Full repair, lock held. Ground truth: each entry's state/fields, each chain in the page
+ * map, and the pin tables of live processes. Everything else is rebuilt:
+ *  1. reservations of dead processes are dropped; interrupted removals (DYING) roll forward;
+ *  2. pins are recounted from live processes' pin tables (the dead one's is cleared);
+ *  3. zombies nobody pins are freed; LIVE blocks whose insert event may be missing are
+ *     announced again (the consumer de-duplicates by entry and generation);
+ *  4. chains, LRU and the free list are rebuilt; chains are validated, invalid ones dropped;
+ *  5. the arena's free lists are rebuilt from the used-page bitmap; aggregates recomputed.
+ * The steps run in this order, each over the result of the one before.
+ */
+static void repair_locked(kvr_store_t *st, int dead_slot)
+{
+    kvr_store_sh_t *sh = st->sh;
+    kvr_seg_hdr_t *h = st->seg->hdr;
+    uint8_t *bm = st->scratch;
+    dup_ctx_t dctx = {st};
+
+    close_seqlock_locked(sh);
+    clear_dead_pins_locked(st, dead_slot);
+    settle_entries_locked(st, dead_slot);
+    recount_pins_locked(st, dead_slot);
+    free_zombies_announce_live_locked(st);
+
+    memset(bm, 0, (h->npages + 7) / 8);
+    drop_broken_chains_locked(st, bm);
+    kvr_index_rebuild_locked(&st->ix, drop_duplicate, &dctx);
+    /* Duplicates were freed after their chains were claimed: claim again from scratch. */
+    memset(bm, 0, (h->npages + 7) / 8);
+    reclaim_and_count_locked(st, bm);
     kvr_arena_rebuild_locked(&st->arena, bm);
+
     sh->repairs++;
     kvr_stat_add(st->my_stats, KVR_ST_REPAIRS, 1);
     kvr_info("store repair done (dead slot %d): %llu blocks resident, %llu pages free", dead_slot,
@@ -917,27 +969,12 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx)
         }                                                                                          \
     } while (0)
 
-int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
+/* Sums the pin tables into pins[] (one count per entry); only active slots may hold pins. */
+static int check_pin_tables_locked(kvr_store_t *st, uint32_t *pins)
 {
-    kvr_store_sh_t *sh = st->sh;
     kvr_seg_hdr_t *h = st->seg->hdr;
-    kvr_entry_t *ent = st->ix.ent;
-    uint64_t ub = 0, tr = 0, rb = 0, lb = 0, pinned = 0, zombies = 0, reserved = 0;
-    uint32_t *pins = calloc(h->max_blocks, sizeof(uint32_t));
-    uint8_t *bm = calloc((h->npages + 7) / 8 + 1, 1);
     int rc = KVR_OK;
 
-    if (pins == NULL || bm == NULL) {
-        free(pins);
-        free(bm);
-        return KVR_ERR;
-    }
-    if (store_lock(st) != KVR_OK) {
-        free(pins);
-        free(bm);
-        return KVR_ERR;
-    }
-    CHECK(kvr_index_check_locked(&st->ix) == KVR_OK, "index chains/LRU/free list inconsistent");
     for (int s = 0; s < KVR_MAX_PROCS; s++) {
         kvr_pin_t *t = pin_table(st, s);
         int alive = atomic_load(&st->seg->procs[s].state) == KVR_PROC_ACTIVE;
@@ -949,53 +986,96 @@ int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
             pins[t[k].entry] += t[k].count;
         }
     }
-    for (uint64_t i = 0; i < h->max_blocks; i++) {
-        kvr_entry_t *e = &ent[i];
-        CHECK(e->pins == pins[i], "entry %llu pins %u, pin tables say %u", (unsigned long long)i, e->pins, pins[i]);
-        if (e->state == KVR_ENT_FREE) {
-            CHECK(e->pins == 0, "free entry %llu pinned", (unsigned long long)i);
-            continue;
-        }
-        CHECK(e->state != KVR_ENT_DYING, "entry %llu left DYING", (unsigned long long)i);
-        CHECK(kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm),
-              "entry %llu chain invalid or overlapping", (unsigned long long)i);
-        if (e->pins)
-            pinned++;
-        if (e->state == KVR_ENT_ZOMBIE) {
-            CHECK(e->pins > 0, "unpinned zombie %llu", (unsigned long long)i);
-            zombies++;
-        }
-        if (e->state == KVR_ENT_LIVE) {
-            CHECK(e->refs > 0, "live entry %llu with zero refs", (unsigned long long)i);
-            CHECK(e->meta & KVR_ENT_ANNOUNCED, "live entry %llu not announced", (unsigned long long)i);
-            ub++;
-            tr += e->refs;
-            rb += e->length;
-            lb += e->length * e->refs;
-        }
-        reserved += e->state == KVR_ENT_RESERVED;
-        if (e->state == KVR_ENT_RESERVED)
-            CHECK(atomic_load(&st->seg->procs[KVR_ENT_OWNER(e)].state) == KVR_PROC_ACTIVE,
-                  "reservation %llu owned by a dead slot", (unsigned long long)i);
-    }
-    CHECK(kvr_arena_check_locked(&st->arena, bm) == KVR_OK, "arena free lists inconsistent");
-    CHECK(ub == sh->unique_blocks && tr == sh->total_refs && rb == sh->resident_bytes && lb == sh->logical_bytes,
-          "aggregates differ from the scan (blocks %llu/%llu refs %llu/%llu bytes %llu/%llu)",
-          (unsigned long long)ub, (unsigned long long)sh->unique_blocks, (unsigned long long)tr,
-          (unsigned long long)sh->total_refs, (unsigned long long)rb, (unsigned long long)sh->resident_bytes);
-    CHECK(pinned == sh->pinned_entries && zombies == sh->zombies, "pinned/zombie counts differ");
 done:
-    store_unlock(st);
-    if (out != NULL) {
-        memset(out, 0, sizeof(*out));
-        out->unique_blocks = ub;
-        out->total_refs = tr;
-        out->resident_bytes = rb;
-        out->logical_bytes = lb;
-        out->pinned_blocks = pinned;
-        out->zombie_blocks = zombies;
-        out->reserved_blocks = reserved;
+    return rc;
+}
+
+/* One entry against the pin tables' count for it, its chain (claimed into bm, so overlaps
+ * show) and its state's invariants; counted into c as far as it got. */
+static int check_entry_locked(kvr_store_t *st, uint64_t i, uint32_t pins, uint8_t *bm, kvr_store_stats_t *c)
+{
+    kvr_entry_t *e = &st->ix.ent[i];
+    int rc = KVR_OK;
+
+    CHECK(e->pins == pins, "entry %llu pins %u, pin tables say %u", (unsigned long long)i, e->pins, pins);
+    if (e->state == KVR_ENT_FREE) {
+        CHECK(e->pins == 0, "free entry %llu pinned", (unsigned long long)i);
+        return KVR_OK;
     }
+    CHECK(e->state != KVR_ENT_DYING, "entry %llu left DYING", (unsigned long long)i);
+    CHECK(kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm),
+          "entry %llu chain invalid or overlapping", (unsigned long long)i);
+    if (e->pins)
+        c->pinned_blocks++;
+    if (e->state == KVR_ENT_ZOMBIE) {
+        CHECK(e->pins > 0, "unpinned zombie %llu", (unsigned long long)i);
+        c->zombie_blocks++;
+    }
+    if (e->state == KVR_ENT_LIVE) {
+        CHECK(e->refs > 0, "live entry %llu with zero refs", (unsigned long long)i);
+        CHECK(e->meta & KVR_ENT_ANNOUNCED, "live entry %llu not announced", (unsigned long long)i);
+        c->unique_blocks++;
+        c->total_refs += e->refs;
+        c->resident_bytes += e->length;
+        c->logical_bytes += e->length * e->refs;
+    }
+    c->reserved_blocks += e->state == KVR_ENT_RESERVED;
+    if (e->state == KVR_ENT_RESERVED)
+        CHECK(atomic_load(&st->seg->procs[KVR_ENT_OWNER(e)].state) == KVR_PROC_ACTIVE,
+              "reservation %llu owned by a dead slot", (unsigned long long)i);
+done:
+    return rc;
+}
+
+/* The whole scan, lock held: index, pin tables, every entry, the arena, then the
+ * aggregates against what the scan counted into c. */
+static int check_locked(kvr_store_t *st, uint32_t *pins, uint8_t *bm, kvr_store_stats_t *c)
+{
+    kvr_store_sh_t *sh = st->sh;
+    int rc = KVR_OK;
+
+    CHECK(kvr_index_check_locked(&st->ix) == KVR_OK, "index chains/LRU/free list inconsistent");
+    if (check_pin_tables_locked(st, pins) != KVR_OK)
+        return KVR_ERR;
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++)
+        if (check_entry_locked(st, i, pins[i], bm, c) != KVR_OK)
+            return KVR_ERR;
+    CHECK(kvr_arena_check_locked(&st->arena, bm) == KVR_OK, "arena free lists inconsistent");
+    CHECK(c->unique_blocks == sh->unique_blocks && c->total_refs == sh->total_refs &&
+              c->resident_bytes == sh->resident_bytes && c->logical_bytes == sh->logical_bytes,
+          "aggregates differ from the scan (blocks %llu/%llu refs %llu/%llu bytes %llu/%llu)",
+          (unsigned long long)c->unique_blocks, (unsigned long long)sh->unique_blocks,
+          (unsigned long long)c->total_refs, (unsigned long long)sh->total_refs,
+          (unsigned long long)c->resident_bytes, (unsigned long long)sh->resident_bytes);
+    CHECK(c->pinned_blocks == sh->pinned_entries && c->zombie_blocks == sh->zombies, "pinned/zombie counts differ");
+done:
+    return rc;
+}
+
+int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
+{
+    kvr_seg_hdr_t *h = st->seg->hdr;
+    uint32_t *pins = calloc(h->max_blocks, sizeof(uint32_t));
+    uint8_t *bm = calloc((h->npages + 7) / 8 + 1, 1);
+    kvr_store_stats_t c;
+    int rc;
+
+    /* Only the scan's own counts are filled in; every other field of out stays zero. */
+    memset(&c, 0, sizeof(c));
+    if (pins == NULL || bm == NULL) {
+        free(pins);
+        free(bm);
+        return KVR_ERR;
+    }
+    if (store_lock(st) != KVR_OK) {
+        free(pins);
+        free(bm);
+        return KVR_ERR;
+    }
+    rc = check_locked(st, pins, bm, &c);
+    store_unlock(st);
+    if (out != NULL)
+        *out = c;
     free(pins);
     free(bm);
     return rc;
