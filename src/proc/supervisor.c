@@ -378,108 +378,122 @@ static int relay_start(sup_t *s, const kvr_config_t *cfg)
     return KVR_OK;
 }
 
-int kvr_supervisor_run(const kvr_config_t *cfg)
+/* --workers, or one per online CPU; the table keeps one entry for the publisher. */
+static int worker_count(const kvr_config_t *cfg)
 {
-    static sup_t sup;
-    sup_t *s = &sup;
-    kvr_seg_config_t sc = {0};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nworkers = cfg->workers ? (int)cfg->workers : (ncpu > 0 ? (int)ncpu : 1);
+    int n = cfg->workers ? (int)cfg->workers : (ncpu > 0 ? (int)ncpu : 1);
+
+    return n > MAX_CHILDREN - 1 ? MAX_CHILDREN - 1 : n;
+}
+
+/* The segment's geometry from the flags. The filter is sized from the index capacity the
+ * layout really gives (--max-blocks 0 derives it from the arena), so a probe layout comes first. */
+static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
+{
+    kvr_seg_hdr_t probe;
+    kvr_seg_config_t c0;
+
+    sc->memory = cfg->memory;
+    sc->page_size = (uint32_t)cfg->page_size;
+    sc->max_blocks = cfg->max_blocks;
+    sc->hugepages = !strcmp(cfg->hugepages, "off") ? KVR_HUGEPAGES_OFF
+                  : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
+                                                       : KVR_HUGEPAGES_AUTO;
+    c0 = *sc;
+    if (kvr_seg_layout(&c0, &probe) != KVR_OK) {
+        kvr_error("invalid sizing: --memory %llu, --page-size %llu, --max-blocks %llu",
+                  (unsigned long long)cfg->memory, (unsigned long long)cfg->page_size,
+                  (unsigned long long)cfg->max_blocks);
+        return KVR_ERR;
+    }
+    sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
+    sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
+    sc->reset = cfg->segment_reset;
+    return KVR_OK;
+}
+
+/* Maps the segment: a new one is formatted, a kept one re-attached and repaired; then sealed. */
+static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
+{
+    uint64_t t0 = now_ms();
+
+    if (kvr_seg_create(&s->seg, sc) != KVR_OK)
+        return KVR_ERR;
+    if (s->seg.attached ? kvr_store_attach(&s->seg, s->cfg->no_evict) : kvr_store_format(&s->seg, s->cfg->no_evict))
+        return KVR_ERR;
+    kvr_seg_seal(&s->seg);
+    if (s->seg.attached)
+        kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(now_ms() - t0));
+    return KVR_OK;
+}
+
+/* The child table: one SO_REUSEPORT listener per worker (the first fixes an ephemeral port
+ * for the rest) and its wake-up eventfd; the publisher last, with no listener. */
+static int add_children(sup_t *s, int nworkers)
+{
+    const kvr_config_t *cfg = s->cfg;
     uint16_t http_port = 0, grpc_port = 0;
     int grpc_on = strcmp(cfg->grpc_bind, "off") != 0;
-    char http_name[300], grpc_name[300] = "off";
-    struct sigaction ign;
+    child_t *c;
 
-    kvr_log_set_role("supervisor");
-    kvr_proctitle_set("kvrelay: supervisor");
-    s->cfg = cfg;
-    /* The I/O engine is decided here, once, before any fork: a worker that could not make a
-     * ring would exit and be respawned forever (docs/dataplane.md, "I/O engines"). */
-    if (kvr_uring_select(cfg->io_engine) != KVR_OK)
-        return 1;
-    if (nworkers > MAX_CHILDREN - 1)
-        nworkers = MAX_CHILDREN - 1;
-
-    sc.memory = cfg->memory;
-    sc.page_size = (uint32_t)cfg->page_size;
-    sc.max_blocks = cfg->max_blocks;
-    sc.hugepages = !strcmp(cfg->hugepages, "off") ? KVR_HUGEPAGES_OFF
-                 : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
-                                                      : KVR_HUGEPAGES_AUTO;
-    {
-        kvr_seg_hdr_t probe;
-        kvr_seg_config_t c0 = sc;
-        if (kvr_seg_layout(&c0, &probe) != KVR_OK) {
-            kvr_error("invalid sizing: --memory %llu, --page-size %llu, --max-blocks %llu",
-                      (unsigned long long)cfg->memory, (unsigned long long)cfg->page_size,
-                      (unsigned long long)cfg->max_blocks);
-            return 1;
-        }
-        sc.ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
-    }
-    sc.path = cfg->segment_path[0] ? cfg->segment_path : NULL;
-    sc.reset = cfg->segment_reset;
-    {
-        uint64_t t0 = now_ms();
-        if (kvr_seg_create(&s->seg, &sc) != KVR_OK)
-            return 1;
-        if (s->seg.attached ? kvr_store_attach(&s->seg, cfg->no_evict) : kvr_store_format(&s->seg, cfg->no_evict))
-            return 1;
-        kvr_seg_seal(&s->seg);
-        if (s->seg.attached)
-            kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(now_ms() - t0));
-    }
-    if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
-        return 1;
-    if (relay_start(s, cfg) != KVR_OK)
-        return 1;
-    /* Wake-up eventfds for every process slot, made before any fork. */
-    s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    for (int i = 0; i < KVR_MAX_PROCS; i++)
-        s->fds.worker[i] = -1;
-    kvr_relay_attach(&s->relay, &s->seg, cfg, &s->fds);
-
-    /* One SO_REUSEPORT listener per worker; the first fixes an ephemeral port for the rest. */
     for (int i = 0; i < nworkers; i++) {
-        child_t *c = &s->ch[s->nch++];
+        c = &s->ch[s->nch++];
         memset(c, 0, sizeof(*c));
         c->role = KVR_ROLE_WORKER;
         c->index = i;
         c->slot = 1 + i;
         c->listen_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
         if (c->listen_fd < 0)
-            return 1;
+            return KVR_ERR;
         c->grpc_fd = -1;
         if (grpc_on && (c->grpc_fd = kvr_listen_tcp(cfg->grpc_bind, &grpc_port, 1024)) < 0)
-            return 1;
+            return KVR_ERR;
         s->fds.worker[c->slot] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     }
-    {
-        child_t *c = &s->ch[s->nch++];
-        memset(c, 0, sizeof(*c));
-        c->role = KVR_ROLE_PUBLISHER;
-        c->slot = 1 + nworkers;
-        c->listen_fd = -1;
-        c->grpc_fd = -1;
-    }
-    s->store.notify_fd = s->fds.publisher;
+    c = &s->ch[s->nch++];
+    memset(c, 0, sizeof(*c));
+    c->role = KVR_ROLE_PUBLISHER;
+    c->slot = 1 + nworkers;
+    c->listen_fd = -1;
+    c->grpc_fd = -1;
+    return KVR_OK;
+}
+
+/* Logs the bound addresses and writes --port-file (how tests find an ephemeral port). */
+static int announce_listeners(sup_t *s, int nworkers)
+{
+    const kvr_config_t *cfg = s->cfg;
+    char http_name[300], grpc_name[300] = "off";
+
     kvr_listen_name(s->ch[0].listen_fd, http_name, sizeof(http_name));
     kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
              nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
-    if (grpc_on) {
+    if (strcmp(cfg->grpc_bind, "off") != 0) {
         kvr_listen_name(s->ch[0].grpc_fd, grpc_name, sizeof(grpc_name));
         kvr_info("gRPC relay (dynamo.kvrelay.v1) on %s", grpc_name);
     }
     if (cfg->port_file[0] && write_port_file(cfg->port_file, http_name, grpc_name) != KVR_OK)
-        return 1;
+        return KVR_ERR;
+    return KVR_OK;
+}
+
+/* What readiness counts against, and the start time /metrics reports. */
+static void publish_expected(sup_t *s, int nworkers)
+{
+    struct timespec ts;
 
     atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
     atomic_store(&s->seg.hdr->ctl.publisher_expected, 1);
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        atomic_store(&s->seg.hdr->ctl.started_unix_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
-    }
+    clock_gettime(CLOCK_REALTIME, &ts);
+    atomic_store(&s->seg.hdr->ctl.started_unix_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+}
+
+/* SIGPIPE ignored; the signals the main loop takes stay blocked from here on (see the top of
+ * the file). spawn gives each child the old mask back. */
+static void block_signals(sup_t *s)
+{
+    struct sigaction ign;
 
     memset(&ign, 0, sizeof(ign));
     ign.sa_handler = SIG_IGN;
@@ -490,16 +504,44 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     sigaddset(&s->sigs, SIGINT);
     sigaddset(&s->sigs, SIGHUP);
     sigprocmask(SIG_BLOCK, &s->sigs, &s->oldmask);
+}
 
+/* Draining past the deadline: SIGKILL every child still running, and again each second. */
+static void kill_stragglers(sup_t *s, uint64_t t)
+{
+    if (t < s->drain_deadline)
+        return;
     for (int i = 0; i < s->nch; i++)
-        if (spawn(s, &s->ch[i]) != KVR_OK)
-            return 1;
+        if (s->ch[i].state == CH_RUNNING) {
+            kvr_warn("child in slot %d (pid %d) did not stop in time: killing it", s->ch[i].slot, (int)s->ch[i].pid);
+            kill(s->ch[i].pid, SIGKILL);
+        }
+    s->drain_deadline = t + 1000;
+}
 
+/* Waits up to wait_ms for one of the blocked signals and acts on it. */
+static void take_signal(sup_t *s, uint64_t wait_ms)
+{
+    struct timespec to;
+    siginfo_t si;
+    int sig;
+
+    to.tv_sec = (time_t)(wait_ms / 1000);
+    to.tv_nsec = (long)(wait_ms % 1000) * 1000000L;
+    sig = sigtimedwait(&s->sigs, &si, &to);
+    if (sig == SIGTERM || sig == SIGINT) {
+        kvr_info("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        start_drain(s);
+    } else if (sig == SIGHUP) {
+        kvr_info("SIGHUP: nothing to reload");
+    }
+}
+
+/* The main loop; returns once a drain has seen every child stop. */
+static void supervise(sup_t *s)
+{
     for (;;) {
         uint64_t t = now_ms(), wait_ms = 1000;
-        struct timespec to;
-        siginfo_t si;
-        int sig;
 
         if (!s->draining)
             wait_ms = respawn_due(s, t);
@@ -508,30 +550,53 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
             wait_ms = 250; /* sample heartbeats often enough (--hang-timeout >= 500 ms) */
         if (s->draining) {
             if (!any_running(s))
-                break;
-            if (t >= s->drain_deadline) {
-                for (int i = 0; i < s->nch; i++)
-                    if (s->ch[i].state == CH_RUNNING) {
-                        kvr_warn("child in slot %d (pid %d) did not stop in time: killing it", s->ch[i].slot,
-                                 (int)s->ch[i].pid);
-                        kill(s->ch[i].pid, SIGKILL);
-                    }
-                s->drain_deadline = t + 1000;
-            }
+                return;
+            kill_stragglers(s, t);
             wait_ms = 100;
         }
-        to.tv_sec = (time_t)(wait_ms / 1000);
-        to.tv_nsec = (long)(wait_ms % 1000) * 1000000L;
-        sig = sigtimedwait(&s->sigs, &si, &to);
-        if (sig == SIGTERM || sig == SIGINT) {
-            kvr_info("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-            start_drain(s);
-        } else if (sig == SIGHUP) {
-            kvr_info("SIGHUP: nothing to reload");
-        }
+        take_signal(s, wait_ms);
         /* SIGCHLD, a timeout or an interrupt: reap whatever is there. */
         reap_children(s);
     }
+}
+
+int kvr_supervisor_run(const kvr_config_t *cfg)
+{
+    static sup_t sup;
+    sup_t *s = &sup;
+    kvr_seg_config_t sc = {0};
+    int nworkers = worker_count(cfg);
+
+    kvr_log_set_role("supervisor");
+    kvr_proctitle_set("kvrelay: supervisor");
+    s->cfg = cfg;
+    /* The I/O engine is decided here, once, before any fork: a worker that could not make a
+     * ring would exit and be respawned forever (docs/dataplane.md, "I/O engines"). */
+    if (kvr_uring_select(cfg->io_engine) != KVR_OK)
+        return 1;
+    if (segment_config(cfg, &sc) != KVR_OK || segment_open(s, &sc) != KVR_OK)
+        return 1;
+    if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
+        return 1;
+    if (relay_start(s, cfg) != KVR_OK)
+        return 1;
+    /* Wake-up eventfds for every process slot, made before any fork. */
+    s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        s->fds.worker[i] = -1;
+    kvr_relay_attach(&s->relay, &s->seg, cfg, &s->fds);
+    if (add_children(s, nworkers) != KVR_OK)
+        return 1;
+    s->store.notify_fd = s->fds.publisher;
+    if (announce_listeners(s, nworkers) != KVR_OK)
+        return 1;
+    publish_expected(s, nworkers);
+    block_signals(s);
+
+    for (int i = 0; i < s->nch; i++)
+        if (spawn(s, &s->ch[i]) != KVR_OK)
+            return 1;
+    supervise(s);
     kvr_info("all workers stopped; exiting");
     kvr_seg_destroy(&s->seg);
     return 0;
