@@ -381,7 +381,38 @@ static int fleet_main(node_t *nodes, size_t n, const char *sid, const lookup_t *
     return rc;
 }
 
-int main(int argc, char **argv)
+/* ------------------------------------------------------------------ command line */
+
+#define WATCH_HASHES 256 /* --contains and --tokens hashes asked at once */
+
+typedef struct {
+    const char *addr, *sid, *tokens, *lora, *ns;
+    uint64_t hashes[WATCH_HASHES];
+    size_t nh;
+    double duration;
+    uint32_t block_size;
+    int eagle, quiet;
+    node_t fleet[FLEET_MAX];
+    size_t nfleet;
+    lookup_t lookups[FLEET_LOOKUPS];
+    size_t nl;
+} args_t;
+
+/* --relays N1=A1,N2=A2,...: each one as a --relay. */
+static int fleet_add_list(node_t *nodes, size_t *n, const char *arg)
+{
+    char list[4096], *save = NULL;
+
+    snprintf(list, sizeof(list), "%s", arg);
+    for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
+        if (fleet_add(nodes, n, t) < 0)
+            return -1;
+    return 0;
+}
+
+/* Fills a (zeroed by the caller) from the command line. Returns -1 to go on, else the exit
+ * status: 0 after --help, 2 for a command line in error. */
+static int parse_args(args_t *a, int argc, char **argv)
 {
     static const struct option lo[] = {{"grpc", 1, 0, 'g'},          {"subscriber-id", 1, 0, 'i'},
                                        {"duration", 1, 0, 'd'},      {"contains", 1, 0, 'c'},
@@ -391,171 +422,237 @@ int main(int argc, char **argv)
                                        {"relay", 1, 0, 'r'},         {"relays", 1, 0, 'R'},
                                        {"lookup", 1, 0, 'L'},        {"key", 1, 0, 'K'},
                                        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
-    static node_t fleet[FLEET_MAX];
-    static lookup_t lookups[FLEET_LOOKUPS];
-    size_t nfleet = 0, nl = 0;
-    const char *addr = "127.0.0.1:5561", *sid = "kvrelay-watch", *tokens = NULL, *lora = "", *ns = "";
-    uint64_t hashes[256];
-    size_t nh = 0;
-    double duration = 0, start, last_print = 0;
-    uint32_t block_size = 16;
-    int eagle = 0, quiet = 0, opt, rc = 0;
-    char err[256];
-    kvr_gclient_t *c;
-    kvr_gcall_t *call;
-    watch_t w;
-    Dynamo__Kvrelay__V1__WatchKvPoolCatalogRequest creq = DYNAMO__KVRELAY__V1__WATCH_KV_POOL_CATALOG_REQUEST__INIT;
-    Dynamo__Kvrelay__V1__SubscribeKvPoolRequest sreq = DYNAMO__KVRELAY__V1__SUBSCRIBE_KV_POOL_REQUEST__INIT;
-    Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *cat;
-    uint8_t req[4096];
-    size_t rlen;
+    int opt;
 
-    memset(&w, 0, sizeof(w));
+    a->addr = "127.0.0.1:5561";
+    a->sid = "kvrelay-watch";
+    a->lora = a->ns = "";
+    a->block_size = 16;
     while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (opt) {
-        case 'g': addr = optarg; break;
-        case 'i': sid = optarg; break;
-        case 'd': duration = atof(optarg); break;
+        case 'g': a->addr = optarg; break;
+        case 'i': a->sid = optarg; break;
+        case 'd': a->duration = atof(optarg); break;
         case 'c':
-            if (nh < 256)
-                hashes[nh++] = strtoull(optarg, NULL, 0);
+            if (a->nh < WATCH_HASHES)
+                a->hashes[a->nh++] = strtoull(optarg, NULL, 0);
             break;
-        case 't': tokens = optarg; break;
-        case 'b': block_size = (uint32_t)atoi(optarg); break;
-        case 'f': eagle = !strcmp(optarg, "eagle"); break;
-        case 'l': lora = optarg; break;
-        case 'n': ns = optarg; break;
-        case 'q': quiet = 1; break;
+        case 't': a->tokens = optarg; break;
+        case 'b': a->block_size = (uint32_t)atoi(optarg); break;
+        case 'f': a->eagle = !strcmp(optarg, "eagle"); break;
+        case 'l': a->lora = optarg; break;
+        case 'n': a->ns = optarg; break;
+        case 'q': a->quiet = 1; break;
         case 'r':
-            if (fleet_add(fleet, &nfleet, optarg) < 0)
+            if (fleet_add(a->fleet, &a->nfleet, optarg) < 0)
                 return 2;
             break;
-        case 'R': {
-            char list[4096], *save = NULL;
-            snprintf(list, sizeof(list), "%s", optarg);
-            for (char *t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
-                if (fleet_add(fleet, &nfleet, t) < 0)
-                    return 2;
+        case 'R':
+            if (fleet_add_list(a->fleet, &a->nfleet, optarg) < 0)
+                return 2;
             break;
-        }
         case 'L':
         case 'K':
-            if (nl == FLEET_LOOKUPS) {
+            if (a->nl == FLEET_LOOKUPS) {
                 fprintf(stderr, "kvrelay-watch: at most %d lookups\n", FLEET_LOOKUPS);
                 return 2;
             }
-            lookup_parse(&lookups[nl++], optarg, opt == 'K');
+            lookup_parse(&a->lookups[a->nl++], optarg, opt == 'K');
             break;
         default: usage(argv[0]); return opt == 'h' ? 0 : 2;
         }
     }
-    if (nl > 0 && nfleet == 0) {
+    if (a->nl > 0 && a->nfleet == 0) {
         fprintf(stderr, "kvrelay-watch: --lookup and --key need --relay\n");
         return 2;
     }
-    if (tokens != NULL) { /* hash the token list as a router would */
-        uint32_t tok[65536];
-        size_t nt = 0, nb;
-        uint64_t blocks[4096];
-        for (const char *p = tokens; *p && nt < 65536;) {
-            tok[nt++] = (uint32_t)strtoul(p, (char **)&p, 10);
-            if (*p == ',')
-                p++;
-        }
-        nb = kvr_kvhash_blocks(tok, nt, block_size, eagle ? KVR_KVHASH_EAGLE : KVR_KVHASH_STANDARD,
-                               kvr_kvhash_salt(lora, strlen(lora), ns, strlen(ns)), NULL, 0, blocks, 4096);
-        if (nb == (size_t)-1) {
-            fprintf(stderr, "kvrelay-watch: cannot hash the tokens\n");
-            return 2;
-        }
-        if (nb > 4096)
-            nb = 4096;
-        kvr_kvhash_seq(blocks, nb, blocks);
-        for (size_t i = 0; i < nb && nh < 256; i++)
-            hashes[nh++] = blocks[i];
-    }
+    return -1;
+}
 
-    if (nfleet > 0) {
-        for (size_t i = 0; i < nh && nl < FLEET_LOOKUPS; i++) {
-            lookups[nl].hash = hashes[i];
-            snprintf(lookups[nl++].what, sizeof(lookups[0].what), "hash");
-        }
-        return fleet_main(fleet, nfleet, sid, lookups, nl, duration, quiet);
+/* --tokens: hashes the token list as a router would and adds its blocks to the hashes asked. */
+static int hash_tokens(args_t *a)
+{
+    uint32_t tok[65536];
+    size_t nt = 0, nb;
+    uint64_t blocks[4096];
+
+    if (a->tokens == NULL)
+        return 0;
+    for (const char *p = a->tokens; *p && nt < 65536;) {
+        tok[nt++] = (uint32_t)strtoul(p, (char **)&p, 10);
+        if (*p == ',')
+            p++;
     }
-    c = kvr_gclient_connect(addr, 3000, err, sizeof(err));
-    if (c == NULL) {
-        fprintf(stderr, "kvrelay-watch: %s\n", err);
-        return 1;
+    nb = kvr_kvhash_blocks(tok, nt, a->block_size, a->eagle ? KVR_KVHASH_EAGLE : KVR_KVHASH_STANDARD,
+                           kvr_kvhash_salt(a->lora, strlen(a->lora), a->ns, strlen(a->ns)), NULL, 0, blocks, 4096);
+    if (nb == (size_t)-1) {
+        fprintf(stderr, "kvrelay-watch: cannot hash the tokens\n");
+        return -1;
     }
+    if (nb > 4096)
+        nb = 4096;
+    kvr_kvhash_seq(blocks, nb, blocks);
+    for (size_t i = 0; i < nb && a->nh < WATCH_HASHES; i++)
+        a->hashes[a->nh++] = blocks[i];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ one relay (--grpc) */
+
+/* Asks for the catalog and waits for the first one (each wait at most 5 s). 0 once it came. */
+static int fetch_catalog(kvr_gclient_t *c, const char *sid, watch_t *w)
+{
+    Dynamo__Kvrelay__V1__WatchKvPoolCatalogRequest creq = DYNAMO__KVRELAY__V1__WATCH_KV_POOL_CATALOG_REQUEST__INIT;
+    uint8_t req[4096];
+    size_t rlen;
+    kvr_gcall_t *call;
+
     creq.subscriber_id = (char *)sid;
     creq.contract_marker = MARKER;
     rlen = dynamo__kvrelay__v1__watch_kv_pool_catalog_request__pack(&creq, req);
-    call = kvr_gclient_call(c, "/dynamo.kvrelay.v1.KvEventRelay/WatchKvPoolCatalog", req, rlen, on_catalog, &w);
-    while (call != NULL && !w.catalog_seen && kvr_gclient_wait(c, call, 5000) == KVR_AGAIN)
+    call = kvr_gclient_call(c, "/dynamo.kvrelay.v1.KvEventRelay/WatchKvPoolCatalog", req, rlen, on_catalog, w);
+    while (call != NULL && !w->catalog_seen && kvr_gclient_wait(c, call, 5000) == KVR_AGAIN)
         ;
-    if (!w.catalog_seen) {
+    if (!w->catalog_seen) {
         fprintf(stderr, "kvrelay-watch: no catalog (status %d %s %s)\n", call ? call->grpc_status : -1,
                 call ? call->grpc_message : "", call ? call->reason : "");
-        return 1;
+        return -1;
     }
-    cat = dynamo__kvrelay__v1__kv_pool_catalog_update__unpack(NULL, w.catalog_len, w.catalog_bytes);
-    if (cat == NULL || cat->contract_marker != MARKER || cat->protocol_version != 1 || cat->snapshot == NULL ||
-        cat->snapshot->n_pools == 0) {
+    return 0;
+}
+
+/* The catalog's first pool: *cat is the unpacked catalog (the caller frees it), w's producer
+ * is checked and its replica made. 0 on success. */
+static int open_pool(watch_t *w, Dynamo__Kvrelay__V1__KvPoolCatalogUpdate **cat)
+{
+    Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *k;
+
+    k = *cat = dynamo__kvrelay__v1__kv_pool_catalog_update__unpack(NULL, w->catalog_len, w->catalog_bytes);
+    if (k == NULL || k->contract_marker != MARKER || k->protocol_version != 1 || k->snapshot == NULL ||
+        k->snapshot->n_pools == 0) {
         fprintf(stderr, "kvrelay-watch: the catalog has no pool\n");
-        return 1;
+        return -1;
     }
-    w.producer = cat->snapshot->pools[0]->producer;
-    if (kvr_relay_validate_producer(w.producer) != 0 ||
-        kvr_mirror_init(&w.mirror, w.producer->ckf_format->seed, w.producer->ckf_format->bucket_count,
-                        w.producer->pool_id->dc_id) != KVR_OK) {
+    w->producer = k->snapshot->pools[0]->producer;
+    if (kvr_relay_validate_producer(w->producer) != 0 ||
+        kvr_mirror_init(&w->mirror, w->producer->ckf_format->seed, w->producer->ckf_format->bucket_count,
+                        w->producer->pool_id->dc_id) != KVR_OK) {
         fprintf(stderr, "kvrelay-watch: the pool's producer identity is invalid\n");
-        return 1;
+        return -1;
     }
-    if (!quiet)
-        printf("pool: generation %" PRIu64 ", %" PRIu64 " buckets, catalog revision %" PRIu64 "\n",
-               w.producer->layout_generation, w.producer->ckf_format->bucket_count, cat->revision);
+    return 0;
+}
+
+static kvr_gcall_t *subscribe(kvr_gclient_t *c, const char *sid, watch_t *w)
+{
+    Dynamo__Kvrelay__V1__SubscribeKvPoolRequest sreq = DYNAMO__KVRELAY__V1__SUBSCRIBE_KV_POOL_REQUEST__INIT;
+    uint8_t req[4096];
+    size_t rlen;
+
     sreq.subscriber_id = (char *)sid;
-    sreq.expected_producer = w.producer;
+    sreq.expected_producer = w->producer;
     sreq.contract_marker = MARKER;
     rlen = dynamo__kvrelay__v1__subscribe_kv_pool_request__pack(&sreq, req);
-    call = kvr_gclient_call(c, "/dynamo.kvrelay.v1.KvEventRelay/SubscribeKvPool", req, rlen, on_update, &w);
-    start = now_s();
-    while (call != NULL && !call->done && !w.failed) {
+    return kvr_gclient_call(c, "/dynamo.kvrelay.v1.KvEventRelay/SubscribeKvPool", req, rlen, on_update, w);
+}
+
+/* Follows the stream until it ends, a check fails or --duration is up: a status line each
+ * second, or, with hashes asked, their answers as soon as the replica is live. */
+static void follow(kvr_gclient_t *c, kvr_gcall_t *call, watch_t *w, const args_t *a)
+{
+    double start = now_s(), last_print = 0;
+
+    while (call != NULL && !call->done && !w->failed) {
         int r = kvr_gclient_wait(c, NULL, 100);
         double t = now_s();
         if (r == KVR_ERR)
             break;
-        if (w.mirror_ready && nh > 0) {
+        if (w->mirror_ready && a->nh > 0) {
             /* one more beat so that deltas already on the wire are applied */
             kvr_gclient_wait(c, NULL, 50);
-            for (size_t i = 0; i < nh; i++)
-                printf("0x%016" PRIx64 " %s\n", hashes[i], kvr_mirror_contains(&w.mirror, hashes[i]) ? "yes" : "no");
+            for (size_t i = 0; i < a->nh; i++)
+                printf("0x%016" PRIx64 " %s\n", a->hashes[i],
+                       kvr_mirror_contains(&w->mirror, a->hashes[i]) ? "yes" : "no");
             break;
         }
-        if (!quiet && t - last_print >= 1.0 && w.mirror_ready) {
+        if (!a->quiet && t - last_print >= 1.0 && w->mirror_ready) {
             last_print = t;
             printf("seq %" PRIu64 "  fill %.2f%%  lag %.1f ms  frames %" PRIu64 "  deltas %" PRIu64 "  heartbeats %" PRIu64 "\n",
-                   w.mirror.sequence, 100.0 * fill(&w.mirror), (double)w.lag_us / 1000.0, w.frames, w.deltas,
-                   w.heartbeats);
+                   w->mirror.sequence, 100.0 * fill(&w->mirror), (double)w->lag_us / 1000.0, w->frames, w->deltas,
+                   w->heartbeats);
             fflush(stdout);
         }
-        if (duration > 0 && t - start >= duration)
+        if (a->duration > 0 && t - start >= a->duration)
             break;
     }
-    if (w.failed) {
-        fprintf(stderr, "kvrelay-watch: %s\n", w.error);
-        rc = 1;
-    } else if (call != NULL && call->done && call->grpc_status != 0) {
+}
+
+/* 1 when a check failed, the stream ended with an error status, or hashes were asked and
+ * the replica never went live. */
+static int follow_result(const kvr_gcall_t *call, const watch_t *w, size_t nh)
+{
+    if (w->failed) {
+        fprintf(stderr, "kvrelay-watch: %s\n", w->error);
+        return 1;
+    }
+    if (call != NULL && call->done && call->grpc_status != 0) {
         fprintf(stderr, "kvrelay-watch: stream ended: status %d %s %s\n", call->grpc_status, call->grpc_message,
                 call->reason);
-        rc = 1;
-    } else if (nh > 0 && !w.mirror_ready) {
-        fprintf(stderr, "kvrelay-watch: the replica never became live\n");
-        rc = 1;
+        return 1;
     }
+    if (nh > 0 && !w->mirror_ready) {
+        fprintf(stderr, "kvrelay-watch: the replica never became live\n");
+        return 1;
+    }
+    return 0;
+}
+
+static int watch_one(const args_t *a)
+{
+    Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *cat = NULL;
+    char err[256];
+    kvr_gclient_t *c;
+    kvr_gcall_t *call;
+    watch_t w;
+    int rc;
+
+    memset(&w, 0, sizeof(w));
+    c = kvr_gclient_connect(a->addr, 3000, err, sizeof(err));
+    if (c == NULL) {
+        fprintf(stderr, "kvrelay-watch: %s\n", err);
+        return 1;
+    }
+    if (fetch_catalog(c, a->sid, &w) != 0 || open_pool(&w, &cat) != 0)
+        return 1;
+    if (!a->quiet)
+        printf("pool: generation %" PRIu64 ", %" PRIu64 " buckets, catalog revision %" PRIu64 "\n",
+               w.producer->layout_generation, w.producer->ckf_format->bucket_count, cat->revision);
+    call = subscribe(c, a->sid, &w);
+    follow(c, call, &w, a);
+    rc = follow_result(call, &w, a->nh);
     dynamo__kvrelay__v1__kv_pool_catalog_update__free_unpacked(cat, NULL);
     free(w.catalog_bytes);
     kvr_mirror_destroy(&w.mirror);
     kvr_gclient_close(c);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static args_t a;
+    int rc = parse_args(&a, argc, argv);
+
+    if (rc >= 0)
+        return rc;
+    if (hash_tokens(&a) != 0)
+        return 2;
+    if (a.nfleet > 0) {
+        /* over a fleet, --contains and --tokens hashes are lookups like the others */
+        for (size_t i = 0; i < a.nh && a.nl < FLEET_LOOKUPS; i++) {
+            a.lookups[a.nl].hash = a.hashes[i];
+            snprintf(a.lookups[a.nl++].what, sizeof(a.lookups[0].what), "hash");
+        }
+        return fleet_main(a.fleet, a.nfleet, a.sid, a.lookups, a.nl, a.duration, a.quiet);
+    }
+    return watch_one(&a);
 }
