@@ -19,7 +19,7 @@
  *    its bytes are in the arena, and a visible block's bytes are never written again.
  *
  * Crash recovery: all mutations hold the one store lock. If a process dies holding it, the
- * next locker runs a full repair (kvr_store_repair_locked) that rebuilds every derived
+ * next locker runs a full repair (repair_locked in store.c) that rebuilds every derived
  * structure from the entries' states and the per-process pin tables, rolls interrupted
  * removals forward and drops interrupted inserts. The supervisor calls kvr_store_reap with
  * each dead child's pid, which does the same and frees the child's pins and reservations.

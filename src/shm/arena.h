@@ -15,7 +15,7 @@
  *  - Free is O(1) per run and coalesces with free neighbours (boundary tags), so churn
  *    returns to long runs and chains stay short.
  *
- * Crash safety: the ground truth is the chains of live index entries. kvr_arena_rebuild
+ * Crash safety: the ground truth is the chains of live index entries. kvr_arena_rebuild_locked
  * throws away every free list and rebuilds them from a scan of the used-page bitmap that
  * the caller derives from those chains. Every function here is "_locked": the caller holds
  * the store lock.
