@@ -248,7 +248,8 @@ profile() { # op sys size -- kvrelay-bench args
         [ $tool = strace ] && kill -INT $tpid 2>/dev/null
         wait $tpid 2>/dev/null || true
     done
-    perf report -i "$base.perf" --stdio --no-children --sort dso,sym 2>/dev/null | grep -v '^#' | grep . | head -25 \
+    # every symbol line (-n: with its sample count), so that the report can total the samples
+    perf report -i "$base.perf" --stdio --no-children -n --sort dso,sym 2>/dev/null | grep -v '^#' | grep . \
         > "$base.perf.txt" || true
     echo "$op $sys $size $base" >> "$PDIR/index.txt"
 }

@@ -57,20 +57,27 @@ def strace_calls(path):
     return calls
 
 
+PERF_HZ = 499  # perf record -F in scripts/bench-dataplane.sh
+
+
 def perf_shares(path):
-    """(copy %, page-fault %, top lines) of the server's samples from `perf report --sort dso,sym`."""
+    """(copy %, page-fault %, top lines, samples) of the server's samples from
+    `perf report -n --sort dso,sym` (percent, sample count, dso, symbol per line)."""
     copy = fault = 0.0
+    samples = 0
     top = []
     try:
         for line in open(path):
             f = line.split()
-            if not f or not f[0].endswith("%"):
+            if len(f) < 2 or not f[0].endswith("%"):
                 continue
             try:
                 pct = float(f[0].rstrip("%"))
+                n = int(f[1])
             except ValueError:
                 continue
-            sym = " ".join(f[1:])
+            samples += n
+            sym = " ".join(f[2:])
             if any(c in sym for c in COPY):
                 copy += pct
             elif any(c in sym for c in FAULT):
@@ -79,7 +86,18 @@ def perf_shares(path):
                 top.append(line.rstrip())
     except OSError:
         pass
-    return copy, fault, top
+    return copy, fault, top, samples
+
+
+def per_gb(samples, share_pct, run_json):
+    """CPU ms per GB of payload: perf samples (at PERF_HZ) x share over the bytes the perf run moved."""
+    try:
+        gb = moved_gb(json.load(open(run_json)))
+    except (OSError, ValueError):
+        return None
+    if gb <= 0 or samples <= 0:
+        return None
+    return samples * share_pct / 100.0 / PERF_HZ * 1000.0 / gb
 
 
 def profiles_section(w, pdir, short):
@@ -91,8 +109,12 @@ def profiles_section(w, pdir, short):
       "(calls / requests of that run; operations submitted through io_uring show only as io_uring_enter). "
       "CPU shares: `perf record -F 499` on the server's processes during another 2 s run, self time; "
       "copy = kernel and libc copy routines, fault = page-fault handling and page clearing.\n")
-    w("| op | size | store | requests | syscalls / request (top) | copy % | fault % |")
-    w("|---|---|---|---:|---|---:|---:|")
+    w("Copy and total ms per GB: the same perf run's samples (1/%d s each), the copy routines' share and all of "
+      "them, over the payload that run moved: where two stores differ in CPU per GB, these say whether the "
+      "difference is in the copy itself (e.g. a destination in memory rather than in the CPU cache) or "
+      "elsewhere.\n" % PERF_HZ)
+    w("| op | size | store | requests | syscalls / request (top) | copy % | fault % | copy ms/GB | total ms/GB |")
+    w("|---|---|---|---:|---|---:|---:|---:|---:|")
     entries = [l.split() for l in open(index) if l.strip()]
     for op, sysname, size, base in entries:
         try:
@@ -102,17 +124,86 @@ def profiles_section(w, pdir, short):
         calls = strace_calls(base + ".strace")
         top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
         per = ", ".join(f"{n} {c / reqs:.1f}" for n, c in top) if reqs else "-"
-        copy, fault, _ = perf_shares(base + ".perf.txt")
-        w(f"| {op.upper()} | {size} | {sysname} | {reqs} | {per} | {copy:.1f} | {fault:.1f} |")
+        copy, fault, _, samples = perf_shares(base + ".perf.txt")
+        cms = per_gb(samples, copy, base + ".perf.json")
+        tms = per_gb(samples, 100.0, base + ".perf.json")
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        w(f"| {op.upper()} | {size} | {sysname} | {reqs} | {per} | {copy:.1f} | {fault:.1f} | {fmt(cms)} | {fmt(tms)} |")
     w("")
     w("Where the server's CPU went (perf, top symbols by self time):\n")
     for op, sysname, size, base in entries:
-        _, _, top = perf_shares(base + ".perf.txt")
+        _, _, top, _ = perf_shares(base + ".perf.txt")
         if top:
             w(f"{op.upper()} {size} {sysname}:")
             w("```")
             w("\n".join(top))
             w("```")
+    w("")
+
+
+def perf_symbols(path):
+    """{symbol: samples} of one perf report file."""
+    out = {}
+    try:
+        for line in open(path):
+            f = line.split()
+            if len(f) < 3 or not f[0].endswith("%") or not f[1].isdigit():
+                continue
+            sym = " ".join(f[3:]) if len(f) > 3 else f[2]
+            out[sym] = out.get(sym, 0) + int(f[1])
+    except OSError:
+        pass
+    return out
+
+
+def differences_section(w, pdir):
+    """kvrelay against each profiled peer at the same op and size, in CPU ms per GB moved: the
+    copy routines, everything else, and the symbols where kvrelay spends the most beyond the
+    peer. This is the profile that explains a CPU-per-GB or throughput gap."""
+    index = os.path.join(pdir or "", "index.txt")
+    if not pdir or not os.path.exists(index):
+        return
+    bases = {(op, sysname, size): base for op, sysname, size, base in (l.split() for l in open(index) if l.strip())}
+    rows = []
+    for (op, sysname, size), base in sorted(bases.items()):
+        if sysname != "kvrelay":
+            continue
+        mine = perf_symbols(base + ".perf.txt")
+        try:
+            gb_mine = moved_gb(json.load(open(base + ".perf.json")))
+        except (OSError, ValueError):
+            continue
+        for peer in ("null", "memcached"):
+            pb = bases.get((op, peer, size))
+            if pb is None:
+                continue
+            theirs = perf_symbols(pb + ".perf.txt")
+            try:
+                gb_theirs = moved_gb(json.load(open(pb + ".perf.json")))
+            except (OSError, ValueError):
+                continue
+            if gb_mine <= 0 or gb_theirs <= 0 or not mine or not theirs:
+                continue
+            ms = lambda n, gb: n / PERF_HZ * 1000.0 / gb  # noqa: E731
+            is_copy = lambda sym: any(c in sym for c in COPY)  # noqa: E731
+            cm = ms(sum(n for k, n in mine.items() if is_copy(k)), gb_mine)
+            ct = ms(sum(n for k, n in theirs.items() if is_copy(k)), gb_theirs)
+            om = ms(sum(n for k, n in mine.items() if not is_copy(k)), gb_mine)
+            ot = ms(sum(n for k, n in theirs.items() if not is_copy(k)), gb_theirs)
+            extra = sorted(((ms(mine.get(k, 0), gb_mine) - ms(theirs.get(k, 0), gb_theirs), k)
+                            for k in set(mine) | set(theirs) if not is_copy(k)), reverse=True)[:4]
+            top = ", ".join(f"{k.split()[-1]} +{d:.0f}" for d, k in extra if d > 0) or "-"
+            rows.append(f"| {op.upper()} | {size} | {peer} | {cm:.0f} / {ct:.0f} | {om:.0f} / {ot:.0f} | {top} |")
+    if not rows:
+        return
+    w("### kvrelay against each peer, in the profiles' CPU ms per GB\n")
+    w("From the perf runs above (not figures; one 2 s run each). copy: the copy routines (for a PUT, the "
+      "kernel's receive copy into the store's memory); other: every other sample; beyond the peer: the "
+      "non-copy symbols where kvrelay spends the most more than the peer, ms per GB.\n")
+    w("| op | size | peer | copy kvrelay / peer | other kvrelay / peer | beyond the peer |")
+    w("|---|---|---|---:|---:|---|")
+    for r in rows:
+        w(r)
     w("")
 
 
@@ -294,6 +385,7 @@ def main():
         return c.replace(a.work, "$WORK").replace(a.root + "/", "")
 
     profiles_section(w, a.profiles, short)
+    differences_section(w, a.profiles)
 
     errs = [(k, errors(r)) for k, r in med.items() if errors(r)]
     if errs:
