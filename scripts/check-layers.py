@@ -12,7 +12,8 @@ the layers below it. Run by `make check-layers` (and so by `make test`).
 
 Usage: check-layers.py [SRC_DIR]   (default: src next to this script's directory)
 Prints one line per include that crosses a seam the wrong way, "file:line: ...", and exits 1 if
-there is any; 0 when the graph is clean. wire/ may not include a system header of I/O or
+there is any; 0 when the graph is clean. io/ may not touch a shared struct's fields either
+(segment header, control block, process table, any *_sh_t): it goes through shm/ and core/. wire/ may not include a system header of I/O or
 shared memory (sockets, mmap, the ring, h2o, nghttp2) either. Includes that name no file of src/ (system headers,
 generated headers outside wire/, blake3.h) are not layered.
 """
@@ -26,6 +27,10 @@ ORDER = "base < shm, wire < core < io < proc < main"
 # The remaining exceptions, each with its reason. Empty the list as they are fixed; the checker
 # never allows anything else.
 EXCEPTIONS = set()
+
+# io/ reaches shared memory only through the APIs of shm/ and core/ (docs/concurrency.md: one
+# owner per shared object): no segment header or control block, no process table, no *_sh_t.
+IO_NO_SHARED = re.compile(r'->hdr->|\bhdr->ctl\b|->ctl\.|->procs\[|\b\w+_sh_t\b|->sh->|->sh\b')
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 SYSTEM = re.compile(r'^\s*#\s*include\s*<([^>]+)>')
@@ -74,6 +79,10 @@ def check(src):
                 continue
             with open(path, encoding="utf-8", errors="replace") as f:
                 for lineno, line in enumerate(f, 1):
+                    if frm == "io" and IO_NO_SHARED.search(line.split("//")[0]):
+                        bad.append("%s:%d: io touches a shared struct (%s): use the owner's API"
+                                   % (os.path.join(src, rel), lineno, IO_NO_SHARED.search(line).group(0)))
+                        continue
                     m = SYSTEM.match(line)
                     if m and frm == "wire" and m.group(1) in WIRE_NO_SYSTEM:
                         bad.append("%s:%d: wire includes <%s>: wire is pure codecs, no I/O and no shared memory"

@@ -2,7 +2,7 @@
 # test-check-layers.sh — tests scripts/check-layers.py itself (run by `make check-layers`): on a
 # copy of src/ it must pass as src/ does, and fail, naming file:line, on each deliberately bad
 # include: a lower layer including a higher one, wire and shm including each other, an I/O
-# header in wire/. Bounded: one copy of src/, four runs of the checker.
+# header in wire/; and on io/ touching a shared struct's field. Bounded: one copy of src/, six runs of the checker.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=${1:-$here/../src}
@@ -34,5 +34,6 @@ expect_bad shm/stats.c '#include "io/uring.h"'
 expect_bad wire/cbi1.c '#include "shm/segment.h"'
 expect_bad core/config.c '#include "proc/supervisor.h"'
 expect_bad wire/json.c '#include <sys/socket.h>'
+expect_bad io/metrics.c 'static int f(kvr_seg_t *seg) { return seg->hdr->backing; }'
 "$here/check-layers.py" "$tmp/src" >/dev/null || fail "the restored copy does not pass"
 echo "test-check-layers: ok"

@@ -461,12 +461,11 @@ static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
 
 static int ready(kvr_api_t *a)
 {
-    const kvr_ctl_sh_t *c = &a->seg->hdr->ctl;
-    return !atomic_load_explicit(&c->draining, memory_order_relaxed) && !a->draining &&
-           atomic_load_explicit(&c->workers_running, memory_order_relaxed) >=
-               atomic_load_explicit(&c->workers_expected, memory_order_relaxed) &&
-           atomic_load_explicit(&c->publisher_running, memory_order_relaxed) >=
-               atomic_load_explicit(&c->publisher_expected, memory_order_relaxed);
+    kvr_seg_status_t st;
+
+    kvr_seg_status(a->seg, &st);
+    return !st.draining && !a->draining && st.workers_running >= st.workers_expected &&
+           st.publisher_running >= st.publisher_expected;
 }
 
 /* Constant-time bearer check. */

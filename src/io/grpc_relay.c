@@ -61,7 +61,7 @@ static void emit_catalog(gstream_t *s)
     up.revision = s->sent_revision;
     up.snapshot = &snap;
     up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
-    if (gen != 0 && atomic_load(&g->seg->hdr->ctl.publisher_running)) {
+    if (gen != 0 && kvr_seg_publisher_up(g->seg)) {
         kvr_relay_ident(g->relay, gen, &id);
         ep.namespace_ = ns;
         ep.component = comp;
@@ -99,6 +99,7 @@ static void emit_load(gstream_t *s)
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     kvr_relay_ident_t id;
     kvr_store_stats_t st;
+    kvr_seg_status_t ss;
 
     relay_identity(g, &rel);
     up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
@@ -112,7 +113,8 @@ static void emit_load(gstream_t *s)
         kvr_relay_ident(g->relay, gen, &id);
         e.producer = &id.producer;
         e.kv_used_blocks = st.unique_blocks;
-        e.total_kv_blocks = g->seg->hdr->max_blocks;
+        kvr_seg_status(g->seg, &ss);
+        e.total_kv_blocks = ss.max_blocks;
         e.kv_observed_ranks = 1;
         e.kv_expected_ranks = 1;
         es[0] = &e;
@@ -396,7 +398,7 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
         kvr_grpc_stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
         return;
     }
-    if (gen == 0 || !atomic_load(&g->seg->hdr->ctl.publisher_running)) {
+    if (gen == 0 || !kvr_seg_publisher_up(g->seg)) {
         kvr_grpc_stream_end(s, KVR_GRPC_UNAVAILABLE, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
                             "no publisher is running");
         return;

@@ -92,11 +92,11 @@ static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "r
  * typed gauge with that suffix, and untyped samples are scraped and queried alike, so
  * existing dashboards and alerts keep working.
  */
-static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
+static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_seg_status_t *ss)
 {
     kvr_relay_status_t rs;
     uint64_t gen;
-    int pub_up = atomic_load(&seg->hdr->ctl.publisher_running) != 0;
+    int pub_up = ss->publisher_running != 0;
     uint64_t cum = 0, count;
 
     kvr_relay_status(seg, &rs);
@@ -127,7 +127,7 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st)
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
            rs.published_seq);
     scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
-           atomic_load_explicit(&seg->hdr->ctl.publisher_restarts, memory_order_relaxed));
+           ss->publisher_restarts);
     family(o, "kvrelay_relay_publication_latency_seconds", "histogram",
            "From the first pending change-log event to the publication of its delta.");
     count = sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1);
@@ -146,11 +146,12 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
 {
     out_t o = {malloc(16384), 0, 16384, 0};
     kvr_store_stats_t s;
-    const kvr_ctl_sh_t *ctl = &seg->hdr->ctl;
+    kvr_seg_status_t ss;
 
     if (o.buf == NULL)
         return NULL;
     kvr_store_stats(st, &s);
+    kvr_seg_status(seg, &ss);
 
     family(&o, "kvrelay_http_requests_total", "counter", "HTTP requests served, by method and status.");
     for (unsigned m = 0; m < KVR_HTTP_METHODS; m++)
@@ -196,13 +197,13 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
     scalar(&o, "kvrelay_change_log_dropped_total", "counter", "Change-log events dropped on overflow (then resynced).",
            s.log_dropped);
     scalar(&o, "kvrelay_workers", "gauge", "Worker processes running.",
-           atomic_load_explicit(&ctl->workers_running, memory_order_relaxed));
+           ss.workers_running);
     scalar(&o, "kvrelay_worker_restarts_total", "counter", "Workers replaced after they died.",
-           atomic_load_explicit(&ctl->worker_restarts, memory_order_relaxed));
+           ss.worker_restarts);
     scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
-           seg->hdr->backing == KVR_BACKING_HUGETLB);
-    if (seg->hdr->ckf_buckets != 0)
-        render_relay(&o, seg, st);
+           ss.hugetlb);
+    if (ss.ckf_buckets != 0)
+        render_relay(&o, seg, st, &ss);
     if (o.oom) {
         free(o.buf);
         return NULL;

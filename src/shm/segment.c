@@ -544,3 +544,24 @@ int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid)
             return i;
     return -1;
 }
+
+void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
+{
+    const kvr_ctl_sh_t *c = &seg->hdr->ctl;
+
+    out->draining = atomic_load_explicit(&c->draining, memory_order_relaxed);
+    out->workers_expected = atomic_load_explicit(&c->workers_expected, memory_order_relaxed);
+    out->workers_running = atomic_load_explicit(&c->workers_running, memory_order_relaxed);
+    out->publisher_expected = atomic_load_explicit(&c->publisher_expected, memory_order_relaxed);
+    out->publisher_running = atomic_load_explicit(&c->publisher_running, memory_order_relaxed);
+    out->worker_restarts = atomic_load_explicit(&c->worker_restarts, memory_order_relaxed);
+    out->publisher_restarts = atomic_load_explicit(&c->publisher_restarts, memory_order_relaxed);
+    out->max_blocks = seg->hdr->max_blocks;
+    out->ckf_buckets = seg->hdr->ckf_buckets;
+    out->hugetlb = seg->hdr->backing == KVR_BACKING_HUGETLB;
+}
+
+int kvr_seg_publisher_up(const kvr_seg_t *seg)
+{
+    return atomic_load(&seg->hdr->ctl.publisher_running) != 0;
+}

@@ -197,4 +197,25 @@ static inline void *kvr_seg_at(const kvr_seg_t *seg, uint64_t off)
 
 const char *kvr_seg_backing_name(uint32_t backing);
 
+/* A copy of what the request layer reports about the processes and the segment (readiness,
+ * /metrics, the relay's RPCs), so that src/io reads no shared struct itself. Each field is
+ * one relaxed load: a status, not a consistent snapshot. */
+typedef struct {
+    uint32_t draining;
+    uint32_t workers_expected;
+    uint32_t workers_running;
+    uint32_t publisher_expected;
+    uint32_t publisher_running;
+    uint64_t worker_restarts;
+    uint64_t publisher_restarts;
+    uint64_t max_blocks;
+    uint64_t ckf_buckets;
+    int hugetlb;
+} kvr_seg_status_t;
+
+void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out);
+
+/* 1 while a publisher is running (the relay's RPCs and metrics ask this per request). */
+int kvr_seg_publisher_up(const kvr_seg_t *seg);
+
 #endif
