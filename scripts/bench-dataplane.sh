@@ -35,7 +35,8 @@
 # --variant NAME=ARGS: one more kvrelay, named NAME in the report, run with ARGS added (e.g.
 # --variant "kvrelay-hp=--hugepages require" or --variant "kvrelay-zc=--send-zc-min 1M"); its
 # figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
-# sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit).
+# sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit); the
+# default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
 # by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure,
 # the targets, the commands, versions) and name=value lines on stdout.
@@ -154,9 +155,13 @@ start_store() { # system size
         cmd=("$NULL" --bind "127.0.0.1:$PORT" --workers 2 --get-size "$size")
         PROTO=http ;;
     kvrelay*)
-        # shellcheck disable=SC2207
+        # The default kvrelay takes reserved huge pages when there are any: with --hugepages
+        # (reserved for a variant) it is told not to, so that its figures stay those of a
+        # machine without reserved pages, and the variant alone shows what the pages give.
+        [ "$sys" = kvrelay ] && [ -n "$HUGEPAGES" ] && u="--hugepages off"
+        # shellcheck disable=SC2207,SC2206
         cmd=("$ROOT/build/kvrelay-supervisor" --http-bind "127.0.0.1:$PORT" --grpc-bind off --memory "$MEM"
-             --shutdown-grace 2s --log-level warn $(variant_args "$sys"))
+             --shutdown-grace 2s --log-level warn $u $(variant_args "$sys"))
         PROTO=http ;;
     memcached)
         [ "$(id -u)" -eq 0 ] && u="-u nobody"
