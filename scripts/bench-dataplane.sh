@@ -7,8 +7,9 @@
 #                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
 #                              [--hugepages COUNT]
 #
-# For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB) and every store, one store at a time,
-# started fresh (so one store's memory never weighs on another's run):
+# For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB), every repetition and every store, one
+# store at a time, started fresh (so one store's memory never weighs on another's run, and each
+# median is over as many server instances as repetitions):
 #   1. warm:  PUT the GET set (64 keys below 32 MiB, 16 from 32 MiB), then GET it for a moment
 #             (not measured)
 #   2. GET:   16 connections, GETs of those resident blocks, every body verified (XXH3)
@@ -277,42 +278,43 @@ evictions() { # system size
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$(date +%s)
+# Every repetition starts every store afresh, in turn (null, kvrelay, ..., redis, then the next
+# repetition): on this VM a figure depends on the server instance (where its memory landed) by
+# up to 1.5x, and on the minute by less, so each median is over R instances spread over the run.
 for size in $SIZES; do
     b=$(bytes_of "$size")
     keys=64; [ "$b" -ge $((32 << 20)) ] && keys=16
     fill=$(( (MEMB * 3 / 2 + b - 1) / b ))
-    for sys in $SYSTEMS; do
-        start_store "$sys" "$size"
-        pre=$sys-$size-get
-        bench warm "$sys" "$size" $CONNS 0 --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
-        for rep in $(seq 1 $REPS); do
+    for rep in $(seq 1 $REPS); do
+        for sys in $SYSTEMS; do
+            start_store "$sys" "$size"
+            pre=$sys-$size-get
+            bench warm "$sys" "$size" $CONNS "$rep" --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
             bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
-        done
-        if [ "$PROFILE" = 1 ] && [ "$sys" != redis ]; then
-            profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
-        fi
-        [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
-        bench fill "$sys" "$size" $CONNS 0 --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \
-            --requests $fill --duration 120 --timeout 30
-        for rep in $(seq 1 $REPS); do
+            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ] && [ "$sys" != redis ]; then
+                profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
+            fi
+            [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
+            bench fill "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \
+                --requests $fill --duration 120 --timeout 30
             bench put "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-put-$rep" \
                 --duration $DUR --timeout 30
+            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ] && [ "$sys" != redis ]; then
+                profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
+            fi
+            [ "$rep" = 1 ] && evictions "$sys" "$size" >> "$WORK/evictions.txt"
+            stop_store
         done
-        if [ "$PROFILE" = 1 ] && [ "$sys" != redis ]; then
-            profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
-        fi
-        evictions "$sys" "$size" >> "$WORK/evictions.txt"
-        stop_store
     done
 done
-for sys in null kvrelay$VNAMES memcached; do
-    start_store "$sys" 16K
-    pre=$sys-16K-get
-    bench warm "$sys" 16K 64 0 --workload get --preload --keys 256 --key-prefix "$pre" --duration $WARM
-    for rep in $(seq 1 $REPS); do
+for rep in $(seq 1 $REPS); do
+    for sys in null kvrelay$VNAMES memcached; do
+        start_store "$sys" 16K
+        pre=$sys-16K-get
+        bench warm "$sys" 16K 64 "$rep" --workload get --preload --keys 256 --key-prefix "$pre" --duration $WARM
         bench get "$sys" 16K 64 "$rep" --workload get --keys 256 --key-prefix "$pre" --duration $DUR
+        stop_store
     done
-    stop_store
 done
 ELAPSED=$(( $(date +%s) - T0 ))
 

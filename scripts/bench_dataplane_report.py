@@ -240,11 +240,12 @@ def main():
     w(f"Mode: {mode} ({a.reps} repetition(s) of {a.duration} s per figure, the median by GB/s); "
       f"store memory {a.memory}; the whole run took {a.elapsed} s. Every store is driven by `kvrelay-bench` "
       "over loopback (every GET body verified by XXH3), one store at a time, each started fresh for every "
-      "block size. The null server (`bench/null_server.c`) stores nothing: its GET answers the expected bytes "
+      "block size and repetition, the stores taking turns (so a median is over as many server instances, "
+      "spread over the run). The null server (`bench/null_server.c`) stores nothing: its GET answers the expected bytes "
       "from one preallocated pool, its PUT receives the body into a 256 KiB scratch buffer — the ceiling of "
       "this client on this machine.\n")
     w(f"Run: `{a.invocation}`\n")
-    w("Method per block size and store: PUT the GET set and read it for a moment (unmeasured); **GET** of those "
+    w("Method per block size, repetition and store: PUT the GET set and read it for a moment (unmeasured); **GET** of those "
       "resident blocks; **fill**: PUT new keys worth 1.5x the store's memory (unmeasured for the targets, shown "
       "below: it pays this VM's first-touch page faults and fills the store); **PUT** of new keys, the store "
       "full and evicting. Server CPU: utime+stime of the server's whole process tree (kvrelay: supervisor and "
