@@ -33,6 +33,7 @@ typedef struct {
     uint64_t idle_timeout_ms;
     uint64_t io_timeout_ms;
     uint64_t max_inflight_bytes;
+    uint64_t recv_lowat;                /* 0: off; else SO_RCVLOWAT while a PUT body is received */
     uint64_t send_zc_min;               /* 0: off; else GET bodies >= this use SENDMSG_ZC */
     uint64_t h2o_max_connections;
     uint64_t h2o_max_body;

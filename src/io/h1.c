@@ -76,6 +76,7 @@ struct h1c_s {
     uint8_t sent100;
     uint8_t sniff_wait;   /* peeked, waiting for a decision at the next tick */
     uint8_t post_drain;   /* consuming the body of a request answered from its head */
+    uint8_t lowat;        /* SO_RCVLOWAT is raised (--recv-lowat) for this body's receive */
     kvr_uring_op_t rop, wop;
     uint64_t last_ms;     /* last byte moved, or the state began */
     uint64_t linger_until;
@@ -800,6 +801,47 @@ static int chunked_grow(h1c_t *c, size_t need)
 
 /* ------------------------------------------------------------------ reads */
 
+/* --recv-lowat L: while a PUT body is received, the socket wakes the ring (and so the
+ * receive's retry, and the window update it sends) once L bytes are queued instead of once per
+ * arriving segment. A receive must never wait for bytes that will not come, so the raised mark
+ * covers the body but its last L bytes: those, and every other read, run at the default mark
+ * of 1. Returns the bytes the next body receive may ask for. */
+static uint64_t body_lowat(h1c_t *c, uint64_t want)
+{
+    uint64_t l = c->s->cfg->recv_lowat;
+    int v;
+
+    if (l > 0 && want >= 2 * l) {
+        if (!c->lowat) {
+            v = (int)l;
+            if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) == 0)
+                c->lowat = 1;
+        }
+        return c->lowat ? want - l : want;
+    }
+    if (c->lowat) {
+        v = 1;
+        setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v));
+        c->lowat = 0;
+    }
+    return want;
+}
+
+/* Caps iov[0..n) at max bytes in all; returns the new count. */
+static int iov_cap(struct iovec *iov, int n, uint64_t max)
+{
+    uint64_t sum = 0;
+
+    for (int i = 0; i < n; i++) {
+        if (sum + iov[i].iov_len >= max) {
+            iov[i].iov_len = max - sum;
+            return iov[i].iov_len > 0 ? i + 1 : i;
+        }
+        sum += iov[i].iov_len;
+    }
+    return n;
+}
+
 static void conn_read(h1c_t *c)
 {
     kvr_h1_t *s = c->s;
@@ -810,6 +852,8 @@ static void conn_read(h1c_t *c)
         conn_close(c);
         return;
     }
+    if (c->lowat && c->state != ST_BODY)
+        body_lowat(c, 0);
     switch (c->state) {
     case ST_SNIFF:
         rc = kvr_uring_recv_flags(&s->ring, c->fd, c->hbuf, H2_PREFACE_LEN, MSG_PEEK, &c->rop);
@@ -826,6 +870,8 @@ static void conn_read(h1c_t *c)
         memset(&c->msg, 0, sizeof(c->msg));
         c->msg.msg_iov = c->iov;
         c->msg.msg_iovlen = kvr_api_txn_iov(s->api, &c->res, c->body_got, c->iov, H1_IOV);
+        if (s->cfg->recv_lowat > 0 || c->lowat)
+            c->msg.msg_iovlen = iov_cap(c->iov, (int)c->msg.msg_iovlen, body_lowat(c, c->body_len - c->body_got));
         /* One completion for the body (or the 64 spans of this batch): the kernel waits for all
          * of it; progress in between is seen through TCP_INFO (moved()). */
         rc = kvr_uring_recvmsg(&s->ring, c->fd, &c->msg, MSG_WAITALL, &c->rop);
