@@ -315,9 +315,11 @@ static int ep_try(kvr_uring_op_t *op)
         return n >= 0 ? (int)n : -errno;
     }
     /* MSG_WAITALL: as io_uring does, keep going until all of it moved, then complete once; EOF
-     * or an error after some progress completes with the progress. A short transfer means the
-     * socket's buffer is drained (or full): wait for the next readiness instead of calling
-     * again for the EAGAIN. */
+     * or an error after some progress completes with the progress. A short send means the
+     * socket's buffer is full: wait for the next readiness instead of calling again for the
+     * EAGAIN. A short receive does not prove the buffer drained: the peer's FIN may have come
+     * with the data (edge-triggered, no edge follows it), so the next call must run to see the
+     * EOF, or the op would wait for an edge that never comes. */
     for (int i = 0; i < EP_TRIES; i++) {
         size_t want = op->len - op->done;
         n = ep_msg_call(op);
@@ -332,7 +334,7 @@ static int ep_try(kvr_uring_op_t *op)
         ep_msg_advance(op, (size_t)n);
         if (op->done >= op->len)
             return (int)op->done;
-        if ((size_t)n < want)
+        if ((size_t)n < want && op->kind == OP_SENDMSG)
             return -EAGAIN;
     }
     return -EAGAIN;

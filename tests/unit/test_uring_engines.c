@@ -195,6 +195,39 @@ BOTH(waitall_eof_after_partial)
     kvr_uring_exit(u);
 }
 
+/* The waiting op's socket has SO_RCVLOWAT raised (as h1's --recv-lowat does): the peer's
+ * 1000 bytes stay queued under the mark (no readiness), then its FIN comes with them as one
+ * edge. The op must still complete with the 1000 bytes: a receive that took the short read as
+ * "drained" and waited for another edge would wait for ever. */
+BOTH(waitall_eof_with_bytes_under_a_raised_lowat)
+{
+    kvr_uring_t *u = start(engine);
+    char buf[1 << 20];
+    struct iovec iov = {buf, sizeof(buf)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    int lowat = 256 << 10;
+    done_t d;
+    int s, c;
+
+    tcp_pair(&s, &c);
+    cr_assert_eq(setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat)), 0);
+    done_init(&d);
+    cr_assert_eq(kvr_uring_recvmsg(u, s, &msg, MSG_WAITALL, &d.op), KVR_OK);
+    for (int i = 0; i < 5; i++)
+        turn(u, 5);
+    memset(buf, 7, 1000);
+    cr_assert_eq(write(c, buf, 1000), 1000);
+    for (int i = 0; i < 10; i++)
+        turn(u, 5);
+    cr_assert_eq(d.calls, 0, "completed under the low-water mark");
+    shutdown(c, SHUT_WR);
+    run_until(u, &d);
+    cr_assert_eq(d.res, 1000);
+    close(c);
+    close(s);
+    kvr_uring_exit(u);
+}
+
 /* An 8 MiB sendmsg with MSG_WAITALL (far beyond the socket buffer), the peer reading as it
  * goes: one completion with all of it, the bytes intact. */
 BOTH(waitall_sendmsg_beyond_the_socket_buffer)
