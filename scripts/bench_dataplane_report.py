@@ -89,15 +89,26 @@ def perf_shares(path):
     return copy, fault, top, samples
 
 
-def per_gb(samples, share_pct, run_json):
-    """CPU ms per GB of payload: perf samples (at PERF_HZ) x share over the bytes the perf run moved."""
+def run_gb(run_json):
+    """GB of payload a profiled run moved (kvrelay-bench's --json), or None."""
     try:
         gb = moved_gb(json.load(open(run_json)))
     except (OSError, ValueError):
         return None
-    if gb <= 0 or samples <= 0:
+    return gb if gb > 0 else None
+
+
+def ms_per_gb(samples, gb):
+    """CPU ms per GB: perf samples (at PERF_HZ) over the payload moved."""
+    return samples / PERF_HZ * 1000.0 / gb
+
+
+def per_gb(samples, share_pct, run_json):
+    """CPU ms per GB of payload: perf samples x share over the bytes the perf run moved."""
+    gb = run_gb(run_json)
+    if gb is None or samples <= 0:
         return None
-    return samples * share_pct / 100.0 / PERF_HZ * 1000.0 / gb
+    return ms_per_gb(samples * share_pct / 100.0, gb)
 
 
 def profiles_section(w, pdir, short):
@@ -168,23 +179,15 @@ def differences_section(w, pdir):
     for (op, sysname, size), base in sorted(bases.items()):
         if sysname != "kvrelay":
             continue
-        mine = perf_symbols(base + ".perf.txt")
-        try:
-            gb_mine = moved_gb(json.load(open(base + ".perf.json")))
-        except (OSError, ValueError):
-            continue
+        mine, gb_mine = perf_symbols(base + ".perf.txt"), run_gb(base + ".perf.json")
         for peer in ("null", "memcached"):
             pb = bases.get((op, peer, size))
             if pb is None:
                 continue
-            theirs = perf_symbols(pb + ".perf.txt")
-            try:
-                gb_theirs = moved_gb(json.load(open(pb + ".perf.json")))
-            except (OSError, ValueError):
+            theirs, gb_theirs = perf_symbols(pb + ".perf.txt"), run_gb(pb + ".perf.json")
+            if gb_mine is None or gb_theirs is None or not mine or not theirs:
                 continue
-            if gb_mine <= 0 or gb_theirs <= 0 or not mine or not theirs:
-                continue
-            ms = lambda n, gb: n / PERF_HZ * 1000.0 / gb  # noqa: E731
+            ms = ms_per_gb
             is_copy = lambda sym: any(c in sym for c in COPY)  # noqa: E731
             cm = ms(sum(n for k, n in mine.items() if is_copy(k)), gb_mine)
             ct = ms(sum(n for k, n in theirs.items() if is_copy(k)), gb_theirs)
