@@ -24,6 +24,7 @@
 typedef struct {
     int publisher;
     int worker[KVR_MAX_PROCS]; /* by process slot; -1 where none */
+    int accept[KVR_MAX_PROCS]; /* by process slot: a worker's turn to accept (io/h1.c) */
 } kvr_relay_fds_t;
 
 typedef struct {

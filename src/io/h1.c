@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <linux/tcp.h> /* struct tcp_info with the byte counters */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
 #define H1_OUT_MAX      512 /* response head */
 #define H1_LINGER_MS    2000
 #define H1_ACCEPT_PAUSE_MS 100
+#define H1_ACCEPT_SLACK 1      /* connections held beyond the least loaded worker's, still accepting */
+#define H1_ACCEPT_STALL_MS 200 /* a worker given the turn whose loop has not moved for this long is passed over */
 #define H1_RETRY_AFTER  "1"
 
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -51,6 +54,12 @@ struct kvr_h1_s {
     int draining;
     uint64_t accept_paused_until;
     int fd_exhausted;     /* logged once per episode */
+    const int *accept_fds; /* by process slot: the eventfd that gives a worker the turn */
+    int parked;           /* not accepting: the turn was given to a less loaded worker */
+    int yield_to;         /* the worker last given the turn ... */
+    uint64_t yield_hb;    /* ... its heartbeat when last seen moving ... */
+    uint64_t yield_ms;    /* ... and when */
+    uint32_t published;   /* our connection count as last stored in our process slot */
     char scratch[64];     /* a valid address for recv(MSG_TRUNC), which discards without copying */
     h1c_t *conns;         /* every open connection */
     uint64_t nconns;
@@ -1020,6 +1029,61 @@ static void arm_accept(kvr_h1_t *s)
         s->accepting = 1;
 }
 
+/* 1 when the worker in slot `to`, given the turn, has not looped for H1_ACCEPT_STALL_MS (or no
+ * longer serves): we accept in its place. */
+static int turn_stalled(kvr_h1_t *s, int to, uint64_t t)
+{
+    uint32_t conns;
+    uint64_t hb;
+
+    if (!kvr_seg_worker_load(s->api->seg, to, &conns, &hb))
+        return 1;
+    if (to != s->yield_to || hb != s->yield_hb) {
+        s->yield_to = to;
+        s->yield_hb = hb;
+        s->yield_ms = t;
+        return 0;
+    }
+    return t - s->yield_ms >= H1_ACCEPT_STALL_MS;
+}
+
+/*
+ * Accept turns (docs/concurrency.md): publishes our connection count, then accepts while we
+ * hold at most H1_ACCEPT_SLACK more than the least loaded worker; past that, once our accept
+ * in flight has completed, we stop and wake that worker, which then takes the turn. Called
+ * after each accept, when our count changes, when woken, and every tick.
+ */
+static void accept_turn(kvr_h1_t *s)
+{
+    uint32_t n = (uint32_t)(s->nconns + kvr_http_connections(s->http));
+    int to;
+
+    if (n != s->published) {
+        kvr_seg_set_conns(s->api->seg, n);
+        s->published = n;
+    }
+    if (s->draining || s->fd_exhausted)
+        return;
+    to = kvr_seg_accept_yield(s->api->seg, n, H1_ACCEPT_SLACK);
+    if (to < 0 || turn_stalled(s, to, now_ms())) {
+        s->parked = 0;
+        arm_accept(s);
+    } else if (!s->parked && !s->accepting) {
+        uint64_t one = 1;
+        s->parked = 1;
+        (void)!write(s->accept_fds[to], &one, sizeof(one));
+    }
+}
+
+static void on_turn(void *data)
+{
+    kvr_h1_t *s = data;
+    uint64_t v;
+
+    (void)!read(s->accept_fds[s->api->seg->slot], &v, sizeof(v));
+    accept_turn(s);
+}
+
 static void on_accept(kvr_uring_op_t *op, int res)
 {
     kvr_h1_t *s = op->data;
@@ -1034,7 +1098,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
             close(res);
         else
             conn_new(s, res);
-        arm_accept(s);
+        accept_turn(s);
         return;
     }
     if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
@@ -1057,7 +1121,8 @@ static void on_ring(void *data)
     kvr_uring_flush(&s->ring);
 }
 
-kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd)
+kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
+                        const int *accept_fds)
 {
     kvr_h1_t *s = calloc(1, sizeof(*s));
 
@@ -1067,13 +1132,16 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
     s->api = api;
     s->http = http;
     s->listen_fd = listen_fd;
+    s->accept_fds = accept_fds;
+    s->yield_to = -1;
     if (kvr_uring_init(&s->ring, 1024) != KVR_OK) {
         free(s);
         return NULL;
     }
     s->accept_op.cb = on_accept;
     s->accept_op.data = s;
-    if (kvr_http_watch_fd(http, s->ring.efd, on_ring, s) != KVR_OK) {
+    if (kvr_http_watch_fd(http, s->ring.efd, on_ring, s) != KVR_OK ||
+        kvr_http_watch_fd(http, accept_fds[api->seg->slot], on_turn, s) != KVR_OK) {
         kvr_uring_exit(&s->ring);
         free(s);
         return NULL;
@@ -1088,6 +1156,8 @@ void kvr_h1_flush(kvr_h1_t *s)
 {
     if (s->wait_head != NULL)
         wake_waiters(s);
+    if (s->nconns + kvr_http_connections(s->http) != s->published)
+        accept_turn(s);
     kvr_uring_flush(&s->ring);
 }
 
@@ -1134,6 +1204,22 @@ static void wake_waiters(kvr_h1_t *s)
             break;
 }
 
+/* Every tick while our accept is in flight: a connection that waits in the listener's queue
+ * means the wake-up went to a worker that does not run (stopped, or stuck in a long
+ * operation: the kernel wakes one waiter of a shared listener, and that one's accept runs only
+ * when its process does). We take it here, within a tick, instead of leaving it there. */
+static void accept_queued(kvr_h1_t *s)
+{
+    struct pollfd p = {.fd = s->listen_fd, .events = POLLIN};
+    int fd;
+
+    if (!s->accepting || s->draining || s->listen_fd < 0 || poll(&p, 1, 0) != 1)
+        return;
+    fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0)
+        conn_new(s, fd);
+}
+
 void kvr_h1_tick(kvr_h1_t *s)
 {
     uint64_t t = now_ms();
@@ -1141,6 +1227,8 @@ void kvr_h1_tick(kvr_h1_t *s)
 
     if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
         arm_accept(s);
+    accept_queued(s);
+    accept_turn(s);
     for (c = s->conns; c != NULL; c = next) {
         next = c->next;
         if (c->closing)

@@ -1,7 +1,8 @@
 /*
  * h1.h — cleartext HTTP/1.1 on the worker's io_uring: the data plane's fast path.
  *
- * Every connection of the worker's listener is accepted here (IORING_OP_ACCEPT). Its first
+ * Every connection the worker takes from the shared listener is accepted here
+ * (IORING_OP_ACCEPT; the workers take turns by load, see kvr_seg_accept_yield). Its first
  * bytes are looked at without being consumed (MSG_PEEK): a TLS ClientHello or the HTTP/2
  * preface hands the socket to h2o (http.c) with no byte lost; everything else is served here.
  *
@@ -34,8 +35,11 @@
 
 typedef struct kvr_h1_s kvr_h1_t;
 
-/* Serves listen_fd on a ring of its own whose completions join the h2o loop of http. */
-kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd);
+/* Serves listen_fd, which every worker shares, on a ring of its own whose completions join
+ * the h2o loop of http. accept_fds holds every worker's turn eventfd by process slot (ours at
+ * api->seg->slot): see accept_turn in h1.c. */
+kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
+                        const int *accept_fds);
 
 /* Pushes queued submissions; the worker calls it once per loop iteration. */
 void kvr_h1_flush(kvr_h1_t *s);

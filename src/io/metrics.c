@@ -200,6 +200,14 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
            ss.workers_running);
     scalar(&o, "kvrelay_worker_restarts_total", "counter", "Workers replaced after they died.",
            ss.worker_restarts);
+    family(&o, "kvrelay_worker_connections", "gauge",
+           "Client connections each serving worker holds, by process slot (workers take turns accepting by it).");
+    for (int i = 0; i < KVR_MAX_PROCS; i++) {
+        uint32_t conns;
+        uint64_t hb;
+        if (kvr_seg_worker_load(seg, i, &conns, &hb))
+            emit(&o, "kvrelay_worker_connections{slot=\"%d\"} %u\n", i, conns);
+    }
     scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
            ss.hugetlb);
     if (ss.ckf_buckets != 0)

@@ -21,8 +21,10 @@
  *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
  *    second after the grace. Exit 0.
  *
- * Each worker owns one SO_REUSEPORT listening socket of the group; the supervisor keeps the
- * socket of a dead worker open for its replacement so no queued connection is reset.
+ * The workers share one HTTP listening socket, which the supervisor keeps open, so a dead
+ * worker's replacement loses no queued connection; they take turns at it by the connections
+ * each holds (io/h1.c, docs/concurrency.md "Accept turns"). Each worker owns one gRPC
+ * listener of a SO_REUSEPORT group; the supervisor keeps a dead worker's for its replacement.
  */
 #include "proc/supervisor.h"
 
@@ -58,7 +60,6 @@ typedef struct {
     int index; /* worker number */
     int slot;  /* process slot in the segment */
     pid_t pid;
-    int listen_fd;
     int grpc_fd;
     uint64_t started_ms;
     uint64_t respawn_at;
@@ -78,6 +79,7 @@ typedef struct {
     kvr_relay_fds_t fds;
     child_t ch[MAX_CHILDREN];
     int nch;
+    int http_fd; /* the workers' one HTTP listener */
     int draining;
     uint64_t drain_deadline;
     sigset_t sigs, oldmask;
@@ -99,14 +101,13 @@ static int spawn(sup_t *s, child_t *c)
         return KVR_ERR;
     }
     if (pid == 0) {
-        /* Close the other children's listeners: only ours may accept here. */
+        /* Close the other children's gRPC listeners (only ours may accept here), and the
+         * HTTP one in the publisher. */
         for (int i = 0; i < s->nch; i++)
-            if (&s->ch[i] != c) {
-                if (s->ch[i].listen_fd >= 0)
-                    close(s->ch[i].listen_fd);
-                if (s->ch[i].grpc_fd >= 0)
-                    close(s->ch[i].grpc_fd);
-            }
+            if (&s->ch[i] != c && s->ch[i].grpc_fd >= 0)
+                close(s->ch[i].grpc_fd);
+        if (c->role == KVR_ROLE_PUBLISHER)
+            close(s->http_fd);
         sigprocmask(SIG_SETMASK, &s->oldmask, NULL);
         if (c->role == KVR_ROLE_PUBLISHER)
             kvr_proctitle_set("kvrelay: publisher");
@@ -114,7 +115,7 @@ static int spawn(sup_t *s, child_t *c)
             kvr_proctitle_set("kvrelay: worker %d", c->index);
         if (c->role == KVR_ROLE_PUBLISHER)
             kvr_publisher_main(s->cfg, &s->seg, c->slot, &s->fds);
-        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, c->listen_fd, c->grpc_fd, &s->fds);
+        kvr_worker_main(s->cfg, &s->seg, c->index, c->slot, s->http_fd, c->grpc_fd, &s->fds);
     }
     c->pid = pid;
     c->state = CH_RUNNING;
@@ -311,12 +312,12 @@ static void start_drain(sup_t *s)
     s->drain_deadline = now_ms() + s->cfg->shutdown_grace_ms + 1000;
     atomic_store(&s->seg.hdr->ctl.draining, 1);
     kvr_info("draining: stopping %d processes (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
+    if (s->http_fd >= 0) {
+        close(s->http_fd);
+        s->http_fd = -1;
+    }
     for (int i = 0; i < s->nch; i++) {
         child_t *c = &s->ch[i];
-        if (c->listen_fd >= 0) {
-            close(c->listen_fd);
-            c->listen_fd = -1;
-        }
         if (c->grpc_fd >= 0) {
             close(c->grpc_fd);
             c->grpc_fd = -1;
@@ -428,8 +429,9 @@ static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
     return KVR_OK;
 }
 
-/* The child table: one SO_REUSEPORT listener per worker (the first fixes an ephemeral port
- * for the rest) and its wake-up eventfd; the publisher last, with no listener. */
+/* The child table: the workers' one HTTP listener; per worker a gRPC listener of a
+ * SO_REUSEPORT group (the first fixes an ephemeral port for the rest) and its wake-up
+ * eventfds; the publisher last, with no listener. */
 static int add_children(sup_t *s, int nworkers)
 {
     const kvr_config_t *cfg = s->cfg;
@@ -437,25 +439,25 @@ static int add_children(sup_t *s, int nworkers)
     int grpc_on = strcmp(cfg->grpc_bind, "off") != 0;
     child_t *c;
 
+    s->http_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
+    if (s->http_fd < 0)
+        return KVR_ERR;
     for (int i = 0; i < nworkers; i++) {
         c = &s->ch[s->nch++];
         memset(c, 0, sizeof(*c));
         c->role = KVR_ROLE_WORKER;
         c->index = i;
         c->slot = 1 + i;
-        c->listen_fd = kvr_listen_tcp(cfg->http_bind, &http_port, 1024);
-        if (c->listen_fd < 0)
-            return KVR_ERR;
         c->grpc_fd = -1;
         if (grpc_on && (c->grpc_fd = kvr_listen_tcp(cfg->grpc_bind, &grpc_port, 1024)) < 0)
             return KVR_ERR;
         s->fds.worker[c->slot] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        s->fds.accept[c->slot] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     }
     c = &s->ch[s->nch++];
     memset(c, 0, sizeof(*c));
     c->role = KVR_ROLE_PUBLISHER;
     c->slot = 1 + nworkers;
-    c->listen_fd = -1;
     c->grpc_fd = -1;
     return KVR_OK;
 }
@@ -466,7 +468,7 @@ static int announce_listeners(sup_t *s, int nworkers)
     const kvr_config_t *cfg = s->cfg;
     char http_name[300], grpc_name[300] = "off";
 
-    kvr_listen_name(s->ch[0].listen_fd, http_name, sizeof(http_name));
+    kvr_listen_name(s->http_fd, http_name, sizeof(http_name));
     kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
              nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
     if (strcmp(cfg->grpc_bind, "off") != 0) {
@@ -583,7 +585,8 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
     /* Wake-up eventfds for every process slot, made before any fork. */
     s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     for (int i = 0; i < KVR_MAX_PROCS; i++)
-        s->fds.worker[i] = -1;
+        s->fds.worker[i] = s->fds.accept[i] = -1;
+    s->http_fd = -1;
     kvr_relay_attach(&s->relay, &s->seg, cfg, &s->fds);
     if (add_children(s, nworkers) != KVR_OK)
         return 1;

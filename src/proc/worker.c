@@ -71,7 +71,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     http = kvr_http_create(cfg, &api);
     if (http == NULL)
         _exit(70);
-    h1 = kvr_h1_create(cfg, &api, http, listen_fd);
+    h1 = kvr_h1_create(cfg, &api, http, listen_fd, fds->accept);
     if (h1 == NULL)
         _exit(70);
     if (grpc_fd >= 0) {

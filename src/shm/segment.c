@@ -371,6 +371,7 @@ static void attach_reset(kvr_seg_t *seg, uint32_t backing)
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
         atomic_store_explicit(&seg->procs[i].pid, 0, memory_order_relaxed);
         atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
+        atomic_store_explicit(&seg->procs[i].conns, 0, memory_order_relaxed);
         atomic_store_explicit(&seg->procs[i].state, KVR_PROC_FREE, memory_order_relaxed);
     }
 }
@@ -511,6 +512,7 @@ int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role)
         if (atomic_compare_exchange_strong(&seg->procs[i].state, &expect, KVR_PROC_ACTIVE)) {
             atomic_store_explicit(&seg->procs[i].pid, me, memory_order_release);
             atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
+            atomic_store_explicit(&seg->procs[i].conns, 0, memory_order_relaxed);
             seg->procs[i].role = role;
             seg->slot = i;
             return i;
@@ -531,6 +533,7 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role)
     }
     atomic_store_explicit(&seg->procs[slot].pid, (int32_t)getpid(), memory_order_release);
     atomic_store_explicit(&seg->procs[slot].ready, 0, memory_order_relaxed);
+    atomic_store_explicit(&seg->procs[slot].conns, 0, memory_order_relaxed);
     seg->procs[slot].role = role;
     seg->slot = slot;
     return slot;
@@ -564,4 +567,39 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
 int kvr_seg_publisher_up(const kvr_seg_t *seg)
 {
     return atomic_load(&seg->hdr->ctl.publisher_running) != 0;
+}
+
+void kvr_seg_set_conns(kvr_seg_t *seg, uint32_t n)
+{
+    if (seg->slot >= 0)
+        atomic_store_explicit(&seg->procs[seg->slot].conns, n, memory_order_relaxed);
+}
+
+int kvr_seg_worker_load(const kvr_seg_t *seg, int slot, uint32_t *conns, uint64_t *heartbeat)
+{
+    const kvr_proc_sh_t *p = &seg->procs[slot];
+
+    /* role is written before ready is released (kvr_seg_proc_claim_at, then the worker's
+     * store of ready), so an acquired ready makes it safe to read */
+    if (!atomic_load_explicit(&p->ready, memory_order_acquire) || p->role != KVR_ROLE_WORKER)
+        return 0;
+    *conns = atomic_load_explicit(&p->conns, memory_order_relaxed);
+    *heartbeat = atomic_load_explicit(&p->heartbeat, memory_order_relaxed);
+    return 1;
+}
+
+int kvr_seg_accept_yield(const kvr_seg_t *seg, uint32_t mine, uint32_t slack)
+{
+    uint32_t least = UINT32_MAX, n;
+    uint64_t hb;
+    int to = -1;
+
+    for (int i = 0; i < KVR_MAX_PROCS; i++)
+        if (i != seg->slot && kvr_seg_worker_load(seg, i, &n, &hb) && n < least) {
+            least = n;
+            to = i;
+        }
+    if (to < 0 || (uint64_t)mine <= (uint64_t)least + slack)
+        return -1;
+    return to;
 }

@@ -64,7 +64,9 @@ enum { KVR_ROLE_SUPERVISOR = 0, KVR_ROLE_WORKER = 1, KVR_ROLE_PUBLISHER = 2 };
  * from FREE) and by the supervisor's reap; role is informational. `ready` is set by the
  * process once it serves and cleared by the supervisor (reap, or a hang it detected).
  * `heartbeat` is advanced by the process every loop iteration (kvr_seg_heartbeat) and
- * sampled by the supervisor's watchdog; relaxed: only its movement matters.
+ * sampled by the supervisor's watchdog; relaxed: only its movement matters. `conns` is the
+ * number of client connections a worker holds, stored by that worker alone (relaxed) and read
+ * by the other workers to take turns at the shared listener (kvr_seg_accept_yield).
  */
 typedef struct {
     _Atomic int32_t pid;
@@ -72,7 +74,8 @@ typedef struct {
     uint32_t role;
     _Atomic uint32_t ready;
     _Atomic uint64_t heartbeat;
-    uint32_t pad_[10];
+    _Atomic uint32_t conns;
+    uint32_t pad_[9];
 } kvr_proc_sh_t;
 static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache line");
 
@@ -217,5 +220,19 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out);
 
 /* 1 while a publisher is running (the relay's RPCs and metrics ask this per request). */
 int kvr_seg_publisher_up(const kvr_seg_t *seg);
+
+/*
+ * Accept turns. Every worker accepts from the one HTTP listener while it holds at most
+ * `slack` connections more than the least loaded other worker that serves; past that it
+ * stops accepting and wakes that worker instead (docs/concurrency.md, "Accept turns").
+ *
+ * kvr_seg_set_conns publishes the calling worker's connection count. kvr_seg_accept_yield
+ * returns -1 when the caller, holding `mine`, should go on accepting, or else the process slot
+ * of the least loaded serving worker. kvr_seg_worker_load gives slot's count and heartbeat and
+ * returns 1 if slot is a worker that serves (ready), 0 otherwise.
+ */
+void kvr_seg_set_conns(kvr_seg_t *seg, uint32_t n);
+int kvr_seg_accept_yield(const kvr_seg_t *seg, uint32_t mine, uint32_t slack);
+int kvr_seg_worker_load(const kvr_seg_t *seg, int slot, uint32_t *conns, uint64_t *heartbeat);
 
 #endif

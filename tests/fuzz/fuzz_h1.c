@@ -51,7 +51,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     kvr_api_init(&api, &cfg, &seg, &store, &relay);
     http = kvr_http_create(&cfg, &api);
-    h1 = http != NULL ? kvr_h1_create(&cfg, &api, http, lfd) : NULL;
+    h1 = http != NULL ? kvr_h1_create(&cfg, &api, http, lfd, fds.accept) : NULL;
     if (h1 == NULL)
         abort();
     /* a resident block, so that GET, HEAD, dedup and conflicts have something to hit */

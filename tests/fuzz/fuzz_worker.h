@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 
 static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store,
@@ -31,7 +32,8 @@ static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_
         abort();
     fds->publisher = -1;
     for (int i = 0; i < KVR_MAX_PROCS; i++)
-        fds->worker[i] = -1;
+        fds->worker[i] = fds->accept[i] = -1;
+    fds->accept[1] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); /* the h1 driver's turn eventfd */
     kvr_relay_attach(relay, seg, cfg, fds);
 }
 
