@@ -3,7 +3,7 @@
 # Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
 # on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
 #
-#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE]
+#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE] [--reps N]
 #                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
 #                              [--hugepages COUNT]
 #
@@ -28,7 +28,7 @@
 # because Redis counts its clients' query and reply buffers — 16 x 80 MiB and more — as used
 # memory and would evict the GET set; maxmemory M from the fill on), the null server (2 worker
 # processes with SO_REUSEPORT, epoll; GET bodies of the run's size).
-# --profile: after the figures of kvrelay, memcached and the null server at each size, one more
+# --profile: after the figures of every store at each size, one more
 # GET and one more PUT run (2 s each, not figures) under `strace -c -f` attached to every process
 # of the server (system calls per request), and another under `perf record` (where the server's
 # CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
@@ -38,8 +38,9 @@
 # figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
 # sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit); the
 # default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
-# --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s, medians
-# by GB/s, about 10 minutes (12 with --profile). Output: DIR/<date>-dataplane.md (every figure,
+# --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s (--reps N:
+# N of them), medians by GB/s, about 10 minutes (13 with --profile); the report gives every
+# repetition's figure beside the median, since on this VM the server instance moves a figure. Output: DIR/<date>-dataplane.md (every figure,
 # the targets, the commands, versions) and name=value lines on stdout.
 set -euo pipefail
 
@@ -52,6 +53,7 @@ MEM=2G
 SIZES="256K 2M 32M 80M"
 VARIANTS=()
 HUGEPAGES=""
+REPS_ARG=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
     --sizes) SIZES=$2; shift ;;
     --variant) VARIANTS+=("$2"); shift ;;
     --hugepages) HUGEPAGES=$2; shift ;;
+    --reps) REPS_ARG=$2; shift ;;
     -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -81,6 +84,10 @@ for b in "$BENCH" "$NULL" "$ROOT/build/kvrelay-supervisor"; do
 done
 
 if [ "$QUICK" = 1 ]; then REPS=1; DUR=1; WARM=0.5; else REPS=3; DUR=4; WARM=1; fi
+if [ -n "$REPS_ARG" ]; then
+    case $REPS_ARG in '' | *[!0-9]* | 0) echo "bench-dataplane: --reps takes a count >= 1 ($REPS_ARG)" >&2; exit 2 ;; esac
+    REPS=$REPS_ARG
+fi
 CONNS=16
 VNAMES=""
 for v in "${VARIANTS[@]}"; do
@@ -291,7 +298,7 @@ for size in $SIZES; do
             pre=$sys-$size-get
             bench warm "$sys" "$size" $CONNS "$rep" --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
             bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
-            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ] && [ "$sys" != redis ]; then
+            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
                 profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
             fi
             [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
@@ -299,7 +306,7 @@ for size in $SIZES; do
                 --requests $fill --duration 120 --timeout 30
             bench put "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-put-$rep" \
                 --duration $DUR --timeout 30
-            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ] && [ "$sys" != redis ]; then
+            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
                 profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
             fi
             [ "$rep" = 1 ] && evictions "$sys" "$size" >> "$WORK/evictions.txt"

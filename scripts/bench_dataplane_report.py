@@ -180,7 +180,7 @@ def differences_section(w, pdir):
         if sysname != "kvrelay":
             continue
         mine, gb_mine = perf_symbols(base + ".perf.txt"), run_gb(base + ".perf.json")
-        for peer in ("null", "memcached"):
+        for peer in ("null", "memcached", "redis"):
             pb = bases.get((op, peer, size))
             if pb is None:
                 continue
@@ -255,9 +255,11 @@ def main():
       "workers), read from /proc around each measured run, per GB of payload the run moved.\n")
 
     w("## Every figure\n")
-    w("| op | size | conns | store | req/s | GB/s | p50 ms | p99 ms | errors | server CPU s/GB | client CPU s/GB "
-      "| kvrelay / store |")
-    w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    w("The median's repetition gives every column; *each instance* lists the GB/s (req/s at 16 KiB) of every "
+      "repetition in run order, each a server instance of its own, to show how far one instance moves a figure.\n")
+    w("| op | size | conns | store | req/s | GB/s | each instance | p50 ms | p99 ms | errors | server CPU s/GB "
+      "| client CPU s/GB | kvrelay / store |")
+    w("|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     variants = sorted({k[0] for k in med if k[0].startswith("kvrelay-")})
     SYSTEMS[2:2] = [v for v in variants if v not in SYSTEMS]
     keys = sorted({(k[1], k[2], k[3]) for k in med if k[1] in ("get", "put")},
@@ -277,6 +279,8 @@ def main():
                     ratio = f"{rps(base) / rps(r):.2f}"
                 elif gbps(r) > 0:
                     ratio = f"{gbps(base) / gbps(r):.2f}"
+            reps = sorted(groups[(s, op, size, conns)], key=lambda x: int(x.get("rep", 0)))
+            each = " / ".join(f"{rps(x):,.0f}" if size == "16K" else f"{gbps(x):.2f}" for x in reps)
             name = f"{op}_{size}_c{conns}_{s}"
             put_kv(name + "_gbps", f"{gbps(r):.3f}")
             put_kv(name + "_rps", f"{rps(r):.1f}")
@@ -284,7 +288,7 @@ def main():
             put_kv(name + "_p99_ms", f"{p99_ms(r):.3f}")
             put_kv(name + "_errors", errors(r))
             put_kv(name + "_server_cpu_s_per_gb", "" if cg is None else f"{cg:.3f}")
-            w(f"| {op.upper()} | {size} | {conns} | {s} | {rps(r):,.1f} | {gbps(r):.2f} | {p50_ms(r):.2f} | "
+            w(f"| {op.upper()} | {size} | {conns} | {s} | {rps(r):,.1f} | {gbps(r):.2f} | {each} | {p50_ms(r):.2f} | "
               f"{p99_ms(r):.2f} | {errors(r)} | {'-' if cg is None else f'{cg:.3f}'} | "
               f"{'-' if ccpu is None else f'{ccpu:.3f}'} | {ratio} |")
     w("")
