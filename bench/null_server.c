@@ -3,7 +3,8 @@
  * of kvrelay-bench (the client) on this machine, beside which kvrelay and its peers are
  * measured (scripts/bench-dataplane.sh).
  *
- *   build/bench/null_server [--bind HOST:PORT] [--workers N] [--get-size SIZE] [--port-file F]
+ *   build/bench/null_server [--bind HOST:PORT] [--workers N] [--get-size SIZE] [--put-memory SIZE]
+ *                           [--port-file F]
  *
  * What it does per request, on keep-alive connections (pipelined requests are answered in
  * order; HTTP/1.0 closes unless it asks for keep-alive):
@@ -16,7 +17,12 @@
  *   GET  /kv/<key>/exists  200 {"exists":true}
  *   PUT  /kv/<key>         the Content-Length body is received into one 256 KiB scratch buffer
  *                          per worker (recv repeatedly, bytes overwritten), then 201 and a small
- *                          JSON body; Expect: 100-continue is honoured
+ *                          JSON body; Expect: 100-continue is honoured. With --put-memory SIZE,
+ *                          each worker receives bodies into its share of SIZE instead, one after
+ *                          the other, wrapping at the end (the same 256 KiB reads): the memory
+ *                          traffic of a store, whose every block lands in memory that was
+ *                          written long ago and is no longer in the CPU cache, and still no
+ *                          index, no eviction, nothing kept. Touched once at start-up.
  *   DELETE /kv/<key>       200 {"deleted":true}
  *   GET /healthz, /readyz  200
  * Anything else is a JSON error (400, 404, 405, 411, 431, 501); Transfer-Encoding is refused
@@ -31,7 +37,7 @@
  *
  * Bounds: per worker at most --max-conns connections (default 4096; beyond it a new connection
  * is closed at once), each holding a 16 KiB head buffer (431 beyond) and a few hundred bytes of
- * state; one 256 KiB scratch buffer per worker; one read-only pool of --get-size + 64 KiB, made
+ * state; one 256 KiB scratch buffer per worker (and its share of --put-memory); one read-only pool of --get-size + 64 KiB, made
  * before the fork and shared by the workers. A connection that is sending does not read (so
  * pipelined input is bounded by the head buffer). Nothing grows with a body.
  */
@@ -81,11 +87,14 @@ static struct {
     char bind[256];
     int workers, max_conns;
     uint64_t get_size;
+    uint64_t put_memory;
     const char *port_file;
-} O = {"127.0.0.1:9140", 2, 4096, 16384, NULL};
+} O = {"127.0.0.1:9140", 2, 4096, 16384, 0, NULL};
 
 static uint8_t *pool;
 static uint8_t *scratch;
+static uint8_t *put_mem; /* --put-memory: this worker's share, and where the next body byte goes */
+static size_t put_cap, put_off;
 static int ep, nconns;
 static volatile sig_atomic_t stopping;
 
@@ -111,7 +120,7 @@ static int parse_size(const char *s, uint64_t *out)
     case 'G': case 'g': v <<= 30; end++; break;
     default: break;
     }
-    if (*end || v > (1ull << 30))
+    if (*end || v > (16ull << 30))
         return -1;
     *out = v;
     return 0;
@@ -119,11 +128,13 @@ static int parse_size(const char *s, uint64_t *out)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: null_server [--bind HOST:PORT] [--workers N] [--get-size SIZE] [--max-conns N] "
-               "[--port-file FILE]\n"
+    fprintf(f, "usage: null_server [--bind HOST:PORT] [--workers N] [--get-size SIZE] [--put-memory SIZE] "
+               "[--max-conns N] [--port-file FILE]\n"
                "  --bind       listen address (default 127.0.0.1:9140; port 0: ephemeral)\n"
                "  --workers    worker processes, one SO_REUSEPORT listener each (default 2)\n"
                "  --get-size   size of every GET body, e.g. 2M (default 16K, at most 1G)\n"
+               "  --put-memory receive PUT bodies into this much memory (split over the workers),\n"
+               "               one after the other, instead of one 256 KiB buffer (default 0: the buffer)\n"
                "  --max-conns  connections per worker (default 4096)\n"
                "  --port-file  write \"http=PORT\" here once listening\n");
 }
@@ -133,6 +144,7 @@ static void parse_args(int argc, char **argv)
     static const struct option lo[] = {{"bind", required_argument, NULL, 'b'},
                                        {"workers", required_argument, NULL, 'w'},
                                        {"get-size", required_argument, NULL, 's'},
+                                       {"put-memory", required_argument, NULL, 'm'},
                                        {"max-conns", required_argument, NULL, 'c'},
                                        {"port-file", required_argument, NULL, 'p'},
                                        {"help", no_argument, NULL, 'h'},
@@ -151,8 +163,14 @@ static void parse_args(int argc, char **argv)
             }
             break;
         case 's':
-            if (parse_size(optarg, &O.get_size) != 0) {
+            if (parse_size(optarg, &O.get_size) != 0 || O.get_size > (1u << 30)) {
                 fprintf(stderr, "null_server: --get-size: a size up to 1G, e.g. 2M, not %s\n", optarg);
+                exit(2);
+            }
+            break;
+        case 'm':
+            if (parse_size(optarg, &O.put_memory) != 0) {
+                fprintf(stderr, "null_server: --put-memory: a size up to 16G, e.g. 2G, not %s\n", optarg);
                 exit(2);
             }
             break;
@@ -546,8 +564,16 @@ static int read_some(conn_t *c)
     ssize_t n;
     if (c->state == ST_BODY && c->hlen == 0) {
         size_t want = c->body_left < SCRATCH_CAP ? (size_t)c->body_left : SCRATCH_CAP;
-        n = recv(c->fd, scratch, want, 0);
+        uint8_t *to = scratch;
+        if (put_mem != NULL) {
+            if (want > put_cap - put_off)
+                want = put_cap - put_off;
+            to = put_mem + put_off;
+        }
+        n = recv(c->fd, to, want, 0);
         if (n > 0) {
+            if (put_mem != NULL && (put_off += (size_t)n) == put_cap)
+                put_off = 0;
             c->body_left -= (uint64_t)n;
             if (c->body_left == 0)
                 body_done(c);
@@ -644,6 +670,7 @@ static int worker_main(int lfd)
     scratch = aligned_alloc(4096, SCRATCH_CAP);
     if (ep < 0 || scratch == NULL)
         return 1;
+
     lev.events = EPOLLIN;
     lev.data.ptr = &listener_tag;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &lev) < 0)
@@ -681,6 +708,19 @@ int main(int argc, char **argv)
     }
     kvb_pool_fill(pool, plen);
     mprotect(pool, plen, PROT_READ);
+    if (O.put_memory > 0) {
+        /* shared memory (as a store's segment is), touched here once, before the port opens,
+         * so that no measured PUT pays a first touch; worker i receives into slice i */
+        put_cap = (size_t)(O.put_memory / (uint64_t)O.workers) & ~(size_t)4095;
+        if (put_cap < SCRATCH_CAP)
+            put_cap = SCRATCH_CAP;
+        put_mem = mmap(NULL, put_cap * (size_t)O.workers, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (put_mem == MAP_FAILED) {
+            fprintf(stderr, "null_server: cannot map --put-memory: %s\n", strerror(errno));
+            return 1;
+        }
+        memset(put_mem, 0x5a, put_cap * (size_t)O.workers);
+    }
     if (open_listeners(lfds, O.workers, &port) != 0) {
         fprintf(stderr, "null_server: cannot listen on %s: %s\n", O.bind, strerror(errno));
         return 1;
@@ -702,6 +742,8 @@ int main(int argc, char **argv)
             for (int j = 0; j < O.workers; j++)
                 if (j != i)
                     close(lfds[j]);
+            if (put_mem != NULL)
+                put_mem += put_cap * (size_t)i;
             _exit(worker_main(lfds[i]));
         }
     }

@@ -5,7 +5,7 @@
 #
 #   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE] [--reps N]
 #                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
-#                              [--hugepages COUNT]
+#                              [--hugepages COUNT] [--null-memory]
 #
 # For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB), every repetition and every store, one
 # store at a time, started fresh (so one store's memory never weighs on another's run, and each
@@ -33,6 +33,10 @@
 # of the server (system calls per request), and another under `perf record` (where the server's
 # CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
 # DIR/<date>-dataplane-profiles/. Adds about a minute per size.
+# --null-memory: one more store, null-mem, the null server receiving PUT bodies into --memory
+# of shared memory touched at its start (null_server --put-memory), one body after another, as
+# a store must, instead of one 256 KiB buffer that stays in the CPU cache; it shows how much of
+# the gap to the null server is that alone (PUT figures only; its GET is the null server's).
 # --variant NAME=ARGS: one more kvrelay, named NAME in the report, run with ARGS added (e.g.
 # --variant "kvrelay-hp=--hugepages require" or --variant "kvrelay-zc=--send-zc-min 1M"); its
 # figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
@@ -40,8 +44,9 @@
 # default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s (--reps N:
 # N of them), medians by GB/s, about 10 minutes (13 with --profile); the report gives every
-# repetition's figure beside the median, since on this VM the server instance moves a figure. Output: DIR/<date>-dataplane.md (every figure,
-# the targets, the commands, versions) and name=value lines on stdout.
+# repetition's figure beside the median, since on this VM the server instance moves a figure.
+# Output: DIR/<date>-dataplane.md (every figure, the targets, the commands, versions) and
+# name=value lines on stdout.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -54,6 +59,7 @@ SIZES="256K 2M 32M 80M"
 VARIANTS=()
 HUGEPAGES=""
 REPS_ARG=""
+NULLMEM=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -64,7 +70,8 @@ while [ $# -gt 0 ]; do
     --variant) VARIANTS+=("$2"); shift ;;
     --hugepages) HUGEPAGES=$2; shift ;;
     --reps) REPS_ARG=$2; shift ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    --null-memory) NULLMEM=" null-mem" ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -95,7 +102,7 @@ for v in "${VARIANTS[@]}"; do
     case $n in kvrelay-*) ;; *) echo "bench-dataplane: a variant's name starts with kvrelay- ($n)" >&2; exit 2 ;; esac
     VNAMES="$VNAMES $n"
 done
-SYSTEMS="null kvrelay$VNAMES memcached redis"
+SYSTEMS="null$NULLMEM kvrelay$VNAMES memcached redis"
 variant_args() { for v in "${VARIANTS[@]}"; do [ "${v%%=*}" = "$1" ] && echo "${v#*=}"; done; return 0; }
 
 WORK=$(mktemp -d /tmp/kvrelay-dataplane.XXXXXX)
@@ -161,6 +168,9 @@ start_store() { # system size
     case $sys in
     null)
         cmd=("$NULL" --bind "127.0.0.1:$PORT" --workers 2 --get-size "$size")
+        PROTO=http ;;
+    null-mem)
+        cmd=("$NULL" --bind "127.0.0.1:$PORT" --workers 2 --get-size "$size" --put-memory "$MEM")
         PROTO=http ;;
     kvrelay*)
         # The default kvrelay takes reserved huge pages when there are any: with --hugepages
@@ -296,10 +306,12 @@ for size in $SIZES; do
         for sys in $SYSTEMS; do
             start_store "$sys" "$size"
             pre=$sys-$size-get
-            bench warm "$sys" "$size" $CONNS "$rep" --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
-            bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
-            if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
-                profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
+            if [ "$sys" != null-mem ]; then
+                bench warm "$sys" "$size" $CONNS "$rep" --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
+                bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
+                if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
+                    profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
+                fi
             fi
             [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
             bench fill "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \

@@ -262,6 +262,8 @@ def main():
     w("|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     variants = sorted({k[0] for k in med if k[0].startswith("kvrelay-")})
     SYSTEMS[2:2] = [v for v in variants if v not in SYSTEMS]
+    if any(k[0] == "null-mem" for k in med):  # --null-memory
+        SYSTEMS.insert(1, "null-mem")
     keys = sorted({(k[1], k[2], k[3]) for k in med if k[1] in ("get", "put")},
                   key=lambda t: (OPS.index(t[0]), t[2], SIZES.index(t[1]) if t[1] in SIZES else 9))
     for op, size, conns in keys:
@@ -369,6 +371,29 @@ def main():
     w(f"{met} met, {missed} missed.\n")
     put_kv("targets_met", met)
     put_kv("targets_missed", missed)
+
+    if any(k[0] == "null-mem" for k in med):
+        w("## PUT against the null server receiving into memory (--null-memory)\n")
+        w("null-mem is the null server receiving every PUT body into the next slice of --memory of shared "
+          "memory (touched at its start), as a store must, instead of one 256 KiB buffer that stays in the "
+          "CPU cache; nothing else changes. A store's ratio to null-mem is its cost beyond the memory "
+          "traffic itself.\n")
+        w("| size | null GB/s | null-mem GB/s | null-mem / null | kvrelay / null-mem | memcached / null-mem "
+          "| redis / null-mem |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for size in SIZES:
+            nm, nl = fig("null-mem", "put", size), fig("null", "put", size)
+            if nm is None or gbps(nm) <= 0:
+                continue
+            cols = []
+            for peer in ("kvrelay", "memcached", "redis"):
+                p = fig(peer, "put", size)
+                cols.append("-" if p is None else f"{gbps(p) / gbps(nm):.2f}")
+                if p is not None:
+                    put_kv(f"put_{size}_{peer}_vs_null_mem", f"{gbps(p) / gbps(nm):.3f}")
+            own = "-" if nl is None or gbps(nl) <= 0 else f"{gbps(nm) / gbps(nl):.2f}"
+            w(f"| {size} | {'-' if nl is None else f'{gbps(nl):.2f}'} | {gbps(nm):.2f} | {own} | " + " | ".join(cols) + " |")
+        w("")
 
     if variants:  # kvrelay with other options, beside the default and the peers of the same run
         w("## kvrelay variants (same run; the targets above are the default's)\n")

@@ -182,6 +182,23 @@ def test_80mib_blocks(tmp_path):
         s.stop()
 
 
+def test_put_memory_receives_bodies_one_after_another_and_wraps(tmp_path):
+    # 2 workers x 1 MiB: 3 MiB bodies wrap around each worker's slice three times per body,
+    # 256 KiB bodies sit at offsets that do not divide the slice evenly after a 3 MiB one
+    s = NullServer(tmp_path, "--put-memory", "2M")
+    try:
+        for size, n in (("3M", 40), ("256K", 200), ("3M", 20)):
+            p, r = bench(tmp_path, s.port, "--workload", "put", "--size", size, "--requests", str(n),
+                         "--connections", "4", "--timeout", "30")
+            assert p.returncode == 0 and r["errors"] == 0 and r["ops"]["put"]["statuses"] == {"201": n}, \
+                (size, p.stdout.decode(), p.stderr.decode())
+    finally:
+        s.stop()
+    for bad in ("17G", "lots", "-1"):
+        p = subprocess.run([require(NULL), "--put-memory", bad], capture_output=True, timeout=10)
+        assert p.returncode == 2 and b"--put-memory" in p.stderr, (bad, p.stderr)
+
+
 def test_keep_alive_pipelining_and_100_continue(null_2m):
     c = socket.create_connection(("127.0.0.1", null_2m.port), timeout=10 * SLOW)
     c.sendall(b"HEAD /kv/x HTTP/1.1\r\n\r\n"
