@@ -1051,9 +1051,10 @@ static int turn_stalled(kvr_h1_t *s, int to, uint64_t t)
  * Accept turns (docs/concurrency.md): publishes our connection count, then accepts while we
  * hold at most H1_ACCEPT_SLACK more than the least loaded worker; past that, once our accept
  * in flight has completed, we stop and wake that worker, which then takes the turn. Called
- * after each accept, when our count changes, when woken, and every tick.
+ * after each accept, when our count changes, when woken (`woken`: a turn given to us is passed
+ * on, never dropped, if by our counts it is another's), and every tick.
  */
-static void accept_turn(kvr_h1_t *s)
+static void accept_turn(kvr_h1_t *s, int woken)
 {
     uint32_t n = (uint32_t)(s->nconns + kvr_http_connections(s->http));
     int to;
@@ -1068,7 +1069,7 @@ static void accept_turn(kvr_h1_t *s)
     if (to < 0 || turn_stalled(s, to, now_ms())) {
         s->parked = 0;
         arm_accept(s);
-    } else if (!s->parked && !s->accepting) {
+    } else if ((!s->parked || woken) && !s->accepting) {
         uint64_t one = 1;
         s->parked = 1;
         (void)!write(s->accept_fds[to], &one, sizeof(one));
@@ -1081,7 +1082,7 @@ static void on_turn(void *data)
     uint64_t v;
 
     (void)!read(s->accept_fds[s->api->seg->slot], &v, sizeof(v));
-    accept_turn(s);
+    accept_turn(s, 1);
 }
 
 static void on_accept(kvr_uring_op_t *op, int res)
@@ -1098,7 +1099,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
             close(res);
         else
             conn_new(s, res);
-        accept_turn(s);
+        accept_turn(s, 0);
         return;
     }
     if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
@@ -1157,7 +1158,7 @@ void kvr_h1_flush(kvr_h1_t *s)
     if (s->wait_head != NULL)
         wake_waiters(s);
     if (s->nconns + kvr_http_connections(s->http) != s->published)
-        accept_turn(s);
+        accept_turn(s, 0);
     kvr_uring_flush(&s->ring);
 }
 
@@ -1228,7 +1229,7 @@ void kvr_h1_tick(kvr_h1_t *s)
     if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
         arm_accept(s);
     accept_queued(s);
-    accept_turn(s);
+    accept_turn(s, 0);
     for (c = s->conns; c != NULL; c = next) {
         next = c->next;
         if (c->closing)
