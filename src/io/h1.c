@@ -1223,12 +1223,15 @@ static void accept_queued(kvr_h1_t *s)
 
 void kvr_h1_tick(kvr_h1_t *s)
 {
-    uint64_t t = now_ms();
+    uint64_t t;
     h1c_t *c, *next;
 
+    /* first: a connection it opens starts its clock at now_ms(), which must not be later than
+     * the t the timeouts below compare against (t - last_ms would wrap and cut it at once) */
+    accept_queued(s);
+    t = now_ms();
     if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
         arm_accept(s);
-    accept_queued(s);
     accept_turn(s, 0);
     for (c = s->conns; c != NULL; c = next) {
         next = c->next;
