@@ -1029,6 +1029,12 @@ static void arm_accept(kvr_h1_t *s)
         s->accepting = 1;
 }
 
+/* The client connections we hold: ours and those handed to h2o. */
+static uint32_t held(const kvr_h1_t *s)
+{
+    return (uint32_t)(s->nconns + kvr_http_connections(s->http));
+}
+
 /* 1 when the worker in slot `to`, given the turn, has not looped for H1_ACCEPT_STALL_MS (or no
  * longer serves): we accept in its place. */
 static int turn_stalled(kvr_h1_t *s, int to, uint64_t t)
@@ -1056,7 +1062,7 @@ static int turn_stalled(kvr_h1_t *s, int to, uint64_t t)
  */
 static void accept_turn(kvr_h1_t *s, int woken)
 {
-    uint32_t n = (uint32_t)(s->nconns + kvr_http_connections(s->http));
+    uint32_t n = held(s);
     int to;
 
     if (n != s->published) {
@@ -1070,9 +1076,8 @@ static void accept_turn(kvr_h1_t *s, int woken)
         s->parked = 0;
         arm_accept(s);
     } else if ((!s->parked || woken) && !s->accepting) {
-        uint64_t one = 1;
         s->parked = 1;
-        (void)!write(s->accept_fds[to], &one, sizeof(one));
+        kvr_relay_wake(s->accept_fds[to]);
     }
 }
 
@@ -1157,7 +1162,7 @@ void kvr_h1_flush(kvr_h1_t *s)
 {
     if (s->wait_head != NULL)
         wake_waiters(s);
-    if (s->nconns + kvr_http_connections(s->http) != s->published)
+    if (held(s) != s->published)
         accept_turn(s, 0);
     kvr_uring_flush(&s->ring);
 }
