@@ -129,7 +129,7 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
            ss->publisher_restarts);
     family(o, "kvrelay_relay_publication_latency_seconds", "histogram",
-           "From the first pending change-log event to the publication of its delta.");
+           "From the first pending change-log event (dated when the publisher saw it, or, if it came during a timed sleep, from that sleep's start) to the publication of its delta.");
     count = sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1);
     for (unsigned b = 0; b < KVR_PUB_BUCKETS; b++) {
         cum += sum(st, KVR_ST_PUB_HIST + b);

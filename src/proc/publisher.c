@@ -70,6 +70,8 @@ typedef struct {
     uint64_t delay_ns;     /* --publication-delay */
     uint64_t linger_ns;    /* how long queued events may wait unconsumed */
     uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
+    uint64_t unwoken_ns;   /* appends may have come unannounced since (timed sleeps), or 0 */
+    int busy;              /* the last turn consumed events: look again within a delay */
     uint64_t scanned_ns;   /* the subscriber slots' last scan */
     int scan_due;          /* a wake-up came since: perhaps a subscriber's request */
     int wake_fd;
@@ -561,17 +563,26 @@ static uint64_t log_queued(pub_t *p, uint64_t now)
     uint64_t queued = kvr_log_count(p->store.log);
 
     if (queued > 0 && p->log_seen_ns == 0)
-        p->log_seen_ns = now;
+        p->log_seen_ns = p->unwoken_ns ? p->unwoken_ns : now;
     return queued;
 }
 
 /* Sleeps until a wake-up or the earliest of: a partial delta's --publication-delay, the end
- * of the linger on queued events, a delta's worth queued (at once), a due slot scan. */
+ * of the linger on queued events, a delta's worth queued (at once), a due slot scan, and
+ * while busy (the last turn consumed events) one delay from now.
+ *
+ * A sleep that ends within a delay is timed (kvr_log_set_timed): the workers' appends to the
+ * empty log then write no eventfd, and the events wait for the timer, no longer than a delay
+ * since they may have come (unwoken_ns, which log_seen_ns takes). Under a steady load that is
+ * one wake-up per delay, each consuming and publishing what came, instead of one for the first
+ * append after every consume plus the timers: on a small VM a wake-up costs 100-150 us of CPU
+ * when the cores are busy (docs/concurrency.md, change log). */
 static void wait_for_work(pub_t *p)
 {
     struct pollfd pfd = {p->wake_fd, POLLIN, 0};
     struct timespec timeout = {0, 100000000};
-    uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX;
+    uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
+    int timed;
 
     if (p->pending > 0)
         due = p->first_pending_ns + p->delay_ns;
@@ -579,15 +590,26 @@ static void wait_for_work(pub_t *p)
         due = p->log_seen_ns + p->linger_ns;
     if (queued >= p->cfg->publication_threshold)
         due = now;
+    if (p->busy && now + p->delay_ns < due)
+        due = now + p->delay_ns;
     if (p->scan_due && p->scanned_ns + SCAN_NS < due)
         due = p->scanned_ns + SCAN_NS;
     if (due != UINT64_MAX) {
-        uint64_t ns;
         if (due < p->retry_at_ns)
             due = p->retry_at_ns;
         ns = due > now ? due - now : 0;
         if (ns < 100000000ull)
             timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    }
+    timed = ns <= p->delay_ns;
+    kvr_log_set_timed(p->store.log, timed);
+    if (timed) {
+        if (p->unwoken_ns == 0)
+            p->unwoken_ns = now;
+    } else {
+        p->unwoken_ns = 0;
+        if (queued == 0 && kvr_log_count(p->store.log) > 0)
+            return; /* appended while the flag was up: no wake-up is coming for it */
     }
     if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
         uint64_t v;
@@ -597,13 +619,16 @@ static void wait_for_work(pub_t *p)
 }
 
 /* Applies every queued event, one at a time as the reference producer: a boundary every
- * --publication-threshold events, whatever the batch the log handed over. An event waited in
- * the log since log_seen_ns at the earliest: its latency counts from there. */
+ * --publication-threshold events, whatever the batch the log handed over. Latency counts from
+ * log_seen_ns: when we first saw the log non-empty after a wake-up, or, for events that came
+ * unannounced during a timed sleep, when that sleep began (before any of them came). */
 static void consume_log(pub_t *p, kvr_log_event_t *ev)
 {
     size_t n;
 
+    p->busy = 0;
     while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+        p->busy = 1;
         kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
         for (size_t i = 0; i < n; i++) {
             if (p->pending == 0)
@@ -617,6 +642,8 @@ static void consume_log(pub_t *p, kvr_log_event_t *ev)
         }
     }
     p->log_seen_ns = 0;
+    if (p->unwoken_ns != 0)
+        p->unwoken_ns = kvr_relay_mono_ns(); /* the log was empty here: what is queued came later */
 }
 
 /* One turn of the main loop. Appends wake us when the log goes from empty to one event, or
@@ -693,6 +720,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     atomic_store(&seg->hdr->ctl.publisher_running, 1);
 
     kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
+    kvr_log_set_timed(p->store.log, 0); /* a dead predecessor's flag */
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");

@@ -10,6 +10,7 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity)
     atomic_store_explicit(&log->wake_batch, 0, memory_order_relaxed);
     atomic_store_explicit(&log->appended, 0, memory_order_relaxed);
     atomic_store_explicit(&log->dropped, 0, memory_order_relaxed);
+    atomic_store_explicit(&log->timed, 0, memory_order_relaxed);
 }
 
 int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
@@ -30,7 +31,14 @@ int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32
     atomic_store_explicit(&log->head, h + 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&log->appended, 1, memory_order_relaxed);
     t = atomic_load_explicit(&log->tail, memory_order_seq_cst);
-    return t == h || h + 1 - t == atomic_load_explicit(&log->wake_batch, memory_order_relaxed) ? 1 : KVR_OK;
+    if (h + 1 - t == atomic_load_explicit(&log->wake_batch, memory_order_relaxed))
+        return 1;
+    return t == h && !atomic_load_explicit(&log->timed, memory_order_seq_cst) ? 1 : KVR_OK;
+}
+
+void kvr_log_set_timed(kvr_log_sh_t *log, int timed)
+{
+    atomic_store_explicit(&log->timed, timed ? 1u : 0u, memory_order_seq_cst);
 }
 
 void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n)

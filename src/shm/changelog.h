@@ -44,7 +44,9 @@ typedef struct {
     _Atomic uint32_t wake_batch; /* the consumer: also wake me when this many are queued */
     _Atomic uint64_t appended; /* events appended since format (for stats) */
     _Atomic uint64_t dropped;  /* events dropped on overflow */
-    uint64_t pad3_[4];
+    _Atomic uint32_t timed;    /* the consumer: my sleep ends within a --publication-delay */
+    uint32_t pad2_;
+    uint64_t pad3_[3];
     kvr_log_event_t ev[];
 } kvr_log_sh_t;
 static_assert(offsetof(kvr_log_sh_t, tail) == 64, "head and tail on separate lines");
@@ -57,17 +59,23 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
 
 /*
  * Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Returns 1 when
- * the ring was empty (the consumer may be asleep: wake it) or now holds wake_batch events
- * (a consumer that lingers wants them now), KVR_OK otherwise. The head
- * store and the tail load are sequentially consistent, as are the consumer's tail store
- * and head load, so an append is either seen by the consumer's last check or reported
- * here as "was empty". Store lock held.
+ * the ring was empty and the consumer is not in a timed sleep (it may be asleep for long: wake
+ * it), or when the ring now holds wake_batch events (a consumer that waits wants them now),
+ * KVR_OK otherwise. The head store and the loads of tail and timed are sequentially
+ * consistent, as are the consumer's stores of tail and timed and its head load, so an append
+ * is either seen by the consumer's last check or reported here as "wake". Store lock held.
  */
 int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
 
 /* The consumer: appends also report "wake" when the ring reaches n events (0: only when it
  * was empty), so a consumer may leave events queued for a while without being woken by each. */
 void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n);
+
+/* The consumer, before it sleeps: timed 1 says the sleep ends within a publication delay, so
+ * an append to the empty ring need not wake it (it looks by itself); 0 asks for that wake-up.
+ * After lowering it the consumer must check kvr_log_count once more before sleeping: an append
+ * that saw it raised wrote no wake-up, and that check sees the append. */
+void kvr_log_set_timed(kvr_log_sh_t *log, int timed);
 
 /* The consumer: events queued now. */
 uint64_t kvr_log_count(kvr_log_sh_t *log);

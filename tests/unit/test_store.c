@@ -338,6 +338,32 @@ Test(store, change_log_first_in_last_out)
     fx_close(&f);
 }
 
+/* The wake rule of the change log: an append to the empty ring wakes an untimed consumer, not
+ * a timed one; reaching the wake batch wakes either. */
+Test(store, change_log_wakes_an_untimed_consumer_and_at_the_batch)
+{
+    static _Alignas(64) uint8_t mem[sizeof(kvr_log_sh_t) + 64 * sizeof(kvr_log_event_t)];
+    kvr_log_sh_t *log = (kvr_log_sh_t *)mem;
+    kvr_log_event_t ev[64];
+
+    kvr_log_format(log, 64);
+    kvr_log_set_wake_batch(log, 4);
+    cr_assert_eq(kvr_log_append_locked(log, KVR_EV_INSERT, 1, 1, 1), 1, "empty, untimed: wake");
+    cr_assert_eq(kvr_log_append_locked(log, KVR_EV_INSERT, 2, 2, 1), KVR_OK, "not empty: no wake");
+    cr_assert_eq(kvr_log_consume(log, ev, 64), 2);
+
+    kvr_log_set_timed(log, 1);
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq(kvr_log_append_locked(log, KVR_EV_INSERT, 10 + i, 10 + i, 1), KVR_OK,
+                     "timed: the first appends wake nobody (append %u)", i);
+    cr_assert_eq(kvr_log_append_locked(log, KVR_EV_REMOVE, 13, 13, 1), 1, "the batch wakes a timed consumer");
+    cr_assert_eq(kvr_log_count(log), 4, "nothing is lost while unannounced");
+    cr_assert_eq(kvr_log_consume(log, ev, 64), 4);
+
+    kvr_log_set_timed(log, 0);
+    cr_assert_eq(kvr_log_append_locked(log, KVR_EV_INSERT, 20, 20, 1), 1, "untimed again: wake");
+}
+
 static void count_cb(void *ctx, uint32_t e, uint32_t g, uint64_t c)
 {
     (void)e;
