@@ -137,24 +137,29 @@ wait_port() {
     echo "bench-dataplane: nothing listens on $1" >&2; return 1
 }
 # CPU clock ticks of a process tree: utime+stime of every live process under the root, plus
-# cutime+cstime (children already reaped) — kvrelay is a supervisor with worker children.
+# cutime+cstime (children already reaped) — kvrelay is a supervisor with worker children —
+# then, after a space, those of its processes that call themselves the publisher (0 elsewhere).
 cpu_ticks() {
     $PY - "$1" <<'EOF'
 import os, sys
-root = int(sys.argv[1]); kids = {}; stat = {}
+root = int(sys.argv[1]); kids = {}; stat = {}; pub = set()
 for d in os.listdir('/proc'):
     if d.isdigit():
         try:
-            f = open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()
+            comm, rest = open(f'/proc/{d}/stat').read().rsplit(')', 1)
         except OSError:
             continue
+        f = rest.split()
         stat[int(d)] = int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
         kids.setdefault(int(f[1]), []).append(int(d))
-def tot(p, depth=0):
+        if 'publisher' in comm:
+            pub.add(int(d))
+def tot(p, depth=0, only=None):
     if depth > 8:
         return 0
-    return stat.get(p, 0) + sum(tot(c, depth + 1) for c in kids.get(p, []))
-print(tot(root))
+    own = stat.get(p, 0) if only is None or p in only else 0
+    return own + sum(tot(c, depth + 1, only) for c in kids.get(p, []))
+print(tot(root), tot(root, only=pub))
 EOF
 }
 
@@ -204,22 +209,23 @@ start_store() { # system size
 # kvrelay-bench once; its figures, labelled (warm, get, fill, put), and the server CPU measured
 # around it go into the results.
 bench() { # label sys size conns -- kvrelay-bench args...
-    local label=$1 sys=$2 size=$3 conns=$4 rep=$5 out c0 c1 cmd
+    local label=$1 sys=$2 size=$3 conns=$4 rep=$5 out c0 c1 p0 p1 cmd
     shift 5
     out=$WORK/run-$label-$sys-$size-$rep.json
     cmd="$BENCH --protocol $PROTO --target 127.0.0.1:$PORT --size $size --connections $conns $* --json $out --quiet"
-    c0=$(cpu_ticks "$SPID")
+    read -r c0 p0 <<< "$(cpu_ticks "$SPID")"
     # shellcheck disable=SC2086
     if ! $cmd > "$WORK/last.txt" 2>&1; then
         echo "bench-dataplane: $sys $label $size x$conns failed:" >&2; cat "$WORK/last.txt" >&2
     fi
-    c1=$(cpu_ticks "$SPID")
-    $PY - "$out" "$sys" "$label" "$size" "$conns" "$rep" "$((c1 - c0))" "$cmd" >> "$RES" <<'EOF'
+    read -r c1 p1 <<< "$(cpu_ticks "$SPID")"
+    $PY - "$out" "$sys" "$label" "$size" "$conns" "$rep" "$((c1 - c0))" "$cmd" "$((p1 - p0))" >> "$RES" <<'EOF'
 import json, os, sys
-out, sysname, op, size, conns, rep, ticks, cmd = sys.argv[1:9]
+out, sysname, op, size, conns, rep, ticks, cmd, pticks = sys.argv[1:10]
 r = json.load(open(out)) if os.path.exists(out) else {}
 r.update(system=sysname, op=op, size=size, conns=int(conns), rep=int(rep),
-         server_cpu_s=int(ticks) / os.sysconf('SC_CLK_TCK'), command=cmd)
+         server_cpu_s=int(ticks) / os.sysconf('SC_CLK_TCK'),
+         publisher_cpu_s=int(pticks) / os.sysconf('SC_CLK_TCK'), command=cmd)
 print(json.dumps(r))
 EOF
 }

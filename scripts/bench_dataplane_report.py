@@ -395,6 +395,25 @@ def main():
             w(f"| {size} | {'-' if nl is None else f'{gbps(nl):.2f}'} | {gbps(nm):.2f} | {own} | " + " | ".join(cols) + " |")
         w("")
 
+    if any(fig("kvrelay", op, size) is not None for op in ("get", "put") for size in SIZES):
+        w("## kvrelay's server CPU and its publisher's share\n")
+        w("The publisher consumes the change log and publishes the filter's deltas (while events "
+          "come, one every --publication-delay, 1 ms by default, or every 16 events); GETs append no events, each new "
+          "block's PUT appends two once the store is full (its insert and an eviction). Its CPU is "
+          "part of the server CPU above.\n")
+        w("| op | size | server CPU s/GB | publisher CPU s/GB | publisher share |")
+        w("|---|---|---:|---:|---:|")
+        for op in ("get", "put"):
+            for size in SIZES:
+                r = fig("kvrelay", op, size)
+                if r is None or moved_gb(r) <= 0 or "publisher_cpu_s" not in r:
+                    continue
+                tot, pub = r["server_cpu_s"] / moved_gb(r), r["publisher_cpu_s"] / moved_gb(r)
+                share = f"{100 * pub / tot:.0f} %" if tot > 0 else "-"
+                w(f"| {op.upper()} | {size} | {tot:.3f} | {pub:.3f} | {share} |")
+                put_kv(f"{op}_{size}_kvrelay_publisher_cpu_s_per_gb", f"{pub:.4f}")
+        w("")
+
     if variants:  # kvrelay with other options, beside the default and the peers of the same run
         w("## kvrelay variants (same run; the targets above are the default's)\n")
         w("| variant | op | size | conns | GB/s | req/s | p99 ms | server CPU s/GB | / kvrelay | / null | / memcached |")
