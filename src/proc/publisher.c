@@ -607,9 +607,12 @@ static void wait_for_work(pub_t *p)
         if (p->unwoken_ns == 0)
             p->unwoken_ns = now;
     } else {
+        uint64_t since = p->unwoken_ns;
         p->unwoken_ns = 0;
-        if (queued == 0 && kvr_log_count(p->store.log) > 0)
-            return; /* appended while the flag was up: no wake-up is coming for it */
+        if (queued == 0 && kvr_log_count(p->store.log) > 0) {
+            p->unwoken_ns = since; /* appended while the flag was up: no wake-up is coming for */
+            return;                /* it, and it may have come as early as that */
+        }
     }
     if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
         uint64_t v;
