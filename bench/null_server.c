@@ -670,7 +670,6 @@ static int worker_main(int lfd)
     scratch = aligned_alloc(4096, SCRATCH_CAP);
     if (ep < 0 || scratch == NULL)
         return 1;
-
     lev.events = EPOLLIN;
     lev.data.ptr = &listener_tag;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &lev) < 0)

@@ -649,10 +649,11 @@ static void consume_log(pub_t *p, kvr_log_event_t *ev)
         p->unwoken_ns = kvr_relay_mono_ns(); /* the log was empty here: what is queued came later */
 }
 
-/* One turn of the main loop. Appends wake us when the log goes from empty to one event, or
- * reaches a delta's worth (kvr_log_set_wake_batch). Between the two we linger up to linger_ns
- * without consuming, so the log stays non-empty and the workers' appends write no eventfd: one
- * wake-up for every few PUTs instead of one per PUT. */
+/* One turn of the main loop. Appends wake us when the log goes from empty to one event while
+ * we are not in a timed sleep (wait_for_work), or when it reaches a delta's worth
+ * (kvr_log_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
+ * the log stays non-empty and the workers' appends write no eventfd: one wake-up for every few
+ * PUTs instead of one per PUT. */
 static void publisher_turn(pub_t *p, kvr_log_event_t *ev)
 {
     uint64_t now, queued;
