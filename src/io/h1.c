@@ -1222,8 +1222,10 @@ static void accept_queued(kvr_h1_t *s)
     if (!s->accepting || s->draining || s->listen_fd < 0 || poll(&p, 1, 0) != 1)
         return;
     fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0)
-        conn_new(s, fd);
+    if (fd < 0)
+        return;
+    kvr_uring_fd_new(&s->ring, fd); /* not through the engine's accept: it must hear of it */
+    conn_new(s, fd);
 }
 
 void kvr_h1_tick(kvr_h1_t *s)

@@ -587,6 +587,12 @@ int kvr_uring_accept(kvr_uring_t *u, int fd, kvr_uring_op_t *op)
     return KVR_OK;
 }
 
+void kvr_uring_fd_new(kvr_uring_t *u, int fd)
+{
+    if (u->engine == KVR_IO_EPOLL)
+        ep_fresh_fd(u, fd);
+}
+
 int kvr_uring_recv(kvr_uring_t *u, int fd, void *buf, size_t len, kvr_uring_op_t *op)
 {
     return kvr_uring_recv_flags(u, fd, buf, len, 0, op);

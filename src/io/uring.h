@@ -82,6 +82,11 @@ int kvr_uring_init(kvr_uring_t *u, unsigned entries);
 void kvr_uring_exit(kvr_uring_t *u);
 
 int kvr_uring_accept(kvr_uring_t *u, int fd, kvr_uring_op_t *op);
+/* A descriptor the caller made outside the engine (accept4, dup2): its number may be a closed
+ * descriptor's, of which the epoll engine still keeps a record ("in the epoll set", while the
+ * kernel dropped it at close), and an op on it would wait for readiness that is never
+ * reported. Call it before the descriptor's first op; an accept through the engine does. */
+void kvr_uring_fd_new(kvr_uring_t *u, int fd);
 int kvr_uring_recv(kvr_uring_t *u, int fd, void *buf, size_t len, kvr_uring_op_t *op);
 int kvr_uring_send(kvr_uring_t *u, int fd, const void *buf, size_t len, kvr_uring_op_t *op);
 /* recv with MSG_* flags (MSG_PEEK to look without consuming, MSG_TRUNC with buf NULL to discard). */

@@ -4,8 +4,8 @@
  * result, as the callers (src/io/h1.c, the gRPC relay) rely on it: MSG_WAITALL across
  * iovecs and pieces (one completion, the iovecs left as the caller made them), EOF after
  * partial progress, a send larger than the socket buffer, MSG_PEEK, MSG_TRUNC, accept,
- * cancel, a closed descriptor, a shutdown waking a pending op, no callback from inside a
- * submission.
+ * cancel, a closed descriptor, a shutdown waking a pending op, a reused descriptor number, no
+ * callback from inside a submission.
  */
 #include "io/uring.h"
 
@@ -362,6 +362,51 @@ BOTH(cancel_closed_fd_and_shutdown)
     run_until(u, &d);
     cr_assert_eq(d.res, -EBADF);
     close(c);
+    close(s);
+    kvr_uring_exit(u);
+}
+
+/* A descriptor number reused outside the engine's accept (h1's accept_queued calls accept4
+ * itself): once announced with kvr_uring_fd_new, an op on it waits for the new socket's
+ * readiness. The epoll engine's record of the closed socket says "in the epoll set", which the
+ * kernel forgot at close; without the announcement the recv below never completes. */
+BOTH(reused_descriptor_number_announced)
+{
+    kvr_uring_t *u = start(engine);
+    char buf[16];
+    done_t d;
+    int s, c, s2, c2, hi, c2hi;
+
+    tcp_pair(&s, &c);
+    done_init(&d);
+    cr_assert_eq(kvr_uring_recv(u, s, buf, sizeof(buf), &d.op), KVR_OK);
+    turn(u, 5); /* nothing to read: it waits (epoll: s joins the set) */
+    cr_assert_eq(d.calls, 0);
+    cr_assert_eq(write(c, "a", 1), 1);
+    run_until(u, &d);
+    cr_assert_eq(d.res, 1);
+    close(s); /* the kernel drops it from the epoll set; the number is free */
+    close(c);
+
+    tcp_pair(&s2, &c2); /* either may have taken s's number: both moved out of the way first */
+    hi = fcntl(s2, F_DUPFD_CLOEXEC, 100);
+    close(s2);
+    c2hi = fcntl(c2, F_DUPFD_CLOEXEC, 100);
+    close(c2);
+    c2 = c2hi;
+    cr_assert(hi >= 0 && c2 >= 0);
+    cr_assert_eq(dup2(hi, s), s); /* a new socket under the old number, made outside the engine */
+    close(hi);
+    kvr_uring_fd_new(u, s);
+    done_init(&d);
+    cr_assert_eq(kvr_uring_recv(u, s, buf, sizeof(buf), &d.op), KVR_OK);
+    turn(u, 5);
+    cr_assert_eq(d.calls, 0);
+    cr_assert_eq(write(c2, "bc", 2), 2);
+    run_until(u, &d);
+    cr_assert_eq(d.res, 2);
+    cr_assert_eq(memcmp(buf, "bc", 2), 0);
+    close(c2);
     close(s);
     kvr_uring_exit(u);
 }
