@@ -26,9 +26,19 @@ KiB = 1 << 10
 
 def kill_server(srv, limit=10.0):
     """SIGKILL the supervisor and every child by PID (a crash, not a shutdown); waits until
-    none of them runs. The fixture's stop() reaps afterwards."""
+    none of them runs. The fixture's stop() reaps afterwards.
+
+    The supervisor is stopped (SIGSTOP, then state T) before anything is killed: killed
+    children first, a running supervisor replaces them at once, and a replacement that
+    serves before the supervisor's own SIGKILL lands is a server that did not go down."""
     srv.kills_expected = True
-    kids = list(srv.children())
+    sup = srv.proc.pid
+    os.kill(sup, signal.SIGSTOP)
+    deadline = time.monotonic() + limit
+    while not _stopped(sup) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert _stopped(sup), f"supervisor {sup} did not stop"
+    kids = list(srv.children())  # complete now: a stopped supervisor forks nothing
     for p in kids:
         try:
             os.kill(p, signal.SIGKILL)
@@ -43,6 +53,16 @@ def kill_server(srv, limit=10.0):
             return
         time.sleep(0.02)
     raise AssertionError(f"children {alive} survived SIGKILL")
+
+
+def _stopped(pid):
+    """True when every thread of pid is in state T (a SIGSTOP has taken effect)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    states = [_state(f"{pid}/task/{t}") for t in tids]
+    return bool(states) and all(st == "T" for st in states)
 
 
 def _state(pid):
