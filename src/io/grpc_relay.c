@@ -39,6 +39,11 @@ static void emit_catalog(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     const kvr_config_t *cfg = g->cfg;
+    /* The revision first, then what it covers (the generation, whether the publisher runs):
+     * every writer changes those before it bumps the revision, so what we send is at least
+     * as new as the revision we send it under, and a later change shows as a revision that
+     * tick_catalog has not sent. */
+    uint64_t rev = kvr_relay_catalog_revision(g->relay);
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_UPDATE__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
@@ -57,8 +62,8 @@ static void emit_catalog(gstream_t *s)
     relay_identity(g, &rel);
     up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
     up.relay = &rel;
-    s->sent_revision = kvr_relay_catalog_revision(g->relay);
-    up.revision = s->sent_revision;
+    s->sent_revision = rev;
+    up.revision = rev;
     up.snapshot = &snap;
     up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
     if (gen != 0 && kvr_seg_publisher_up(g->seg)) {

@@ -722,6 +722,9 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     new_generation(p, "start");
     atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
     atomic_store(&seg->hdr->ctl.publisher_running, 1);
+    /* the catalog lists the pool only while a publisher runs: that changed too, after the
+     * generation's bump (a worker that sent that revision without the pool sends again) */
+    atomic_fetch_add(&p->relay.sh->catalog_revision, 1);
 
     kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
     kvr_log_set_timed(p->store.log, 0); /* a dead predecessor's flag */

@@ -144,9 +144,10 @@ static int take_readiness(sup_t *s, child_t *c)
 {
     if (!atomic_exchange(&s->seg.procs[c->slot].ready, 0))
         return 0;
-    if (c->role == KVR_ROLE_PUBLISHER)
+    if (c->role == KVR_ROLE_PUBLISHER) {
         atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
-    else
+        atomic_fetch_add(&s->relay.sh->catalog_revision, 1); /* the pool leaves the catalog */
+    } else
         atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
     return 1;
 }
@@ -156,9 +157,10 @@ static int take_readiness(sup_t *s, child_t *c)
 static void give_readiness(sup_t *s, child_t *c)
 {
     atomic_store(&s->seg.procs[c->slot].ready, 1);
-    if (c->role == KVR_ROLE_PUBLISHER)
+    if (c->role == KVR_ROLE_PUBLISHER) {
         atomic_store(&s->seg.hdr->ctl.publisher_running, 1);
-    else
+        atomic_fetch_add(&s->relay.sh->catalog_revision, 1); /* and is back in it */
+    } else
         atomic_fetch_add(&s->seg.hdr->ctl.workers_running, 1);
 }
 
