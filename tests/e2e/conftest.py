@@ -684,6 +684,28 @@ def _pid_alive_child_of(pid, ppid):
     return os.path.basename(exe.replace(" (deleted)", "")) == BINARY.name
 
 
+def wait_stopped(pid, limit):
+    """Polls /proc until every thread of pid is in state T (a SIGSTOP has taken effect: kill()
+    returns before it has); True if it got there within limit seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    pass
+        except OSError:
+            return False
+        if states and all(st == "T" for st in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+
+
 def _proc_role(pid):
     """'publisher' when the process calls itself that (comm or argv), else 'worker'."""
     try:

@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 
-from conftest import SLOW
+from conftest import SLOW, wait_stopped
 
 LOAD_RE = re.compile(r'^kvrelay_worker_connections\{slot="(\d+)"\} (\d+)$', re.M)
 
@@ -52,23 +52,6 @@ def _served(sock, timeout):
             return False
         got += chunk
     return got.startswith(b"HTTP/1.1 200")
-
-
-def _wait_stopped(pid, limit):
-    """Polls /proc until every thread of pid is in the stopped state ('T'); True if it got there."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:
-                pass
-        if states and all(st == "T" for st in states):
-            return True
-        time.sleep(0.002)
-    return False
 
 
 def test_a_burst_of_connections_spreads_evenly_over_the_workers(kvrelay):
@@ -117,7 +100,7 @@ def test_a_stopped_worker_holds_up_no_new_connection(kvrelay):
         # accepted into the ring of a worker that then stops, and waits for it (or for the
         # watchdog) as it would behind any worker that stalls right after an accept. The claim
         # here is about connections that arrive once the worker is stopped.
-        assert _wait_stopped(workers[0], 5 * SLOW), "the worker stops"
+        assert wait_stopped(workers[0], 5 * SLOW), "the worker stops"
         slow = []
         for i in range(16):
             t0 = time.monotonic()

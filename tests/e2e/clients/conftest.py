@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_stopped  # noqa: E402  (tests/e2e/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 CLIENT_SRC = REPO / "clients" / "python"
 if str(CLIENT_SRC) not in sys.path:
@@ -34,10 +36,7 @@ def kill_server(srv, limit=10.0):
     srv.kills_expected = True
     sup = srv.proc.pid
     os.kill(sup, signal.SIGSTOP)
-    deadline = time.monotonic() + limit
-    while not _stopped(sup) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert _stopped(sup), f"supervisor {sup} did not stop"
+    assert wait_stopped(sup, limit), f"supervisor {sup} did not stop"
     kids = list(srv.children())  # complete now: a stopped supervisor forks nothing
     for p in kids:
         try:
@@ -53,16 +52,6 @@ def kill_server(srv, limit=10.0):
             return
         time.sleep(0.02)
     raise AssertionError(f"children {alive} survived SIGKILL")
-
-
-def _stopped(pid):
-    """True when every thread of pid is in state T (a SIGSTOP has taken effect)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    states = [_state(f"{pid}/task/{t}") for t in tids]
-    return bool(states) and all(st == "T" for st in states)
 
 
 def _state(pid):
