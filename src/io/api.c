@@ -36,6 +36,7 @@ void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_sto
     a->token_len = strlen(cfg->token);
     a->inflight_cap = (cfg->max_inflight_bytes ? cfg->max_inflight_bytes : cfg->memory / 4) /
                       (cfg->workers ? cfg->workers : 1);
+    a->peer_cap = a->inflight_cap / 100 * cfg->peer_inflight_share;
 }
 
 static int memis(const char *p, size_t n, const char *lit)
@@ -256,6 +257,12 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
         res->put = KVR_API_PUT_WAIT;
         return;
     }
+    /* Nor may one peer address hold more than its share, past its own first reservation: a
+     * client that trickles many bodies cannot starve the others (docs/dataplane.md). */
+    if (!rq->buffered && !kvr_api_peer_fits(a, rq->peer_held, rq->body_len)) {
+        res->put = KVR_API_PUT_WAIT;
+        return;
+    }
     memcpy(res->key, key, klen);
     res->klen = (uint16_t)klen;
     res->put_len = rq->body_len;
@@ -276,6 +283,11 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
 int kvr_api_put_fits(const kvr_api_t *a, uint64_t len)
 {
     return a->inflight == 0 || a->inflight + len <= a->inflight_cap;
+}
+
+int kvr_api_peer_fits(const kvr_api_t *a, uint64_t held, uint64_t len)
+{
+    return held == 0 || held + len <= a->peer_cap;
 }
 
 size_t kvr_api_txn_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, struct iovec *iov, size_t max)

@@ -67,6 +67,7 @@ typedef struct {
     int draining;          /* this worker is draining: /readyz says 503 */
     uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
     uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
+    uint64_t peer_cap;     /* what one peer address may hold of it (--peer-inflight-share) */
     uint32_t batch_pins;   /* pins held by this worker's batch GET responses */
 } kvr_api_t;
 
@@ -83,6 +84,7 @@ typedef struct {
     size_t head_bytes;              /* request line + header names and values */
     int length_unknown;             /* chunked, not received yet: check the head only */
     int buffered;                   /* the body is already in memory (h2o): no budget applies */
+    uint64_t peer_held;             /* reservation bytes the client's address holds in this worker */
 } kvr_api_req_t;
 
 enum { KVR_API_BODY_INLINE, KVR_API_BODY_BLOCK, KVR_API_BODY_HEAP };
@@ -135,6 +137,9 @@ size_t kvr_api_txn_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, str
 
 /* 1 when a PUT of len bytes would get a reservation now (not KVR_API_PUT_WAIT). */
 int kvr_api_put_fits(const kvr_api_t *a, uint64_t len);
+/* 1 when a peer address holding `held` reservation bytes may take len more (--peer-inflight-share;
+ * its first reservation always may). */
+int kvr_api_peer_fits(const kvr_api_t *a, uint64_t held, uint64_t len);
 
 /* Copies body bytes into the reservation at offset off: for bodies a transport already holds in
  * memory (h2o's buffered bodies, the few body bytes that arrived with an io_uring head). */

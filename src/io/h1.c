@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +26,8 @@
 #define H1_ACCEPT_SLACK 1      /* connections held beyond the least loaded worker's, still accepting */
 #define H1_ACCEPT_STALL_MS 200 /* a worker given the turn whose loop has not moved for this long is passed over */
 #define H1_RETRY_AFTER  "1"
+#define H1_RECLAIM_MAX  16     /* idle connections closed at once when out of descriptors */
+#define H1_PEER_BUCKETS 256
 
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN (sizeof(h2_preface) - 1)
@@ -42,6 +45,14 @@ enum {
 };
 
 typedef struct h1c_s h1c_t;
+
+/* A client address and what its connections hold in this worker (--peer-inflight-share). */
+typedef struct h1peer_s {
+    struct h1peer_s *next;
+    uint8_t addr[16]; /* IPv6, or IPv4-mapped */
+    uint32_t conns;
+    uint64_t held;    /* bytes of PUT reservations */
+} h1peer_t;
 
 struct kvr_h1_s {
     const kvr_config_t *cfg;
@@ -64,6 +75,12 @@ struct kvr_h1_s {
     h1c_t *conns;         /* every open connection */
     uint64_t nconns;
     h1c_t *wait_head, *wait_tail; /* PUTs waiting for the in-flight budget, oldest first */
+    h1c_t *idle_head, *idle_tail; /* connections between requests, longest idle first */
+    uint64_t max_conns;   /* --max-connections, or what RLIMIT_NOFILE allows */
+    uint32_t nreclaim;    /* closed to make room and not yet freed */
+    int pressure;         /* an episode of making room: logged at its start and end */
+    uint64_t reclaimed;   /* connections closed in this episode */
+    h1peer_t *peers[H1_PEER_BUCKETS];
     unsigned chunked_conns;
     uint64_t last_tick_ms;
     char date[40];        /* "Date: ...\r\n", refreshed every second */
@@ -86,6 +103,17 @@ struct h1c_s {
     uint8_t sniff_wait;   /* peeked, waiting for a decision at the next tick */
     uint8_t post_drain;   /* consuming the body of a request answered from its head */
     uint8_t lowat;        /* SO_RCVLOWAT is raised (--recv-lowat) for this body's receive */
+    uint8_t in_idle;      /* on the idle list: may be closed to make room */
+    uint8_t reclaimed;    /* closed to make room (counted in nreclaim until freed) */
+    uint8_t cut;          /* the read in flight was cancelled: answer 408 when it completes */
+    uint8_t rate_on;      /* rate_ms / rate_mark hold a --min-body-rate window */
+    h1c_t *iprev, *inext; /* the idle list */
+    h1peer_t *peer;       /* NULL when the address could not be had */
+    uint64_t held;        /* reservation bytes counted in peer->held */
+    uint64_t head_ms;     /* the current head's first byte (0: none yet) */
+    uint64_t rate_ms;     /* start of the current --body-rate-window ... */
+    uint64_t rate_mark;   /* ... and TCP_INFO bytes received + acked then */
+    const char *cut_why;
     kvr_uring_op_t rop, wop;
     uint64_t last_ms;     /* last byte moved, or the state began */
     uint64_t linger_until;
@@ -111,6 +139,8 @@ struct h1c_s {
 };
 
 static void conn_read(h1c_t *c);
+static void arm_accept(kvr_h1_t *s);
+static void accept_turn(kvr_h1_t *s, int woken);
 static void conn_write(h1c_t *c);
 static void conn_next(h1c_t *c);
 static void on_read(kvr_uring_op_t *op, int res);
@@ -159,11 +189,160 @@ static void wait_leave(h1c_t *c)
     c->wprev = c->wnext = NULL;
 }
 
+/* The idle list: connections with no request in progress (accepted and silent, or between
+ * two requests), in the order they became idle. Out of descriptors or at --max-connections,
+ * the longest idle are closed first to make room (nginx's "reusable connections"). */
+static void idle_enter(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (c->in_idle)
+        return;
+    c->in_idle = 1;
+    c->inext = NULL;
+    c->iprev = s->idle_tail;
+    if (s->idle_tail != NULL)
+        s->idle_tail->inext = c;
+    else
+        s->idle_head = c;
+    s->idle_tail = c;
+}
+
+static void idle_leave(h1c_t *c)
+{
+    kvr_h1_t *s = c->s;
+
+    if (!c->in_idle)
+        return;
+    c->in_idle = 0;
+    if (c->iprev != NULL)
+        c->iprev->inext = c->inext;
+    else
+        s->idle_head = c->inext;
+    if (c->inext != NULL)
+        c->inext->iprev = c->iprev;
+    else
+        s->idle_tail = c->iprev;
+    c->iprev = c->inext = NULL;
+}
+
+/* ------------------------------------------------------------------ peers */
+
+static unsigned peer_bucket(const uint8_t *a)
+{
+    uint32_t h = 2166136261u;
+
+    for (int i = 0; i < 16; i++)
+        h = (h ^ a[i]) * 16777619u;
+    return h % H1_PEER_BUCKETS;
+}
+
+/* Finds or adds the connection's peer; without an address (or memory) it has none and is
+ * not limited by address. */
+static void peer_attach(h1c_t *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    uint8_t a[16] = {0};
+    h1peer_t **b, *p;
+
+    if (getpeername(c->fd, (struct sockaddr *)&ss, &len) < 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        a[10] = a[11] = 0xff;
+        memcpy(a + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        memcpy(a, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    } else {
+        return;
+    }
+    b = &c->s->peers[peer_bucket(a)];
+    for (p = *b; p != NULL && memcmp(p->addr, a, 16) != 0; p = p->next)
+        ;
+    if (p == NULL) {
+        if ((p = calloc(1, sizeof(*p))) == NULL)
+            return;
+        memcpy(p->addr, a, 16);
+        p->next = *b;
+        *b = p;
+    }
+    p->conns++;
+    c->peer = p;
+}
+
+static void peer_detach(h1c_t *c)
+{
+    h1peer_t *p = c->peer, **b;
+
+    if (p == NULL)
+        return;
+    c->peer = NULL;
+    if (--p->conns > 0)
+        return;
+    for (b = &c->s->peers[peer_bucket(p->addr)]; *b != p; b = &(*b)->next)
+        ;
+    *b = p->next;
+    free(p);
+}
+
+/* What the peer holds of the budget follows the connection's reservation. */
+static uint64_t peer_held(const h1c_t *c)
+{
+    return c->peer != NULL ? c->peer->held : 0;
+}
+
+static void peer_take(h1c_t *c)
+{
+    if (c->res.put != KVR_API_PUT_RESERVED || c->peer == NULL)
+        return;
+    c->held = c->res.put_len;
+    c->peer->held += c->held;
+}
+
+static void peer_give(h1c_t *c)
+{
+    if (c->peer != NULL)
+        c->peer->held -= c->held;
+    c->held = 0;
+}
+
+/* ------------------------------------------------------------------ making room */
+
+static void conn_close(h1c_t *c);
+
+/* Closes up to n of the longest-idle connections; returns how many. */
+static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
+{
+    unsigned k = 0;
+
+    while (k < n && s->idle_head != NULL) {
+        h1c_t *c = s->idle_head;
+        idle_leave(c);
+        c->reclaimed = 1;
+        s->nreclaim++;
+        conn_close(c);
+        k++;
+    }
+    if (k > 0) {
+        if (!s->pressure)
+            kvr_warn("h1: %s with %llu connections open: closing the longest-idle ones to make room", why,
+                     (unsigned long long)s->nconns);
+        s->pressure = 1;
+        s->reclaimed += k;
+    }
+    return k;
+}
+
 static void conn_free(h1c_t *c)
 {
     kvr_h1_t *s = c->s;
 
     wait_leave(c);
+    idle_leave(c);
+    peer_give(c);
+    peer_detach(c);
+    if (c->reclaimed)
+        s->nreclaim--;
     if (c->in_req) {
         kvr_api_done(s->api, &c->res, c->method, c->start_us, c->bytes_in, c->bytes_out);
         c->in_req = 0;
@@ -175,6 +354,12 @@ static void conn_free(h1c_t *c)
     conn_unlink(c);
     close(c->fd);
     free(c);
+    if (s->fd_exhausted && !s->accepting) { /* a descriptor is free now: take the next client */
+        s->accept_paused_until = 0;
+        arm_accept(s);
+    } else if (s->pressure && !s->accepting) {
+        accept_turn(s, 0);
+    }
 }
 
 /* Ends the connection: in-flight operations complete with errors once the socket is shut;
@@ -184,10 +369,15 @@ static void conn_close(h1c_t *c)
     if (!c->closing) {
         c->closing = 1;
         wait_leave(c);
+        idle_leave(c);
         shutdown(c->fd, SHUT_RDWR);
-        /* An abandoned PUT gives its reservation back now, not at free time. */
-        if (c->in_req && c->res.put != KVR_API_PUT_NONE)
+        /* An abandoned PUT gives its reservation back now, unless a receive into it is still
+         * in flight: the kernel may yet copy bytes queued on the socket into those pages, so
+         * they go back when it completes (conn_free), which the shutdown hastens. */
+        if (c->in_req && c->res.put != KVR_API_PUT_NONE && !c->rbusy) {
+            peer_give(c);
             kvr_api_put_end(c->s->api, &c->res, 0);
+        }
     }
     if (!c->rbusy && !c->wbusy)
         conn_free(c);
@@ -218,6 +408,8 @@ static void adopt_to_h2o(h1c_t *c)
         c->sniff_wait = 1;
         return;
     }
+    idle_leave(c);
+    peer_detach(c);
     conn_unlink(c); /* the descriptor lives on in h2o */
     free(c);
 }
@@ -248,6 +440,8 @@ static void conn_new(kvr_h1_t *s, int fd)
     s->conns = c;
     s->nconns++;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    peer_attach(c);
+    idle_enter(c); /* silent so far: the first to go when room is needed */
     conn_read(c);
 }
 
@@ -333,6 +527,7 @@ static void respond(h1c_t *c)
     c->resp_total = c->out_len + (res->head_only ? 0 : res->length);
     c->resp_sent = 0;
     c->state = ST_SEND;
+    c->rate_on = 0;
     c->last_ms = now_ms();
     conn_write(c);
 }
@@ -346,8 +541,10 @@ static void respond_error_hdr(h1c_t *c, int status, const char *code, const char
         c->in_req = 1;
         c->start_us = kvr_api_now_us();
     }
-    if (c->res.put != KVR_API_PUT_NONE)
+    if (c->res.put != KVR_API_PUT_NONE) {
+        peer_give(c);
         kvr_api_put_end(c->s->api, &c->res, 0);
+    }
     if (c->res.pinned) {
         kvr_store_unpin(c->s->api->store, &c->res.ref);
         c->res.pinned = 0;
@@ -635,7 +832,9 @@ static void start_request(h1c_t *c)
         begin_body(c);
         return;
     }
+    c->rq.peer_held = peer_held(c);
     kvr_api_handle(c->s->api, &c->rq, res);
+    peer_take(c);
     switch (res->put) {
     case KVR_API_BODY_WANTED:
         if (c->s->chunked_conns >= KVR_H1_CHUNKED_CONNS || (c->cbuf = malloc(c->body_len + 1)) == NULL) {
@@ -697,6 +896,7 @@ static void body_complete(h1c_t *c)
         c->cbuf = NULL;
         c->s->chunked_conns--;
     } else if (res->put != KVR_API_PUT_NONE) {
+        peer_give(c);
         kvr_api_put_end(c->s->api, res, 1);
     }
     respond(c);
@@ -708,6 +908,7 @@ static void begin_body(h1c_t *c)
     size_t pre = preread(c);
 
     c->last_ms = now_ms();
+    c->rate_on = 0;
     if (c->state == ST_CHUNKED) {
         conn_read(c); /* the preread bytes are taken in on_read's chunked path */
         return;
@@ -771,12 +972,14 @@ static void chunked_input(h1c_t *c)
     c->rq.body_len = c->body_len = c->cdec;
     c->bytes_in = c->cdec;
     kvr_api_res_reset(&c->res);
+    c->rq.peer_held = peer_held(c);
     kvr_api_handle(c->s->api, &c->rq, &c->res);
     if (c->res.put == KVR_API_PUT_WAIT) { /* the body is here already: no budget to wait for */
         c->rq.buffered = 1;
         kvr_api_res_reset(&c->res);
         kvr_api_handle(c->s->api, &c->rq, &c->res);
     }
+    peer_take(c);
     if (c->res.put == KVR_API_PUT_RESERVED)
         kvr_api_put_write(c->s->api, &c->res, 0, c->cbuf, c->cdec);
     free(c->cbuf);
@@ -933,6 +1136,8 @@ static void sniffed(h1c_t *c, int n)
 {
     size_t cmp = (size_t)n < H2_PREFACE_LEN ? (size_t)n : H2_PREFACE_LEN;
 
+    if (c->head_ms == 0)
+        c->head_ms = now_ms(); /* --header-timeout runs from here */
     if (kvr_http_tls(c->s->http)) { /* a TLS port serves TLS only: h2o refuses the rest */
         adopt_to_h2o(c);
         return;
@@ -955,8 +1160,15 @@ static void on_read(kvr_uring_op_t *op, int res)
     h1c_t *c = op->data;
 
     c->rbusy = 0;
+    idle_leave(c);
     if (c->closing) {
         conn_close(c);
+        return;
+    }
+    if (c->cut) { /* cancelled by the tick: a deadline passed (kvr_h1_tick) */
+        c->cut = 0;
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: 408 after %s", c->cut_why);
+        respond_error(c, 408, "RequestTimeout", c->cut_why);
         return;
     }
     if (res <= 0) {
@@ -972,6 +1184,8 @@ static void on_read(kvr_uring_op_t *op, int res)
     c->last_ms = now_ms();
     switch (c->state) {
     case ST_HEAD:
+        if (c->head_ms == 0)
+            c->head_ms = c->last_ms;
         c->hlen += (size_t)res;
         parse_head(c);
         return;
@@ -1009,30 +1223,42 @@ static void conn_next(h1c_t *c)
     c->last_len = 0;
     c->state = ST_HEAD;
     c->last_ms = now_ms();
+    c->head_ms = left > 0 ? c->last_ms : 0;
     if (c->s->draining) {
         conn_close(c);
         return;
     }
-    if (left > 0)
+    if (left > 0) {
         parse_head(c);
-    else
+    } else {
+        idle_enter(c);
         conn_read(c);
+    }
 }
 
 /* ------------------------------------------------------------------ accept */
-
-static void arm_accept(kvr_h1_t *s)
-{
-    if (s->accepting || s->draining || s->listen_fd < 0)
-        return;
-    if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
-        s->accepting = 1;
-}
 
 /* The client connections we hold: ours and those handed to h2o. */
 static uint32_t held(const kvr_h1_t *s)
 {
     return (uint32_t)(s->nconns + kvr_http_connections(s->http));
+}
+
+static void arm_accept(kvr_h1_t *s)
+{
+    if (s->accepting || s->draining || s->listen_fd < 0)
+        return;
+    if (held(s) - s->nreclaim >= s->max_conns && s->idle_head == NULL) {
+        /* at --max-connections and nothing idle to close: newcomers wait in the listener's
+         * queue (or are taken by another worker) until a connection here ends */
+        if (!s->pressure)
+            kvr_warn("h1: %llu connections open, none idle (--max-connections %llu): not accepting until one ends",
+                     (unsigned long long)held(s), (unsigned long long)s->max_conns);
+        s->pressure = 1;
+        return;
+    }
+    if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
+        s->accepting = 1;
 }
 
 /* 1 when the worker in slot `to`, given the turn, has not looped for H1_ACCEPT_STALL_MS (or no
@@ -1100,20 +1326,27 @@ static void on_accept(kvr_uring_op_t *op, int res)
             kvr_info("h1: accepting again (%llu connections open)", (unsigned long long)s->nconns);
             s->fd_exhausted = 0;
         }
-        if (s->draining)
+        if (s->draining) {
             close(res);
-        else
+        } else {
             conn_new(s, res);
+            /* past --max-connections the longest idle goes (the newcomer is the newest) */
+            if (held(s) - s->nreclaim > s->max_conns && s->idle_head != NULL && s->idle_head != s->idle_tail)
+                reclaim(s, 1, "at --max-connections");
+        }
         accept_turn(s, 0);
         return;
     }
     if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
-        /* As nginx does: stop accepting for a moment, keep serving what is open. */
-        if (!s->fd_exhausted)
-            kvr_warn("h1: cannot accept (%s) with %llu connections open; pausing accept", strerror(-res),
-                     (unsigned long long)s->nconns);
+        /* Out of descriptors: close the longest-idle connections and accept again as soon as
+         * one is freed (conn_free); with none idle, stop accepting for a moment as nginx does
+         * and keep serving what is open. */
+        if (!s->fd_exhausted && s->idle_head == NULL)
+            kvr_warn("h1: cannot accept (%s) with %llu connections open, none idle; pausing accept",
+                     strerror(-res), (unsigned long long)s->nconns);
         s->fd_exhausted = 1;
         s->accept_paused_until = now_ms() + H1_ACCEPT_PAUSE_MS;
+        reclaim(s, H1_RECLAIM_MAX, strerror(-res));
         return;
     }
     if (res != -ECANCELED)
@@ -1140,6 +1373,16 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
     s->listen_fd = listen_fd;
     s->accept_fds = accept_fds;
     s->yield_to = -1;
+    s->max_conns = cfg->max_connections;
+    if (s->max_conns == 0) {
+        /* what the descriptor limit leaves after a reserve for the listeners, rings, eventfds,
+         * the segment, the log and h2o's own */
+        struct rlimit rl;
+        uint64_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 1u << 20;
+        s->max_conns = lim - (lim / 4 < 64 ? lim / 4 : 64);
+    }
+    kvr_info("h1: at most %llu client connections (%s)", (unsigned long long)s->max_conns,
+             cfg->max_connections ? "--max-connections" : "RLIMIT_NOFILE less a reserve");
     if (kvr_uring_init(&s->ring, 1024) != KVR_OK) {
         free(s);
         return NULL;
@@ -1167,21 +1410,103 @@ void kvr_h1_flush(kvr_h1_t *s)
     kvr_uring_flush(&s->ring);
 }
 
-/* An operation that waits for a whole body or response completes only at its end, so the
- * timeout looks at the kernel's own counters: bytes received or acknowledged since the last
- * look are progress. */
-static int moved(h1c_t *c)
+/* The kernel's byte counters of the connection: received, and sent and acknowledged. */
+static int tcp_bytes(const h1c_t *c, uint64_t *in, uint64_t *out)
 {
     struct tcp_info ti;
     socklen_t len = sizeof(ti);
 
     if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 || len < sizeof(ti))
+        return -1;
+    *in = ti.tcpi_bytes_received;
+    *out = ti.tcpi_bytes_acked;
+    return 0;
+}
+
+/* An operation that waits for a whole body or response (MSG_WAITALL) completes only at its
+ * end, so the timeout looks at the kernel's own counters: bytes received or acknowledged since
+ * the last look are progress. Every other read completes with what arrived and moves last_ms
+ * itself. */
+static int moved(h1c_t *c)
+{
+    uint64_t in, out;
+
+    if (c->state != ST_BODY && c->state != ST_COLLECT && c->state != ST_SEND)
         return 0;
-    if (ti.tcpi_bytes_received == c->tcp_in && ti.tcpi_bytes_acked == c->tcp_out)
+    if (tcp_bytes(c, &in, &out) < 0 || (in == c->tcp_in && out == c->tcp_out))
         return 0;
-    c->tcp_in = ti.tcpi_bytes_received;
-    c->tcp_out = ti.tcpi_bytes_acked;
+    c->tcp_in = in;
+    c->tcp_out = out;
     return 1;
+}
+
+/* A transfer that holds something others need (a reservation, a body buffer, a pinned block)
+ * while an operation of it is in flight: --min-body-rate applies. */
+static int rated(const h1c_t *c)
+{
+    switch (c->state) {
+    case ST_BODY:
+    case ST_DISCARD:
+    case ST_CHUNKED:
+    case ST_COLLECT:
+        return c->rbusy;
+    case ST_SEND:
+        return c->wbusy && c->res.body == KVR_API_BODY_BLOCK;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes the transfer still has to move (an upper bound: a MSG_WAITALL operation reports
+ * only at its end). */
+static uint64_t transfer_left(const h1c_t *c)
+{
+    if (c->state == ST_SEND)
+        return c->resp_total - c->resp_sent;
+    if (c->state == ST_CHUNKED)
+        return UINT64_MAX;
+    return c->body_len - c->body_got;
+}
+
+/* Ends the request in progress at a deadline: a read in flight is cancelled and answered 408
+ * from its completion (on_read), when the kernel no longer writes into what it holds; in the
+ * middle of a response, or of a body after its answer, the connection just ends. */
+static void cut(h1c_t *c, const char *why)
+{
+    if (c->state == ST_SEND || c->post_drain || !c->rbusy) {
+        KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: connection cut: %s", why);
+        conn_close(c);
+        return;
+    }
+    c->cut = 1;
+    c->cut_why = why;
+    if (kvr_uring_cancel(&c->s->ring, &c->rop) != KVR_OK)
+        conn_close(c);
+}
+
+/* --min-body-rate: every --body-rate-window, a rated transfer must have moved the rate times
+ * the window, or all it had left. The window's first mark is taken at the first tick that
+ * finds the transfer still going, so a request that ends within 50 ms costs no syscall. */
+static void check_rate(kvr_h1_t *s, h1c_t *c, uint64_t t)
+{
+    uint64_t in, out, need;
+
+    if (tcp_bytes(c, &in, &out) < 0)
+        return;
+    if (c->rate_on && t - c->rate_ms >= s->cfg->body_rate_window_ms) {
+        need = s->cfg->min_body_rate * (t - c->rate_ms) / 1000;
+        if (need > transfer_left(c))
+            need = transfer_left(c);
+        if (in + out - c->rate_mark < need) {
+            cut(c, "the body moved slower than --min-body-rate");
+            return;
+        }
+    } else if (c->rate_on) {
+        return;
+    }
+    c->rate_on = 1;
+    c->rate_ms = t;
+    c->rate_mark = in + out;
 }
 
 /* A PUT that waited for the in-flight budget asks again. 1 when it is on its way (or
@@ -1189,9 +1514,11 @@ static int moved(h1c_t *c)
 static int retry_wait(h1c_t *c)
 {
     kvr_api_res_reset(&c->res);
+    c->rq.peer_held = peer_held(c);
     kvr_api_handle(c->s->api, &c->rq, &c->res);
     if (c->res.put == KVR_API_PUT_WAIT)
         return 0;
+    peer_take(c);
     wait_leave(c);
     c->state = c->res.put == KVR_API_PUT_RESERVED ? ST_BODY : ST_DISCARD;
     if (c->res.put == KVR_API_PUT_RESERVED || c->res.put == KVR_API_PUT_DEDUP)
@@ -1205,9 +1532,15 @@ static int retry_wait(h1c_t *c)
  * turn at once (not at the next tick), in arrival order. */
 static void wake_waiters(kvr_h1_t *s)
 {
-    while (s->wait_head != NULL && kvr_api_put_fits(s->api, s->wait_head->rq.body_len))
-        if (!retry_wait(s->wait_head))
+    h1c_t *c, *next;
+
+    for (c = s->wait_head; c != NULL && kvr_api_put_fits(s->api, c->rq.body_len); c = next) {
+        next = c->wnext;
+        if (!kvr_api_peer_fits(s->api, peer_held(c), c->rq.body_len))
+            continue; /* its address holds its share: the ones behind it go first */
+        if (!retry_wait(c))
             break;
+    }
 }
 
 /* Every tick while our accept is in flight: a connection that waits in the listener's queue
@@ -1240,9 +1573,21 @@ void kvr_h1_tick(kvr_h1_t *s)
     if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
         arm_accept(s);
     accept_turn(s, 0);
+    if (t - s->last_tick_ms > 1000) /* we did not run: nobody's rate is to blame for the gap */
+        for (c = s->conns; c != NULL; c = c->next)
+            c->rate_on = 0;
+    s->last_tick_ms = t;
+    if (s->pressure && s->nreclaim == 0 && !s->fd_exhausted && held(s) < s->max_conns - s->max_conns / 8) {
+        kvr_info("h1: room again: %llu connections open, %llu idle ones closed to make room",
+                 (unsigned long long)s->nconns, (unsigned long long)s->reclaimed);
+        s->pressure = 0;
+        s->reclaimed = 0;
+    }
     for (c = s->conns; c != NULL; c = next) {
         next = c->next;
-        if (c->closing)
+        if (c->closing || c->cut)
+            continue;
+        if (s->cfg->min_body_rate > 0 && rated(c) && (check_rate(s, c, t), c->closing || c->cut))
             continue;
         if (c->state == ST_WAIT) { /* wake_waiters admits; here only the time limit */
             if (t - c->last_ms > s->cfg->io_timeout_ms) {
@@ -1253,14 +1598,19 @@ void kvr_h1_tick(kvr_h1_t *s)
         } else if (c->state == ST_SNIFF && c->sniff_wait && !c->rbusy) {
             c->sniff_wait = 0;
             conn_read(c); /* the peek saw too few bytes to decide, or h2o was full */
-            if (t - c->last_ms > s->cfg->io_timeout_ms)
+            if (t - c->last_ms > s->cfg->io_timeout_ms || t - c->head_ms > s->cfg->header_timeout_ms)
                 conn_close(c);
         } else if (c->state == ST_LINGER) {
             if (t > c->linger_until)
                 conn_close(c);
-        } else if (c->state == ST_HEAD && c->hlen == 0) {
+        } else if (c->in_idle) { /* silent since accepted, or between requests */
             if (t - c->last_ms > s->cfg->idle_timeout_ms || s->draining)
                 conn_close(c);
+        } else if (c->state == ST_HEAD && c->head_ms != 0) { /* a head is coming in */
+            if (t - c->head_ms > s->cfg->header_timeout_ms)
+                cut(c, "the request head was not complete within --header-timeout");
+            else if (t - c->last_ms > s->cfg->io_timeout_ms)
+                cut(c, "no byte of the request head for --io-timeout");
         } else if (t - c->last_ms > s->cfg->io_timeout_ms && (c->rbusy || c->wbusy) && moved(c)) {
             c->last_ms = t; /* a long transfer in one operation, still moving */
         } else if (t - c->last_ms > s->cfg->io_timeout_ms) {
