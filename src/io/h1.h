@@ -17,10 +17,13 @@
  * most KVR_H1_CHUNKED_MAX bytes (413 beyond), at most KVR_H1_CHUNKED_CONNS at a time per
  * worker (503 beyond), and then stored with one copy.
  *
- * Timeouts: --io-timeout cuts a request when no byte has moved in either direction for that
- * long (any progress resets it); --idle-timeout closes a connection idle between requests.
- * Out of file descriptors, the worker stops accepting for 100 ms at a time (logged once per
- * episode) and keeps serving the connections it has.
+ * Deadlines (docs/dataplane.md, "Connection states and their deadlines"): every state has
+ * one. A head must be complete within --header-timeout of its first byte; a body or block
+ * response in flight keeps --min-body-rate over --body-rate-window (408 or the cut); nothing
+ * may pause for --io-timeout; idle connections close after --idle-timeout. One client address
+ * holds at most --peer-inflight-share of the PUT budget. Out of descriptors or at
+ * --max-connections, the longest-idle connections are closed to make room; with none idle the
+ * worker stops accepting until one ends (logged once per episode).
  */
 #ifndef KVR_IO_H1_H
 #define KVR_IO_H1_H

@@ -393,3 +393,43 @@ def test_at_max_connections_the_longest_idle_goes_first(kvrelay):
     busy.close()
     w.close()
     assert srv.get("maxc-busy").body == b"b" * (2 * MiB)
+
+
+def test_silent_sniffing_idle_and_lingering_connections_end_at_their_deadlines(kvrelay):
+    """--io-timeout 2s, --idle-timeout 3s: a connection that sends nothing is closed at the idle
+    timeout; one that sent "P" or "PRI" (too few bytes to tell HTTP/2 from HTTP/1.1) at the I/O
+    timeout; a keep-alive connection after its answer at the idle timeout; one answered 400 and
+    still sending (lingering) within 2 s of the answer."""
+    srv = kvrelay("--memory", "64M", "--workers", "1", "--grpc-bind", "off", "--io-timeout", "2s",
+                  "--idle-timeout", "3s", "--header-timeout", "10s")
+    cases = {}
+    t0 = time.monotonic()
+    cases["silent"] = (raw_connect(srv), 3.0)
+    for first in (b"P", b"PRI"):
+        s = raw_connect(srv)
+        s.sendall(first)
+        cases[first.decode()] = (s, 2.0)
+    ka = raw_connect(srv)
+    ka.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_one_response(ka, 5 * SLOW).status == 200
+    cases["keep-alive"] = (ka, 3.0)
+    lg = raw_connect(srv)
+    lg.sendall(b"GARBAGE\r\n\r\n")
+    w = Watch([s for s, _ in cases.values()] + [lg])
+    answered = None
+    end = time.monotonic() + 10 * SLOW
+    while w.open_fds() and time.monotonic() < end:
+        w.poll(0.1)
+        if answered is None and w.data[lg.fileno()].startswith(b"HTTP/1.1 400"):
+            answered = time.monotonic()
+        if lg.fileno() not in w.closed:
+            try:
+                lg.send(b"more bytes the server discards while lingering\r\n")
+            except OSError:
+                pass
+    assert not w.open_fds(), [name for name, (s, _) in cases.items() if s.fileno() in w.open_fds()]
+    for name, (s, limit) in cases.items():
+        took = w.closed[s.fileno()] - t0
+        assert limit - 0.2 <= took <= limit + 2 * SLOW, (name, took)
+    assert answered is not None and w.closed[lg.fileno()] - answered <= 2 + 2 * SLOW
+    w.close()
