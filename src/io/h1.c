@@ -28,6 +28,8 @@
 #define H1_RETRY_AFTER  "1"
 #define H1_RECLAIM_MAX  16     /* idle connections closed at once when out of descriptors */
 #define H1_PEER_BUCKETS 256
+#define H1_PEER_MAX     65536  /* addresses remembered per worker (about 3 MiB); more go unlimited */
+#define H1_PEER_KEEP_MS 60000  /* an address without connections is remembered this long */
 
 static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN (sizeof(h2_preface) - 1)
@@ -52,6 +54,7 @@ typedef struct h1peer_s {
     uint8_t addr[16]; /* IPv6, or IPv4-mapped */
     uint32_t conns;
     uint64_t held;    /* bytes of PUT reservations */
+    uint64_t last_ms; /* when a connection of it last came or went */
 } h1peer_t;
 
 struct kvr_h1_s {
@@ -78,9 +81,13 @@ struct kvr_h1_s {
     h1c_t *idle_head, *idle_tail; /* connections between requests, longest idle first */
     uint64_t max_conns;   /* --max-connections, or what RLIMIT_NOFILE allows */
     uint32_t nreclaim;    /* closed to make room and not yet freed */
-    int pressure;         /* an episode of making room: logged at its start and end */
+    int pressure;         /* an episode of making room: logged at its start and end ... */
+    uint64_t pressure_ms; /* ... which ends a second after the last room was made */
+    int fd_warned;        /* "pausing accept" logged in this episode */
     uint64_t reclaimed;   /* connections closed in this episode */
     h1peer_t *peers[H1_PEER_BUCKETS];
+    uint32_t npeers;      /* addresses remembered: connected, or within H1_PEER_KEEP_MS */
+    uint64_t peers_swept_ms;
     unsigned chunked_conns;
     uint64_t last_tick_ms;
     char date[40];        /* "Date: ...\r\n", refreshed every second */
@@ -260,35 +267,54 @@ static void peer_attach(h1c_t *c)
     for (p = *b; p != NULL && memcmp(p->addr, a, 16) != 0; p = p->next)
         ;
     if (p == NULL) {
-        if ((p = calloc(1, sizeof(*p))) == NULL)
+        if (c->s->npeers >= H1_PEER_MAX || (p = calloc(1, sizeof(*p))) == NULL)
             return;
         memcpy(p->addr, a, 16);
         p->next = *b;
         *b = p;
+        c->s->npeers++;
     }
     p->conns++;
+    p->last_ms = c->last_ms;
     c->peer = p;
 }
 
+/* The record outlives the address's last connection by H1_PEER_KEEP_MS (peer_sweep): a
+ * client that opens a connection per request is still one of the worker's clients between
+ * two of them. */
 static void peer_detach(h1c_t *c)
 {
-    h1peer_t *p = c->peer, **b;
+    h1peer_t *p = c->peer;
 
     if (p == NULL)
         return;
     c->peer = NULL;
-    if (--p->conns > 0)
-        return;
-    for (b = &c->s->peers[peer_bucket(p->addr)]; *b != p; b = &(*b)->next)
-        ;
-    *b = p->next;
-    free(p);
+    p->conns--;
+    p->last_ms = now_ms();
 }
 
-/* What the peer holds of the budget follows the connection's reservation. */
+static void peer_sweep(kvr_h1_t *s, uint64_t t)
+{
+    if (t - s->peers_swept_ms < 1000)
+        return;
+    s->peers_swept_ms = t;
+    for (int i = 0; i < H1_PEER_BUCKETS; i++)
+        for (h1peer_t **b = &s->peers[i], *p; (p = *b) != NULL;)
+            if (p->conns == 0 && p->held == 0 && t - p->last_ms > H1_PEER_KEEP_MS) {
+                *b = p->next;
+                free(p);
+                s->npeers--;
+            } else {
+                b = &p->next;
+            }
+}
+
+/* What the peer holds of the budget follows the connection's reservation. The share binds
+ * only while the worker has other clients to protect: a lone client (one engine, a bench
+ * run) may use the whole budget. */
 static uint64_t peer_held(const h1c_t *c)
 {
-    return c->peer != NULL ? c->peer->held : 0;
+    return c->peer != NULL && c->s->npeers > 1 ? c->peer->held : 0;
 }
 
 static void peer_take(h1c_t *c)
@@ -328,6 +354,7 @@ static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
             kvr_warn("h1: %s with %llu connections open: closing the longest-idle ones to make room", why,
                      (unsigned long long)s->nconns);
         s->pressure = 1;
+        s->pressure_ms = now_ms();
         s->reclaimed += k;
     }
     return k;
@@ -1167,6 +1194,8 @@ static void on_read(kvr_uring_op_t *op, int res)
     }
     if (c->cut) { /* cancelled by the tick: a deadline passed (kvr_h1_tick) */
         c->cut = 0;
+        if (c->state == ST_HEAD)
+            c->method = KVR_M_OTHER; /* counted as no method: the head never said one */
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: 408 after %s", c->cut_why);
         respond_error(c, 408, "RequestTimeout", c->cut_why);
         return;
@@ -1255,6 +1284,7 @@ static void arm_accept(kvr_h1_t *s)
             kvr_warn("h1: %llu connections open, none idle (--max-connections %llu): not accepting until one ends",
                      (unsigned long long)held(s), (unsigned long long)s->max_conns);
         s->pressure = 1;
+        s->pressure_ms = now_ms();
         return;
     }
     if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
@@ -1322,10 +1352,9 @@ static void on_accept(kvr_uring_op_t *op, int res)
 
     s->accepting = 0;
     if (res >= 0) {
-        if (s->fd_exhausted) {
+        if (s->fd_exhausted && s->fd_warned)
             kvr_info("h1: accepting again (%llu connections open)", (unsigned long long)s->nconns);
-            s->fd_exhausted = 0;
-        }
+        s->fd_exhausted = s->fd_warned = 0;
         if (s->draining) {
             close(res);
         } else {
@@ -1341,9 +1370,11 @@ static void on_accept(kvr_uring_op_t *op, int res)
         /* Out of descriptors: close the longest-idle connections and accept again as soon as
          * one is freed (conn_free); with none idle, stop accepting for a moment as nginx does
          * and keep serving what is open. */
-        if (!s->fd_exhausted && s->idle_head == NULL)
+        if (!s->fd_warned && s->idle_head == NULL) {
             kvr_warn("h1: cannot accept (%s) with %llu connections open, none idle; pausing accept",
                      strerror(-res), (unsigned long long)s->nconns);
+            s->fd_warned = 1;
+        }
         s->fd_exhausted = 1;
         s->accept_paused_until = now_ms() + H1_ACCEPT_PAUSE_MS;
         reclaim(s, H1_RECLAIM_MAX, strerror(-res));
@@ -1577,7 +1608,9 @@ void kvr_h1_tick(kvr_h1_t *s)
         for (c = s->conns; c != NULL; c = c->next)
             c->rate_on = 0;
     s->last_tick_ms = t;
-    if (s->pressure && s->nreclaim == 0 && !s->fd_exhausted && held(s) < s->max_conns - s->max_conns / 8) {
+    peer_sweep(s, t);
+    if (s->pressure && t - s->pressure_ms > 1000 && s->nreclaim == 0 && !s->fd_exhausted &&
+        held(s) < s->max_conns - s->max_conns / 8) {
         kvr_info("h1: room again: %llu connections open, %llu idle ones closed to make room",
                  (unsigned long long)s->nconns, (unsigned long long)s->reclaimed);
         s->pressure = 0;
