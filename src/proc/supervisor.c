@@ -413,6 +413,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
     sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
     sc->reset = cfg->segment_reset;
+    sc->lock_wait_ms = KVR_SEG_LOCK_WAIT_MS; /* a killed run's lock outlives its processes briefly */
     return KVR_OK;
 }
 
