@@ -714,6 +714,7 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
     out->workers_running = atomic_load_explicit(&c->workers_running, memory_order_relaxed);
     out->publisher_expected = atomic_load_explicit(&c->publisher_expected, memory_order_relaxed);
     out->publisher_running = atomic_load_explicit(&c->publisher_running, memory_order_relaxed);
+    out->late = atomic_load_explicit(&c->late, memory_order_relaxed);
     out->worker_restarts = atomic_load_explicit(&c->worker_restarts, memory_order_relaxed);
     out->publisher_restarts = atomic_load_explicit(&c->publisher_restarts, memory_order_relaxed);
     out->max_blocks = seg->hdr->max_blocks;

@@ -90,6 +90,9 @@ static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache li
  * running counts' increments: a worker adds itself to workers_running and the publisher
  * sets publisher_running once they serve; the supervisor takes them back (reap, or a hang
  * its watchdog found), guarded by the process slot's `ready` flag so each is undone once.
+ * `late` has one bit per process slot whose heartbeat missed its deadline (half of
+ * --hang-timeout); only the supervisor sets and clears it, and /readyz fails while any is set,
+ * whichever worker answers (docs/concurrency.md, "Watchdog and readiness").
  */
 typedef struct {
     _Atomic uint32_t draining;
@@ -102,9 +105,11 @@ typedef struct {
     _Atomic uint64_t publisher_restarts;
     _Atomic uint64_t started_unix_ms;
     _Atomic uint64_t hangs_killed; /* processes the watchdog found hung and killed */
-    uint64_t pad_[2];
+    _Atomic uint64_t late;         /* bit = process slot: heartbeat late, until it moves or a replacement serves */
+    uint64_t pad_[1];
 } kvr_ctl_sh_t;
 static_assert(sizeof(kvr_ctl_sh_t) == 72, "ctl layout");
+static_assert(KVR_MAX_PROCS <= 64, "ctl.late has one bit per process slot");
 
 /* The segment header. Written once by the creator, read-only afterwards except generation and ctl. */
 typedef struct {
@@ -226,6 +231,7 @@ typedef struct {
     uint32_t workers_running;
     uint32_t publisher_expected;
     uint32_t publisher_running;
+    uint64_t late; /* process slots whose heartbeat is late (ctl.late) */
     uint64_t worker_restarts;
     uint64_t publisher_restarts;
     uint64_t max_blocks;
