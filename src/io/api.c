@@ -471,12 +471,14 @@ static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
     send_heap(res, text, len, "text/plain; version=0.0.4; charset=utf-8");
 }
 
+/* Ready: not draining, every expected process serving, and none whose heartbeat is late (the
+ * supervisor's mark in the segment, so that the answer is the same whichever worker gives it). */
 static int ready(kvr_api_t *a)
 {
     kvr_seg_status_t st;
 
     kvr_seg_status(a->seg, &st);
-    return !st.draining && !a->draining && st.workers_running >= st.workers_expected &&
+    return !st.draining && !a->draining && st.late == 0 && st.workers_running >= st.workers_expected &&
            st.publisher_running >= st.publisher_expected;
 }
 

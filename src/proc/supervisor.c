@@ -15,8 +15,10 @@
  *    (a crash loop then costs one fork per 100 ms, never the whole service).
  *  - Watchdog: every worker and the publisher advance a heartbeat in their process slot
  *    each loop iteration. One whose heartbeat has not moved for half of --hang-timeout
- *    leaves readiness at once (/readyz 503) until it moves again; at the full timeout it
- *    is logged, SIGKILLed, and then reaped, repaired and replaced like any other death.
+ *    leaves readiness at once, and its slot's bit in the segment's ctl.late makes /readyz
+ *    answer 503 on every worker until it moves again; at the full timeout it is logged,
+ *    SIGKILLed, and then reaped, repaired and replaced like any other death. The bit stays
+ *    until the replacement serves, which is logged too.
  *  - SIGTERM/SIGINT: mark draining (readiness fails), close our copies of the listeners,
  *    SIGTERM every child; each drains within --shutdown-grace. Stragglers get SIGKILL a
  *    second after the grace. Exit 0.
@@ -69,6 +71,9 @@ typedef struct {
     uint64_t hb_at_ms; /* ... and when it last moved */
     int suspect;       /* heartbeat late: taken out of readiness, not yet killed */
     int hung;          /* the watchdog killed it */
+    int serving;       /* the watchdog has seen its ready flag set */
+    pid_t prev_pid;    /* the process it replaces (0: the first start) ... */
+    int prev_hung;     /* ... and whether that one was killed as hung */
 } child_t;
 
 typedef struct {
@@ -122,6 +127,7 @@ static int spawn(sup_t *s, child_t *c)
     c->started_ms = now_ms();
     c->hung = 0;
     c->suspect = 0;
+    c->serving = 0;
     c->hb_seen = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
     c->hb_at_ms = c->started_ms;
     if (c->role == KVR_ROLE_PUBLISHER)
@@ -169,6 +175,31 @@ static const char *role_name(const child_t *c)
     return c->role == KVR_ROLE_PUBLISHER ? "publisher" : "worker";
 }
 
+/* The child's slot in ctl.late: set when its heartbeat misses the deadline, cleared when it
+ * moves again or the slot's replacement serves. This thread is the only writer. */
+static void mark_late(sup_t *s, const child_t *c, int late)
+{
+    uint64_t bit = 1ull << c->slot;
+
+    if (late)
+        atomic_fetch_or(&s->seg.hdr->ctl.late, bit);
+    else
+        atomic_fetch_and(&s->seg.hdr->ctl.late, ~bit);
+}
+
+/* First sight of a child's ready flag: it serves. A replacement's is logged, and clears the
+ * late mark its predecessor left (readiness is back once every slot has a serving process);
+ * logged first, so that a /readyz 200 it allows is never seen before the line. */
+static void seen_serving(sup_t *s, child_t *c, uint64_t t)
+{
+    c->serving = 1;
+    if (c->prev_pid != 0)
+        kvr_info("%s %d (pid %d) serving: replaces pid %d (%s) %llu ms after its death", role_name(c), c->index,
+                 (int)c->pid, (int)c->prev_pid, c->prev_hung ? "hung" : "died",
+                 (unsigned long long)(t > c->died_ms ? t - c->died_ms : 0));
+    mark_late(s, c, 0);
+}
+
 /*
  * The watchdog, in two steps. A serving child whose heartbeat has not moved for half of
  * --hang-timeout is suspect: it leaves readiness at once (/readyz 503, so that balancers
@@ -186,6 +217,8 @@ static void watchdog(sup_t *s, uint64_t t)
         uint64_t hb, still;
         if (c->state != CH_RUNNING || c->hung)
             continue;
+        if (!c->serving && atomic_load_explicit(&s->seg.procs[c->slot].ready, memory_order_acquire))
+            seen_serving(s, c, t);
         hb = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
         if (hb != c->hb_seen || (!c->suspect && !atomic_load(&s->seg.procs[c->slot].ready))) {
             c->hb_seen = hb; /* moving, or still starting up: not judged */
@@ -193,6 +226,7 @@ static void watchdog(sup_t *s, uint64_t t)
             if (c->suspect) {
                 c->suspect = 0;
                 give_readiness(s, c);
+                mark_late(s, c, 0);
                 kvr_warn("%s %d (pid %d): heartbeat moves again; ready", role_name(c), c->index, (int)c->pid);
             }
             continue;
@@ -200,6 +234,7 @@ static void watchdog(sup_t *s, uint64_t t)
         still = t > c->hb_at_ms ? t - c->hb_at_ms : 0; /* a child spawned after t was sampled */
         if (!c->suspect && still >= limit / 2 && take_readiness(s, c)) {
             c->suspect = 1;
+            mark_late(s, c, 1);
             kvr_warn("%s %d (pid %d): no heartbeat for %llu ms; out of readiness", role_name(c), c->index, (int)c->pid,
                      (unsigned long long)still);
         }
@@ -255,6 +290,8 @@ static void reap_children(sup_t *s)
             kvr_log(s->draining ? KVR_LOG_INFO : KVR_LOG_WARN, "%s %d (pid %d) exited with status %d",
                     c->role == KVR_ROLE_PUBLISHER ? "publisher" : "worker", c->index, (int)pid, WEXITSTATUS(status));
         c->state = CH_WAITING;
+        c->prev_pid = pid;
+        c->prev_hung = c->hung;
         c->pid = 0;
         if (s->draining) {
             c->state = CH_EMPTY;
@@ -413,6 +450,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
     sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
     sc->reset = cfg->segment_reset;
+    sc->lock_wait_ms = KVR_SEG_LOCK_WAIT_MS; /* a killed run's lock outlives its processes briefly */
     return KVR_OK;
 }
 

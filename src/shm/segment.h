@@ -18,7 +18,10 @@
  *
  * Warm restart (--segment-path): the segment is a file on hugetlbfs (huge pages) or tmpfs
  * that outlives the processes. The supervisor holds flock(LOCK_EX) on it, inherited by every
- * child, so a file whose lock can be taken has no live process of an earlier run. An
+ * child, so a file whose lock can be taken has no live process of an earlier run. A lock
+ * still held by a run that is gone (the kernel releases it only once the killed processes'
+ * last reference to the file is torn down) is waited for, bounded; one held by a live
+ * kvrelay is refused at once (kvr_seg_lock_file). An
  * existing file is re-attached only when its header is sealed (magic and hdr_check, written
  * after the store was formatted), has this build's layout version and structure signature,
  * and describes exactly the geometry this configuration computes; anything else is refused
@@ -38,6 +41,7 @@
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_NIL                UINT32_MAX
+#define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
 
 enum kvr_hugepage_mode { KVR_HUGEPAGES_AUTO = 0, KVR_HUGEPAGES_OFF = 1, KVR_HUGEPAGES_REQUIRE = 2 };
 enum kvr_backing { KVR_BACKING_HUGETLB = 1, KVR_BACKING_SHMEM_THP = 2, KVR_BACKING_SHMEM = 3 };
@@ -53,6 +57,7 @@ typedef struct {
     uint64_t ckf_buckets;  /* relay filter buckets (power of two, 2..2^24); 0: no relay regions */
     const char *path;      /* warm restart: keep the segment in this file (NULL: a memfd) */
     int reset;             /* with path: discard an existing file's contents */
+    uint32_t lock_wait_ms; /* with path: how long to wait for a lock no live kvrelay holds (0: not at all) */
 } kvr_seg_config_t;
 
 /* Process slot states. */
@@ -85,6 +90,9 @@ static_assert(sizeof(kvr_proc_sh_t) == KVR_CACHELINE, "proc slot is one cache li
  * running counts' increments: a worker adds itself to workers_running and the publisher
  * sets publisher_running once they serve; the supervisor takes them back (reap, or a hang
  * its watchdog found), guarded by the process slot's `ready` flag so each is undone once.
+ * `late` has one bit per process slot whose heartbeat missed its deadline (half of
+ * --hang-timeout); only the supervisor sets and clears it, and /readyz fails while any is set,
+ * whichever worker answers (docs/concurrency.md, "Watchdog and readiness").
  */
 typedef struct {
     _Atomic uint32_t draining;
@@ -97,9 +105,11 @@ typedef struct {
     _Atomic uint64_t publisher_restarts;
     _Atomic uint64_t started_unix_ms;
     _Atomic uint64_t hangs_killed; /* processes the watchdog found hung and killed */
-    uint64_t pad_[2];
+    _Atomic uint64_t late;         /* bit = process slot: heartbeat late, until it moves or a replacement serves */
+    uint64_t pad_[1];
 } kvr_ctl_sh_t;
 static_assert(sizeof(kvr_ctl_sh_t) == 72, "ctl layout");
+static_assert(KVR_MAX_PROCS <= 64, "ctl.late has one bit per process slot");
 
 /* The segment header. Written once by the creator, read-only afterwards except generation and ctl. */
 typedef struct {
@@ -166,6 +176,18 @@ int kvr_seg_layout(const kvr_seg_config_t *cfg, kvr_seg_hdr_t *hdr);
 int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg);
 
 /*
+ * Takes flock(LOCK_EX) on the segment file fd (path only names it in the log). While the lock
+ * is held elsewhere, /proc/locks names the process that took it: a live kvrelay (titled
+ * "kvr ..." or still named after a kvrelay binary) is refused at once. Any other holder is
+ * waited for: above all one that is gone, exiting or has SIGKILL pending (a killed run whose
+ * last reference to the file the kernel has not released yet), but also another program or
+ * one that cannot be told. flock is polled every 20 ms for up to wait_ms, logged when the
+ * wait starts and when the lock is taken. Returns KVR_OK with the lock held, or KVR_ERR after
+ * logging why not.
+ */
+int kvr_seg_lock_file(int fd, const char *path, uint32_t wait_ms);
+
+/*
  * Marks a formatted (or repaired) segment complete: header checksum, then the magic. A file
  * whose creator died before this is refused at the next start, never half-read.
  */
@@ -209,6 +231,7 @@ typedef struct {
     uint32_t workers_running;
     uint32_t publisher_expected;
     uint32_t publisher_running;
+    uint64_t late; /* process slots whose heartbeat is late (ctl.late) */
     uint64_t worker_restarts;
     uint64_t publisher_restarts;
     uint64_t max_blocks;

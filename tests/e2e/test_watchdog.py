@@ -1,6 +1,7 @@
 """
 Supervision (docs/architecture.md, "Supervision"): the watchdog finds a worker that stopped
-advancing its heartbeat (here: SIGSTOP), takes /readyz down at once, kills and replaces it;
+advancing its heartbeat (here: SIGSTOP), takes /readyz down at once (on every worker, until the
+replacement serves), kills and replaces it;
 a storm of SIGKILLs never leaves the server without a serving worker, because a worker
 killed from outside is replaced at once; and every process says what it is in ps.
 """
@@ -8,12 +9,13 @@ killed from outside is replaced at once; and every process says what it is in ps
 import http.client
 import os
 import random
+import re
 import resource
 import signal
 import threading
 import time
 
-from conftest import SLOW
+from conftest import SLOW, wait_stopped
 from test_faults import Load
 
 HANG_S = 2.0
@@ -115,6 +117,56 @@ def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
         stop.set()
         for c in conns:
             c.close()
+        if _alive(victim):
+            os.kill(victim, signal.SIGCONT)
+
+
+def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
+    """Issue 20: /readyz tells the truth whichever worker answers it. With one of two workers
+    stopped, probes on fresh connections (answered by the other one: a connection the stopped
+    one took hangs, and is not counted) say 200 until half of --hang-timeout, 503 from then on
+    until the replacement serves, and 200 again after; the supervisor logs the hang and the
+    replacement serving."""
+    hang = 6.0
+    half = hang / 2
+    margin = 0.5 * SLOW
+    srv = kvrelay("--memory", "64M", "--workers", "2", "--hang-timeout", f"{hang:g}s")
+    srv.kills_expected = True
+    victim = srv.worker_pids()[0]
+    serving = re.compile(rf"serving: replaces pid {victim} \(hung\)")
+    before, during, after, unanswered = [], [], [], 0
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        assert wait_stopped(victim, 5 * SLOW), f"worker {victim} did not stop"
+        t0 = time.monotonic()
+        deadline = t0 + hang + 15 * SLOW
+        replaced = False
+        while time.monotonic() < deadline:
+            sent = time.monotonic() - t0
+            status = _probe(srv, "/readyz", 0.3 * SLOW)
+            if status == 0:
+                unanswered += 1
+            elif sent < half - margin:
+                before.append((round(sent, 2), status))
+            elif sent >= half + margin:
+                # the line is written before readiness can come back: a 200 without it is a lie
+                replaced = replaced or (status == 200 and bool(serving.search(srv.log_text())))
+                (after if replaced else during).append((round(sent, 2), status))
+                if replaced and len(after) >= 5:
+                    break
+            time.sleep(0.05)
+        print(f"readyz before {before}\nduring {during}\nafter {after}\n{unanswered} unanswered")
+        log = srv.log_text()
+        assert before and all(st == 200 for _, st in before), f"503 before half the hang timeout: {before}"
+        assert len(during) >= 3, f"too few probes answered while worker {victim} was late: {during}"
+        assert all(st == 503 for _, st in during), f"/readyz said 200 with worker {victim} late: {during}"
+        assert replaced, f"readiness never came back; log:\n{srv.log_tail(30)}"
+        assert all(st == 200 for _, st in after), after
+        assert re.search(rf"\(pid {victim}\) hung: no heartbeat for \d+ ms; killing it", log), srv.log_tail(30)
+        assert serving.search(log), srv.log_tail(30)
+        assert not _alive(victim)
+        srv.wait_workers(2, exclude=[victim], limit=10)
+    finally:
         if _alive(victim):
             os.kill(victim, signal.SIGCONT)
 

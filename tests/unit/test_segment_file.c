@@ -3,6 +3,8 @@
  * options and their limits, and the segment file: re-attach of a sealed file with the store
  * repaired, refusal of another geometry, a corrupted header, another structure signature, a
  * file in use, a file on a disk filesystem; --segment-reset; an unsealed file starts empty.
+ * The file's lock: a gone holder's lock is waited for, a live kvrelay refused at once, any
+ * other holder waited for up to the bound (issue 20).
  */
 #include "core/config.h"
 #include "base/log.h"
@@ -14,9 +16,13 @@
 #include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ options */
@@ -319,4 +325,120 @@ Test(segment_file, a_disk_filesystem_is_refused)
     cr_assert_eq(create_in_child(c), 1, "a segment file on a disk filesystem is refused");
     unlink(path);
     rmdir(dir);
+}
+
+/* ------------------------------------------------------------------ the file's lock (issue 20) */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * Forks a process that takes the lock on path under the name comm, then holds it for hold_ms
+ * (0: until killed). orphan: it forks again and exits at once, leaving the lock (one open file
+ * description) to its child, so /proc/locks names a pid that is gone, as after a SIGKILL of a
+ * run whose rings the kernel has not torn down yet. Returns the pid that took the lock (reaped
+ * already when orphan), once the lock is held.
+ */
+static pid_t hold_lock(const char *comm, int hold_ms, int orphan)
+{
+    int p[2], status;
+    pid_t pid;
+    char b;
+
+    cr_assert_eq(pipe(p), 0);
+    pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open(path, O_RDWR | O_CREAT, 0600);
+        prctl(PR_SET_NAME, comm);
+        if (fd < 0 || flock(fd, LOCK_EX) < 0)
+            _exit(1);
+        if (orphan && fork() != 0)
+            _exit(0);
+        (void)!write(p[1], "h", 1);
+        if (hold_ms == 0)
+            for (;;)
+                pause();
+        usleep((useconds_t)hold_ms * 1000);
+        _exit(0);
+    }
+    close(p[1]);
+    cr_assert_eq(read(p[0], &b, 1), 1, "the holder took the lock");
+    close(p[0]);
+    if (orphan) {
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    return pid;
+}
+
+static void stop_holder(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+Test(segment_lock, a_gone_holders_lock_is_waited_for, .fini = rm_path)
+{
+    int fd;
+    uint64_t t0;
+
+    mkpath("lock-gone");
+    kvr_log_level = KVR_LOG_OFF;
+    hold_lock("holder", 300, 1);
+    fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    t0 = mono_ms();
+    cr_assert_eq(kvr_seg_lock_file(fd, path, 5000), KVR_OK, "the lock comes free once the last holder goes");
+    cr_assert_geq(mono_ms() - t0, 200, "and not before");
+    cr_assert_lt(mono_ms() - t0, 4000);
+    close(fd);
+    unlink(path);
+}
+
+Test(segment_lock, a_live_kvrelay_is_refused_at_once, .fini = rm_path)
+{
+    pid_t holder;
+    int fd;
+    uint64_t t0;
+
+    mkpath("lock-live");
+    kvr_log_level = KVR_LOG_OFF;
+    holder = hold_lock("kvr worker 0", 0, 0);
+    fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    t0 = mono_ms();
+    cr_assert_eq(kvr_seg_lock_file(fd, path, 5000), KVR_ERR);
+    cr_assert_lt(mono_ms() - t0, 1000, "no wait for a live kvrelay");
+    stop_holder(holder);
+    cr_assert_eq(kvr_seg_lock_file(fd, path, 5000), KVR_OK, "the lock of a killed holder (reaped) is free");
+    close(fd);
+    unlink(path);
+}
+
+Test(segment_lock, another_live_holder_is_waited_for_up_to_the_bound, .fini = rm_path)
+{
+    pid_t holder;
+    int fd;
+    uint64_t t0;
+
+    mkpath("lock-other");
+    kvr_log_level = KVR_LOG_OFF;
+    holder = hold_lock("not-ours", 0, 0);
+    fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    t0 = mono_ms();
+    cr_assert_eq(kvr_seg_lock_file(fd, path, 300), KVR_ERR, "still held after the bound");
+    cr_assert_geq(mono_ms() - t0, 300);
+    cr_assert_lt(mono_ms() - t0, 3000);
+    t0 = mono_ms();
+    cr_assert_eq(kvr_seg_lock_file(fd, path, 0), KVR_ERR, "no bound: refused at once");
+    cr_assert_lt(mono_ms() - t0, 1000);
+    stop_holder(holder);
+    close(fd);
+    unlink(path);
 }
