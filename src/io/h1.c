@@ -757,16 +757,8 @@ static void chunked_input(h1c_t *c)
         conn_read(c);
         return;
     }
-    if (left > 0) { /* the next request's first bytes: back into the head buffer */
-        if ((size_t)left <= sizeof(c->hbuf)) {
-            memcpy(c->hbuf, c->cbuf + c->cdec, (size_t)left);
-            c->hlen = (size_t)left;
-        } else {
-            c->keep = 0;
-        }
-    } else {
-        c->hlen = 0;
-    }
+    /* The body is whole. The request is decided now, while c->rq (path, Authorization,
+     * X-KV-Sequence-Hash) still points into the head in hbuf. */
     c->rq.length_unknown = 0;
     c->rq.body_len = c->body_len = c->cdec;
     c->bytes_in = c->cdec;
@@ -779,6 +771,18 @@ static void chunked_input(h1c_t *c)
     }
     if (c->res.put == KVR_API_PUT_RESERVED)
         kvr_api_put_write(c->s->api, &c->res, 0, c->cbuf, c->cdec);
+    /* Only then may the bytes after the body's end, the next requests, replace the head:
+     * copied earlier they overwrote the path the request layer was about to read (a pipelined
+     * "GET /healthz" turned the PUT before it into a 404). They are at most one read, which
+     * conn_read bounds by the head buffer, so they always fit. */
+    if (left > 0 && (size_t)left <= sizeof(c->hbuf)) {
+        memcpy(c->hbuf, c->cbuf + c->cdec, (size_t)left);
+        c->hlen = (size_t)left;
+    } else {
+        c->hlen = 0;
+        if (left > 0)
+            c->keep = 0; /* cannot happen (see conn_read); never parse a torn request */
+    }
     free(c->cbuf);
     c->cbuf = NULL;
     c->s->chunked_conns--;
@@ -916,7 +920,12 @@ static void conn_read(h1c_t *c)
             respond_error(c, 413, "EntityTooLarge", "chunked body larger than 8 MiB");
             return;
         }
-        rc = kvr_uring_recv(&s->ring, c->fd, c->cbuf + c->clen, c->ccap - c->clen, &c->rop);
+        /* At most a head buffer per read: what a read takes beyond the body's end is the next
+         * requests, and chunked_input must be able to hand all of it back to the head buffer. */
+        want = c->ccap - c->clen;
+        if (want > sizeof(c->hbuf))
+            want = sizeof(c->hbuf);
+        rc = kvr_uring_recv(&s->ring, c->fd, c->cbuf + c->clen, (size_t)want, &c->rop);
         break;
     default:
         return;
