@@ -1,6 +1,7 @@
 """
 HTTP/1.1 framing on the io_uring path (src/io/h1.c) that a read's boundaries must not change:
-pipelined requests behind a chunked body, delivered in one write and split at every byte.
+pipelined requests behind a chunked body, delivered in one write and split at every byte, and
+the Transfer-Encoding rules of RFC 9112 (§5.2 obs-fold, §6.1 codings).
 
 Raw sockets throughout: a client library would frame for us. Every wait is bounded; the
 server is stopped by PID by the fixture.
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-from conftest import KiB, SLOW, kv_path, module_server, raw_connect, unique_key
-from test_dataplane import Reader, _req
+from conftest import KiB, SLOW, kv_path, module_server, parse_raw_response, raw_connect, read_until_close, unique_key
+from test_dataplane import Reader, _json_error, _req
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,87 @@ def test_pipelined_after_large_chunked_body(srv):
     resps = _send_pieces(srv, [payload], 4)
     assert [r.status for r in resps] == [201, 200, 201, 200], resps
     assert resps[1].body == data and resps[3].body == data[:5000]
+
+
+# ------------------------------------------------------------------ Transfer-Encoding
+
+
+def _one(srv, payload):
+    """Sends payload; returns the one response and whether the server then closed."""
+    s = raw_connect(srv)
+    try:
+        s.sendall(payload)
+        data, how = read_until_close(s, 5 * SLOW)
+    finally:
+        s.close()
+    status, hdrs, rest = parse_raw_response(data)
+    assert status is not None, data[:300]
+    n = int(hdrs.get("content-length", "0"))
+    from conftest import Resp
+    r = Resp(status, hdrs, rest[:n], "1.1")
+    assert data.count(b"HTTP/1.1 ") == 1, f"bytes after the refused request ran as a request: {data!r}"
+    assert how in ("eof", "reset"), how
+    return r
+
+
+def _te_put(key, te_headers, body=b"5\r\nhello\r\n0\r\n\r\n", follow=True):
+    head = f"PUT {kv_path(key)} HTTP/1.1\r\nHost: x\r\n".encode() + b"".join(te_headers) + b"\r\n"
+    return head + body + (_req("GET", "/healthz") if follow else b"")
+
+
+@pytest.mark.parametrize("fold", [
+    [b"Transfer-Encoding:\r\n chunked\r\n"],             # the whole value on the folded line
+    [b"Transfer-Encoding: chunked,\r\n\tgzip\r\n"],      # part of it
+    [b"Transfer-Encoding: chunked\r\n", b"X-A: b\r\n c\r\n"],  # a fold elsewhere, TE itself fine
+])
+def test_obs_fold_is_400(srv, fold):
+    """RFC 9112 §5.2: obs-fold in a request is rejected with 400 (not 501 because the folded
+    Transfer-Encoding line looked like an unknown coding), and the connection closes."""
+    key = unique_key("fold")
+    r = _one(srv, _te_put(key, fold))
+    doc = _json_error(r, 400)
+    assert doc["error"] == "InvalidRequest", doc
+    assert r.header("connection") == "close", r
+    assert srv.get(key).status == 404
+
+
+@pytest.mark.parametrize("te", [
+    [b"Transfer-Encoding: chunked, chunked\r\n"],
+    [b"Transfer-Encoding: chunked,chunked\r\n"],
+    [b"Transfer-Encoding: chunked\r\n", b"Transfer-Encoding: chunked\r\n"],
+    [b"Transfer-Encoding: chunked\r\n", b"Transfer-Encoding: CHUNKED\r\n"],
+    [b"Transfer-Encoding: \r\n"],
+    [b"Transfer-Encoding: ,\r\n"],
+])
+def test_chunked_more_than_once_or_empty_is_400(srv, te):
+    """chunked applied twice (in one list or across two headers), or a Transfer-Encoding that
+    names no coding: the framing is malformed, 400 and close; nothing after it runs."""
+    key = unique_key("te2")
+    r = _one(srv, _te_put(key, te))
+    doc = _json_error(r, 400)
+    assert doc["error"] == "InvalidRequest", doc
+    assert r.header("connection") == "close", r
+    assert srv.get(key).status == 404
+
+
+@pytest.mark.parametrize("te", [
+    [b"Transfer-Encoding: gzip\r\n"],
+    [b"Transfer-Encoding: gzip, chunked\r\n"],
+    [b"Transfer-Encoding: gzip\r\n", b"Transfer-Encoding: chunked\r\n"],
+    [b"Transfer-Encoding: x-custom\r\n"],
+])
+def test_unknown_coding_is_501(srv, te):
+    key = unique_key("te501")
+    r = _one(srv, _te_put(key, te))
+    doc = _json_error(r, 501)
+    assert doc["error"] == "NotImplemented", doc
+    assert srv.get(key).status == 404
+
+
+@pytest.mark.parametrize("te", [b"Transfer-Encoding: chunked \r\n", b"Transfer-Encoding: , chunked,\r\n"])
+def test_chunked_with_whitespace_and_empty_elements_is_accepted(srv, te):
+    """RFC 9110 §5.6.1: a list's empty elements and optional whitespace are ignored."""
+    key = unique_key("te-ows")
+    resps = _send_pieces(srv, [_te_put(key, [te])], 2)
+    assert [r.status for r in resps] == [201, 200], resps
+    assert srv.get(key).body == b"hello"
