@@ -32,7 +32,7 @@ from test_dataplane import (  # noqa: F401
     test_expect_100_continue,
     test_dedup_hit_consumes_the_body_and_keeps_the_connection,
     test_conflict_answered_from_the_head_then_body_consumed,
-    test_put_of_max_block_size_into_a_small_arena_is_507_at_once,
+    test_put_of_max_block_size_into_a_small_arena_is_413_at_once,
     test_401_after_at_most_the_head,
     test_slow_but_moving_transfers_complete_and_stalled_ones_are_cut,
     test_puts_beyond_the_inflight_budget_wait_then_503,
