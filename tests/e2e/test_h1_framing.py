@@ -128,6 +128,25 @@ def test_pipelined_after_large_chunked_body(srv):
     assert resps[1].body == data and resps[3].body == data[:5000]
 
 
+def test_pipelined_after_chunked_answered_409_or_dedup(srv):
+    """A chunked PUT decided at its end as a dedup hit (200) or a conflict (409) keeps the
+    connection, and the requests behind it run in order, in one write and split in two."""
+    key = unique_key("chunk-dup")
+    assert srv.put(key, b"hello").status == 201
+    payload = (
+        _req("PUT", kv_path(key), [("Transfer-Encoding", "chunked")], _chunked([b"hel", b"lo"]))
+        + _req("PUT", kv_path(key), [("Transfer-Encoding", "chunked")], _chunked([b"hello!"]))
+        + _req("GET", "/healthz")
+        + _req("GET", kv_path(key))
+    )
+    for cut in (None, 60, len(payload) // 2, len(payload) - 5):
+        pieces = [payload] if cut is None else [payload[:cut], payload[cut:]]
+        resps = _send_pieces(srv, pieces, 4)
+        assert [r.status for r in resps] == [200, 409, 200, 200], (cut, resps)
+        assert resps[2].body == b"ok\n" and resps[3].body == b"hello", resps
+    assert srv.delete(key).json()["refs"] == 4  # the first PUT and four dedup hits
+
+
 # ------------------------------------------------------------------ Transfer-Encoding
 
 
