@@ -31,7 +31,7 @@ static const opt_t opts[] = {
     {"max-blocks", T_UINT, "0", 0, 1ull << 31, N(max_blocks), "index entries (0: one per two arena pages)"},
     {"workers", T_UINT, "0", 0, 60, N(workers), "worker processes (0: one per core)"},
     {"no-evict", T_BOOL, "false", 0, 1, N(no_evict), "answer 507 instead of evicting when full"},
-    {"max-block-size", T_SIZE, "256M", 1, 4 * GIB, N(max_block_size), "largest PUT body accepted (413 above)"},
+    {"max-block-size", T_SIZE, "256M", 1, 4 * GIB, N(max_block_size), "largest PUT body accepted (413 above; lowered at start to what --memory can hold)"},
     {"token", T_STR, "", 0, 0, S(token), "bearer token required on every request but the probes"},
     {"token-file", T_STR, "", 0, 0, S(token_file), "file holding the bearer token (e.g. a mounted secret)"},
     {"tls-cert", T_STR, "", 0, 0, S(tls_cert), "PEM certificate: serve TLS (ALPN h2, http/1.1) on --http-bind"},

@@ -188,6 +188,14 @@ static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t 
     return (klen + len + st->page_size - 1) >> st->arena.page_shift;
 }
 
+uint64_t kvr_store_block_max(const kvr_store_t *st)
+{
+    uint64_t bytes = st->sh->arena.npages << st->arena.page_shift;
+
+    /* pages_for(KVR_KEY_MAX, bytes - KVR_KEY_MAX) == npages: fits an empty arena exactly */
+    return bytes > KVR_KEY_MAX ? bytes - KVR_KEY_MAX : 0;
+}
+
 /* ------------------------------------------------------------------ pin tables */
 
 static inline kvr_pin_t *pin_table(const kvr_store_t *st, int slot)

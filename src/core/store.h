@@ -98,6 +98,14 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict);
 /* Opens this process's handle; seg->slot must be claimed (kvr_seg_proc_claim). */
 int kvr_store_open(kvr_store_t *st, kvr_seg_t *seg);
 
+/*
+ * The largest block the arena can ever hold, under any key: a block's pages hold its key
+ * (up to KVR_KEY_MAX bytes) and its payload together, so this is the arena's bytes less the
+ * longest key. Anything larger would fail only after its body was read (507) even in an empty
+ * store; the supervisor clamps --max-block-size to it so that such a PUT gets 413 from its head.
+ */
+uint64_t kvr_store_block_max(const kvr_store_t *st);
+
 /* Validates a decoded key: 1..KVR_KEY_MAX bytes, no NUL. */
 int kvr_store_key_valid(const void *key, size_t klen);
 

@@ -245,7 +245,8 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
         canon = kvr_store_default_canon(key, klen);
     }
     if (rq->body_len > a->cfg->max_block_size) {
-        kvr_api_error(res, 413, "EntityTooLarge", "block larger than --max-block-size");
+        kvr_api_error(res, 413, "EntityTooLarge",
+                      "block larger than max_block_size (--max-block-size, at most what --memory holds)");
         return;
     }
     if (rq->length_unknown) {
@@ -385,6 +386,7 @@ static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
     json_field(&j, "put_new", s.put_new, 0);
     json_field(&j, "put_conflicts", s.put_conflicts, 0);
     json_field(&j, "deletes", s.deletes, 0);
+    json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }

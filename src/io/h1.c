@@ -725,18 +725,47 @@ static int parse_length(const char *p, size_t n, uint64_t *out)
     return 0;
 }
 
+/* One Transfer-Encoding field value, a list of codings (RFC 9110 §5.6.1: empty elements and
+ * the whitespace around commas are ignored): counts the chunked ones and the others. */
+static void te_codings(const struct phr_header *h, unsigned *chunked, unsigned *other)
+{
+    const char *p = h->value, *end = h->value + h->value_len;
+
+    while (p < end) {
+        const char *e = memchr(p, ',', (size_t)(end - p)), *b = p, *t;
+        if (e == NULL)
+            e = end;
+        p = e < end ? e + 1 : end;
+        while (b < e && (*b == ' ' || *b == '\t'))
+            b++;
+        for (t = e; t > b && (t[-1] == ' ' || t[-1] == '\t'); t--)
+            ;
+        if (t == b)
+            continue;
+        if (t - b == 7 && strncasecmp(b, "chunked", 7) == 0)
+            (*chunked)++;
+        else
+            (*other)++; /* gzip, identity, parameters: nothing but plain chunked is decoded */
+    }
+}
+
 /* Framing and the headers the request layer needs. 0, or -1 after answering an error. */
 static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int minor)
 {
     int have_len = 0, te = 0, conn_close_hdr = 0, conn_keep = 0;
+    unsigned te_chunked = 0, te_other = 0;
     uint64_t len = 0, l;
 
-    for (size_t i = 0; i < nh; i++) {
-        const struct phr_header *h = &hd[i];
-        if (h->name == NULL) {
+    /* RFC 9112 §5.2: obs-fold is refused before any field is read. picohttpparser reports a
+     * continuation line as a field of its own with no name, after the field it continues, so
+     * in one pass "Transfer-Encoding:\r\n chunked" was first seen as an empty coding (501). */
+    for (size_t i = 0; i < nh; i++)
+        if (hd[i].name == NULL) {
             respond_error(c, 400, "InvalidRequest", "obsolete header line folding");
             return -1;
         }
+    for (size_t i = 0; i < nh; i++) {
+        const struct phr_header *h = &hd[i];
         if (hdr_is(h, "content-length")) {
             if (parse_length(h->value, h->value_len, &l) < 0 || (have_len && l != len)) {
                 respond_error(c, 400, "InvalidRequest", "invalid or conflicting Content-Length");
@@ -745,11 +774,8 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
             have_len = 1;
             len = l;
         } else if (hdr_is(h, "transfer-encoding")) {
-            if (te || !val_is(h, "chunked")) {
-                respond_error(c, 501, "NotImplemented", "only Transfer-Encoding: chunked is supported");
-                return -1;
-            }
-            te = 1;
+            te = 1; /* every field counts: two fields are one list (RFC 9110 §5.3) */
+            te_codings(h, &te_chunked, &te_other);
         } else if (hdr_is(h, "connection")) {
             conn_close_hdr |= val_is(h, "close");
             conn_keep |= val_is(h, "keep-alive");
@@ -767,8 +793,21 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
             c->rq.seq_hash_len = h->value_len;
         }
     }
+    /* Malformed framing first (400): chunked applied twice (RFC 9112 §7: never more than
+     * once), a Transfer-Encoding that names no coding, or one beside a Content-Length. Then a
+     * coding we cannot decode (501, RFC 9112 §6.1). Every one leaves the body's length
+     * unknown: the answer closes the connection. */
+    if (te && (te_chunked > 1 || te_chunked + te_other == 0)) {
+        respond_error(c, 400, "InvalidRequest",
+                      te_chunked > 1 ? "chunked applied more than once" : "empty Transfer-Encoding");
+        return -1;
+    }
     if (te && have_len) { /* RFC 9112 §6.1: a request smuggling vector; refuse and close */
         respond_error(c, 400, "InvalidRequest", "Content-Length together with Transfer-Encoding");
+        return -1;
+    }
+    if (te_other > 0) {
+        respond_error(c, 501, "NotImplemented", "only Transfer-Encoding: chunked is supported");
         return -1;
     }
     if (!te && !have_len && (c->method == KVR_M_PUT || c->method == KVR_M_POST)) {
@@ -985,16 +1024,8 @@ static void chunked_input(h1c_t *c)
         conn_read(c);
         return;
     }
-    if (left > 0) { /* the next request's first bytes: back into the head buffer */
-        if ((size_t)left <= sizeof(c->hbuf)) {
-            memcpy(c->hbuf, c->cbuf + c->cdec, (size_t)left);
-            c->hlen = (size_t)left;
-        } else {
-            c->keep = 0;
-        }
-    } else {
-        c->hlen = 0;
-    }
+    /* The body is whole. The request is decided now, while c->rq (path, Authorization,
+     * X-KV-Sequence-Hash) still points into the head in hbuf. */
     c->rq.length_unknown = 0;
     c->rq.body_len = c->body_len = c->cdec;
     c->bytes_in = c->cdec;
@@ -1009,6 +1040,18 @@ static void chunked_input(h1c_t *c)
     peer_take(c);
     if (c->res.put == KVR_API_PUT_RESERVED)
         kvr_api_put_write(c->s->api, &c->res, 0, c->cbuf, c->cdec);
+    /* Only then may the bytes after the body's end, the next requests, replace the head:
+     * copied earlier they overwrote the path the request layer was about to read (a pipelined
+     * "GET /healthz" turned the PUT before it into a 404). They are at most one read, which
+     * conn_read bounds by the head buffer, so they always fit. */
+    if (left > 0 && (size_t)left <= sizeof(c->hbuf)) {
+        memcpy(c->hbuf, c->cbuf + c->cdec, (size_t)left);
+        c->hlen = (size_t)left;
+    } else {
+        c->hlen = 0;
+        if (left > 0)
+            c->keep = 0; /* cannot happen (see conn_read); never parse a torn request */
+    }
     free(c->cbuf);
     c->cbuf = NULL;
     c->s->chunked_conns--;
@@ -1146,7 +1189,12 @@ static void conn_read(h1c_t *c)
             respond_error(c, 413, "EntityTooLarge", "chunked body larger than 8 MiB");
             return;
         }
-        rc = kvr_uring_recv(&s->ring, c->fd, c->cbuf + c->clen, c->ccap - c->clen, &c->rop);
+        /* At most a head buffer per read: what a read takes beyond the body's end is the next
+         * requests, and chunked_input must be able to hand all of it back to the head buffer. */
+        want = c->ccap - c->clen;
+        if (want > sizeof(c->hbuf))
+            want = sizeof(c->hbuf);
+        rc = kvr_uring_recv(&s->ring, c->fd, c->cbuf + c->clen, (size_t)want, &c->rop);
         break;
     default:
         return;

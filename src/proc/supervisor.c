@@ -454,6 +454,24 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     return KVR_OK;
 }
 
+/* --max-block-size larger than the arena can ever hold is lowered to that (before any child
+ * forks: every process then decides 413 on the same number), so that such a PUT is refused
+ * from its head instead of receiving its whole body for a 507. */
+static void clamp_block_size(kvr_config_t *cfg, const kvr_store_t *st)
+{
+    uint64_t max = kvr_store_block_max(st);
+
+    if (cfg->max_block_size > max) {
+        kvr_info("max block size %llu bytes: --max-block-size %llu is more than the arena holds (%llu bytes "
+                 "less the longest key)",
+                 (unsigned long long)max, (unsigned long long)cfg->max_block_size,
+                 (unsigned long long)(max + KVR_KEY_MAX));
+        cfg->max_block_size = max;
+    } else {
+        kvr_info("max block size %llu bytes (--max-block-size)", (unsigned long long)cfg->max_block_size);
+    }
+}
+
 /* Maps the segment: a new one is formatted, a kept one re-attached and repaired; then sealed. */
 static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
 {
@@ -602,7 +620,7 @@ static void supervise(sup_t *s)
     }
 }
 
-int kvr_supervisor_run(const kvr_config_t *cfg)
+int kvr_supervisor_run(kvr_config_t *cfg)
 {
     static sup_t sup;
     sup_t *s = &sup;
@@ -620,6 +638,7 @@ int kvr_supervisor_run(const kvr_config_t *cfg)
         return 1;
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
         return 1;
+    clamp_block_size(cfg, &s->store);
     if (relay_start(s, cfg) != KVR_OK)
         return 1;
     /* Wake-up eventfds for every process slot, made before any fork. */

@@ -6,7 +6,8 @@
 
 #include "core/config.h"
 
-/* Runs until SIGTERM/SIGINT and a drain; returns the process exit code. */
-int kvr_supervisor_run(const kvr_config_t *cfg);
+/* Runs until SIGTERM/SIGINT and a drain; returns the process exit code. cfg->max_block_size
+ * is clamped to what the arena can hold (kvr_store_block_max) before any child starts. */
+int kvr_supervisor_run(kvr_config_t *cfg);
 
 #endif

@@ -40,7 +40,7 @@ STATS_FIELDS = (
     "unique_blocks", "total_refs", "resident_bytes", "logical_bytes", "dedup_savings_bytes",
     "dedup_hits", "get_hits", "get_misses",
 )
-STATS_EXTRA = ("capacity_bytes", "evictions", "evicted_bytes", "put_new", "put_conflicts", "deletes")
+STATS_EXTRA = ("capacity_bytes", "evictions", "evicted_bytes", "put_new", "put_conflicts", "deletes", "max_block_size")
 
 
 @pytest.fixture(scope="module")
@@ -599,12 +599,14 @@ def test_insufficient_storage_no_evict(kvrelay):
     srv.assert_consistent()
 
 
-def test_insufficient_storage_block_larger_than_memory(kvrelay):
+def test_block_larger_than_memory_is_413(kvrelay):
+    """A block the arena could never hold is over the effective --max-block-size (clamped to
+    the arena at start): 413 from its head, not a 507 after its body (test_effective_max_block_size)."""
     srv = kvrelay("--memory", "64M", "--workers", "1")
     small = make_block(4096, "small")
     assert srv.put("small", small).status == 201
     r = srv.put("huge", make_block(65 * MiB, "huge"), timeout=60)
-    assert_error(r, 507, "InsufficientStorage")
+    assert_error(r, 413, "EntityTooLarge")
     assert srv.get("huge").status == 404
     assert srv.put("small2", small).status == 201
     srv.assert_consistent()
@@ -726,6 +728,76 @@ def test_max_block_size_413(capped, mode):
             assert r.status == 413, r
     assert capped.get(key2).status == 404
     assert capped.get(key).body == exact
+
+
+def _head_answer(srv, head):
+    """Sends a PUT head only and reads the answer: a server that waited for the body would
+    let this time out."""
+    s = raw_connect(srv)
+    try:
+        s.sendall(head)
+        r = read_one_response(s, 5 * SLOW)
+        rest = b""
+        if r.status:
+            try:
+                rest = s.recv(4096)
+            except OSError:
+                pass
+        return r, rest
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def small_arena(tmp_path_factory):
+    """--memory 64M with the default --max-block-size (256M): clamped at start."""
+    srv = module_server(tmp_path_factory, "smallarena", args=["--memory", "64M", "--workers", "1"])
+    yield srv
+    srv.stop()
+
+
+def test_effective_max_block_size_is_logged_and_in_stats(small_arena):
+    eff = 64 * MiB - 1024  # the arena less the longest key: fits an empty store under any key
+    assert small_arena.stats()["max_block_size"] == eff
+    assert re.search(rf"INFO max block size {eff} bytes: --max-block-size {256 * MiB} ", small_arena.log_text()), \
+        small_arena.log_tail(40)
+
+
+@pytest.mark.parametrize("expect", [False, True])
+def test_block_over_effective_max_is_413_from_its_head(small_arena, expect):
+    """Content-Length one byte over the effective maximum: 413 without any body sent; with
+    Expect: 100-continue no 100 comes first. The connection closes after it."""
+    eff = small_arena.stats()["max_block_size"]
+    key = unique_key("over")
+    head = (f"PUT {kv_path(key)} HTTP/1.1\r\nHost: x\r\nContent-Length: {eff + 1}\r\n"
+            + ("Expect: 100-continue\r\n" if expect else "") + "\r\n").encode()
+    r, rest = _head_answer(small_arena, head)
+    assert_error(r, 413, "EntityTooLarge")
+    assert r.header("connection") == "close", r
+    assert rest == b"", rest
+    assert small_arena.get(key).status == 404
+
+
+def test_block_at_effective_max_is_stored(small_arena):
+    """Exactly the effective maximum under the longest key fills the empty arena: 100 Continue,
+    201, and the bytes come back whole."""
+    eff = small_arena.stats()["max_block_size"]
+    key = "m" * 1024
+    data = make_block(eff, "effmax")
+    s = raw_connect(small_arena, timeout=60)
+    try:
+        s.sendall(f"PUT {kv_path(key)} HTTP/1.1\r\nHost: x\r\nContent-Length: {eff}\r\n"
+                  "Expect: 100-continue\r\n\r\n".encode())
+        assert read_one_response(s, 5 * SLOW).status == 100
+        s.sendall(data)
+        r = read_one_response(s, 60 * SLOW)
+        assert r.status == 201, r
+    finally:
+        s.close()
+    g = small_arena.get(key, timeout=60)
+    assert g.status == 200 and g.body == data
+    assert small_arena.delete(key).status == 200
+    small_arena.assert_consistent()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 The two I/O engines (src/io/uring.c, docs/dataplane.md "I/O engines") against the real server.
 
   1. The HTTP/1.1 fast path's contract re-run over the epoll engine: the tests imported below
-     from test_dataplane.py and test_http_contract.py run here unchanged, with every server
-     they start given `--io-engine epoll` (the `srv`, `plain`, `tls_srv` and `kvrelay`
-     fixtures are overridden in this module), plus PUT/GET of 16 KiB..64 MiB, pipelining and
-     many connections at once. Each server's log must name the epoll engine and its workers
+     from test_dataplane.py, test_h1_framing.py and test_http_contract.py run here unchanged,
+     with every server they start given `--io-engine epoll` (the `srv`, `plain`, `tls_srv`
+     and `kvrelay` fixtures are overridden in this module), plus PUT/GET of 16 KiB..64 MiB,
+     pipelining and many connections at once. Each server's log must name the epoll engine and its workers
      must hold no io_uring descriptor.
 
 The fallback where io_uring is denied is tests/e2e/test_io_engine_fallback.py; the relay's
@@ -32,11 +32,17 @@ from test_dataplane import (  # noqa: F401
     test_expect_100_continue,
     test_dedup_hit_consumes_the_body_and_keeps_the_connection,
     test_conflict_answered_from_the_head_then_body_consumed,
-    test_put_of_max_block_size_into_a_small_arena_is_507_at_once,
+    test_put_of_max_block_size_into_a_small_arena_is_413_at_once,
     test_401_after_at_most_the_head,
     test_slow_but_moving_transfers_complete_and_stalled_ones_are_cut,
     test_puts_beyond_the_inflight_budget_wait_then_503,
     test_out_of_descriptors_pauses_accept_without_spinning,
+)
+from test_h1_framing import (  # noqa: F401
+    test_pipelined_after_chunked_in_one_write,
+    test_pipelined_after_chunked_split_at_every_byte,
+    test_pipelined_after_large_chunked_body,
+    test_pipelined_after_chunked_answered_409_or_dedup,
 )
 from test_http_contract import (  # noqa: F401
     tx,

@@ -10,6 +10,12 @@
  *
  * Inputs whose first byte is odd are sent in pieces of (byte 0 / 2 + 1) bytes with the loop
  * run in between, so that partial heads and bodies split at every place are exercised.
+ *
+ * An input whose first byte is 0xFF chooses its own split points instead: byte 1 gives their
+ * count (byte 1 % 8 + 1), the big-endian 16-bit numbers after it the offsets (modulo the
+ * length of the rest), and the rest is the stream, cut there. The loop runs a few times
+ * between pieces so that each tends to arrive in a read of its own: a piece may end anywhere,
+ * e.g. inside the chunk that ends a body, with the next request's first bytes right behind.
  */
 #include "core/config.h"
 #include "base/log.h"
@@ -23,6 +29,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,23 +74,68 @@ static void run_loop(int ms)
     kvr_h1_flush(h1);
 }
 
+#define SPLIT_MAX 8
+
+/* An 0xFF input's cuts: fills cut[] (sorted ends of the pieces, the last one size) and moves
+ * *data / *size past the header. Returns the number of pieces. */
+static size_t split_points(const uint8_t **data, size_t *size, size_t *cut)
+{
+    const uint8_t *d = *data;
+    size_t n, len, k = 0;
+
+    if (*size < 2)
+        return 0;
+    n = (size_t)d[1] % SPLIT_MAX + 1;
+    if (*size < 2 + 2 * n)
+        return 0;
+    len = *size - 2 - 2 * n;
+    for (size_t i = 0; i < n; i++) {
+        size_t at = len > 0 ? ((size_t)d[2 + 2 * i] << 8 | d[3 + 2 * i]) % len : 0, j = k;
+        while (j > 0 && cut[j - 1] > at) { /* insertion sort: at most 8 */
+            cut[j] = cut[j - 1];
+            j--;
+        }
+        cut[j] = at;
+        k++;
+    }
+    cut[k++] = len;
+    *data = d + 2 + 2 * n;
+    *size = len;
+    return k;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     size_t piece = size > 0 && (data[0] & 1) ? (size_t)(data[0] / 2 + 1) : size, off = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), closed = 0;
+    size_t cut[SPLIT_MAX + 1], ncut = 0, next = 0;
+    int fd, closed = 0, one = 1;
     kvr_store_stats_t scan;
 
+    if (size > 0 && data[0] == 0xFF) {
+        ncut = split_points(&data, &size, cut);
+        if (ncut == 0)
+            return 0;
+        piece = size;
+    }
+    fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
         abort();
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     while (off < size) {
         size_t n = size - off < piece ? size - off : piece;
-        ssize_t w = send(fd, data + off, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t w;
+        while (next < ncut && cut[next] <= off)
+            next++;
+        if (next < ncut)
+            n = cut[next] - off; /* up to the next cut */
+        w = send(fd, data + off, n, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w < 0 && errno != EAGAIN)
             break; /* the server closed on us */
         if (w > 0)
             off += (size_t)w;
-        run_loop(0);
+        for (int i = 0; i < (ncut > 0 ? 3 : 1); i++)
+            run_loop(0);
         drain_client(fd);
     }
     shutdown(fd, SHUT_WR);

@@ -29,6 +29,28 @@ Test(store, put_get_roundtrip)
     fx_close(&f);
 }
 
+/* kvr_store_block_max: under the longest key a block of exactly that size fills the empty
+ * arena; one byte more never fits (the supervisor clamps --max-block-size to it). */
+Test(store, block_max_fits_an_empty_arena_under_any_key)
+{
+    fx_t f;
+    char key[KVR_KEY_MAX];
+    uint64_t max;
+    kvr_put_txn_t txn;
+
+    fx_open(&f, 1 * MIB, 4096, 0, 0);
+    max = kvr_store_block_max(&f.st);
+    cr_assert_eq(max, 1 * MIB - KVR_KEY_MAX);
+    memset(key, 'k', sizeof(key));
+    cr_assert_eq(kvr_store_put_begin(&f.st, key, sizeof(key), max + 1, 1, &txn), KVR_ENOSPACE);
+    cr_assert_eq(kvr_store_put_begin(&f.st, key, sizeof(key), max, 1, &txn), KVR_OK);
+    kvr_store_put_abort(&f.st, &txn);
+    cr_assert_eq(kvr_store_put_begin(&f.st, "k", 1, max, 1, &txn), KVR_OK);
+    kvr_store_put_abort(&f.st, &txn);
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
+    fx_close(&f);
+}
+
 /* The §1 example: two PUTs of the same 100-byte block under key "dup". */
 Test(store, dedup_accounting_matches_reference_example)
 {
