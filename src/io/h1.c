@@ -968,6 +968,19 @@ static void body_complete(h1c_t *c)
     respond(c);
 }
 
+/* "100 Continue": the body may come now; on_write starts its read. */
+static void send_continue(h1c_t *c)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+    c->sent100 = 1;
+    if (kvr_uring_send(&c->s->ring, c->fd, cont, sizeof(cont) - 1, &c->wop) != KVR_OK) {
+        conn_close(c);
+        return;
+    }
+    c->wbusy = 1;
+}
+
 /* Consumes what arrived with the head, then reads the rest (after "100 Continue"). */
 static void begin_body(h1c_t *c)
 {
@@ -976,7 +989,12 @@ static void begin_body(h1c_t *c)
     c->last_ms = now_ms();
     c->rate_on = 0;
     if (c->state == ST_CHUNKED) {
-        conn_read(c); /* the preread bytes are taken in on_read's chunked path */
+        /* the preread bytes are taken in conn_read's chunked path; with none, a client that
+         * asked for "100 Continue" waits for it before the first chunk */
+        if (pre == 0 && c->expect100 && !c->sent100)
+            send_continue(c);
+        else
+            conn_read(c);
         return;
     }
     if (pre > c->body_len)
@@ -992,13 +1010,7 @@ static void begin_body(h1c_t *c)
         return;
     }
     if (c->expect100 && !c->sent100) {
-        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        c->sent100 = 1;
-        if (kvr_uring_send(&c->s->ring, c->fd, cont, sizeof(cont) - 1, &c->wop) != KVR_OK) {
-            conn_close(c);
-            return;
-        }
-        c->wbusy = 1; /* on_write starts the read */
+        send_continue(c);
         return;
     }
     conn_read(c);

@@ -265,6 +265,23 @@ def test_expect_100_continue(srv):
     assert srv.get(key).body == b"wxyz"
 
 
+def test_expect_100_continue_with_a_chunked_body(srv):
+    """A chunked PUT that asks for "100 Continue" gets it before its first chunk (it waited for
+    the client's own timeout before)."""
+    key = unique_key("expect-chunked")
+    s = raw_connect(srv)
+    try:
+        s.sendall(_req("PUT", kv_path(key), [("Transfer-Encoding", "chunked"), ("Expect", "100-continue")]))
+        s.settimeout(2 * SLOW)
+        data = s.recv(4096)
+        assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), data
+        s.sendall(b"4\r\nwxyz\r\n0\r\n\r\n")
+        assert read_one_response(s, 5 * SLOW).status == 201
+    finally:
+        s.close()
+    assert srv.get(key).body == b"wxyz"
+
+
 def test_dedup_hit_consumes_the_body_and_keeps_the_connection(srv):
     key = unique_key("dedup")
     data = make_block(3 * MiB, key)
