@@ -38,7 +38,8 @@
 # a store must, instead of one 256 KiB buffer that stays in the CPU cache; it shows how much of
 # the gap to the null server is that alone (PUT figures only; its GET is the null server's).
 # --variant NAME=ARGS: one more kvrelay, named NAME in the report, run with ARGS added (e.g.
-# --variant "kvrelay-hp=--hugepages require" or --variant "kvrelay-zc=--send-zc-min 1M"); its
+# --variant "kvrelay-hp=--hugepages require" or --variant "kvrelay-zc=--send-zc-min 1M"; ARGS
+# that begin with @PATH run the binary at PATH, e.g. "kvrelay-base=@/tmp/old/kvrelay-supervisor"); its
 # figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
 # sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit); the
 # default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
@@ -104,6 +105,18 @@ for v in "${VARIANTS[@]}"; do
 done
 SYSTEMS="null$NULLMEM kvrelay$VNAMES memcached redis"
 variant_args() { for v in "${VARIANTS[@]}"; do [ "${v%%=*}" = "$1" ] && echo "${v#*=}"; done; return 0; }
+# A variant whose ARGS begin with @PATH runs the kvrelay-supervisor at PATH (another build, e.g.
+# the commit before a change, for an A/B in one run) with the rest of ARGS.
+variant_bin() {
+    local a
+    a=$(variant_args "$1")
+    case $a in @*) a=${a%% *}; echo "${a#@}" ;; *) echo "$ROOT/build/kvrelay-supervisor" ;; esac
+}
+variant_flags() {
+    local a
+    a=$(variant_args "$1")
+    case $a in @*" "*) echo "${a#* }" ;; @*) ;; *) echo "$a" ;; esac
+}
 
 WORK=$(mktemp -d /tmp/kvrelay-dataplane.XXXXXX)
 RES=$WORK/results.jsonl
@@ -183,8 +196,8 @@ start_store() { # system size
         # machine without reserved pages, and the variant alone shows what the pages give.
         [ "$sys" = kvrelay ] && [ -n "$HUGEPAGES" ] && u="--hugepages off"
         # shellcheck disable=SC2207,SC2206
-        cmd=("$ROOT/build/kvrelay-supervisor" --http-bind "127.0.0.1:$PORT" --grpc-bind off --memory "$MEM"
-             --shutdown-grace 2s --log-level warn $u $(variant_args "$sys"))
+        cmd=("$(variant_bin "$sys")" --http-bind "127.0.0.1:$PORT" --grpc-bind off --memory "$MEM"
+             --shutdown-grace 2s --log-level warn $u $(variant_flags "$sys"))
         PROTO=http ;;
     memcached)
         [ "$(id -u)" -eq 0 ] && u="-u nobody"
