@@ -1582,9 +1582,11 @@ static void check_rate(kvr_h1_t *s, h1c_t *c, uint64_t t)
 {
     uint64_t in, out, need;
 
+    if (c->rate_on && t - c->rate_ms < s->cfg->body_rate_window_ms)
+        return; /* inside the window: no syscall */
     if (tcp_bytes(c, &in, &out) < 0)
         return;
-    if (c->rate_on && t - c->rate_ms >= s->cfg->body_rate_window_ms) {
+    if (c->rate_on) {
         need = s->cfg->min_body_rate * (t - c->rate_ms) / 1000;
         if (need > transfer_left(c))
             need = transfer_left(c);
@@ -1592,8 +1594,6 @@ static void check_rate(kvr_h1_t *s, h1c_t *c, uint64_t t)
             cut(c, "the body moved slower than --min-body-rate");
             return;
         }
-    } else if (c->rate_on) {
-        return;
     }
     c->rate_on = 1;
     c->rate_ms = t;
