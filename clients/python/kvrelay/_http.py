@@ -21,9 +21,11 @@ the connection is not reused.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import struct
+import time
 from typing import Iterable, Optional, Sequence
 
 MAX_LINE = 8 * 1024
@@ -92,6 +94,25 @@ class Connection:
         self._buf = bytearray()  # received and not yet consumed, from _pos
         self._pos = 0
         self.closed = False
+        self.bytes_in = 0  # bytes received so far: "did any of a response arrive?"
+        self.idle_since = time.monotonic()  # when the pool last took it back
+
+    def dropped(self) -> bool:
+        """True when this idle connection must not carry another request: closed here, bytes
+        left over from an earlier response, or readable (the server's FIN or RST, or bytes
+        nobody asked for: between requests a kept-alive HTTP/1.1 connection has nothing to
+        say). One poll() with a zero timeout, no byte consumed — the check urllib3's
+        is_connection_dropped makes before reusing a pooled connection."""
+        if self.closed or self._pos != len(self._buf):
+            return True
+        if self.tls and self.sock.pending():
+            return True
+        try:
+            p = select.poll()
+            p.register(self.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(p.poll(0))
+        except (OSError, ValueError):
+            return True
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -140,6 +161,7 @@ class Connection:
             raise TimeoutError("receive timed out") from e
         if not data:
             raise ConnectionResetError("connection closed by the server")
+        self.bytes_in += len(data)
         return data
 
     def _compact(self) -> None:
@@ -224,6 +246,7 @@ class Connection:
             if not n:
                 raise ConnectionResetError(f"short body: {got} of {want} bytes")
             got += n
+            self.bytes_in += n
 
     def read_body(self, n: int) -> bytes:
         """Exactly n bytes into fresh memory."""

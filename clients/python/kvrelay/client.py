@@ -20,6 +20,10 @@ kvrelay.Client — one kvrelay node over HTTP/1.1 keep-alive, behaving like the 
     delete(key) -> int | None                DELETE: references left, or None
     stats() -> KvCacheStats | None           GET /kv/stats
 
+Connections are kept alive in a pool and checked before each reuse: one the server closed
+(--idle-timeout, a restart, room made at --max-connections) is dropped, never handed out, and a
+request whose connection closed before any byte of the answer is sent again on a new one.
+
 Nothing raises on the inference path: every transport or protocol error degrades to a miss
 (None / False) and is counted in ``errors``. The ``fetch_into`` / ``store`` / ``probe_many`` /
 ``remove`` methods are the raising layer under them, for the engine adapters and the
@@ -33,6 +37,8 @@ driver's EPISTEMIC_GRAPH_KVCACHE_* names):
     KVRELAY_TOKEN            bearer token
     KVRELAY_TIMEOUT_S        per socket operation, default 2.0
     KVRELAY_MAX_CONNECTIONS  pool size, default 32
+    KVRELAY_IDLE_S           a pooled connection idle longer is not reused, default 30
+                             (keep it below the server's --idle-timeout, 60 s by default)
     KVRELAY_TLS_VERIFY       0/false/no/off disables certificate verification (https)
     KVRELAY_TLS_CA           CA bundle for https
 """
@@ -48,6 +54,7 @@ import os
 import ssl
 import struct
 import threading
+import time
 import urllib.parse
 from typing import List, Optional, Sequence
 
@@ -157,24 +164,53 @@ def writable_view(buffer) -> memoryview:
 
 
 class _Pool:
-    """LIFO stack of idle keep-alive connections, at most `size` connections in use."""
+    """LIFO stack of idle keep-alive connections, at most `size` connections in use.
 
-    def __init__(self, factory, size: int):
+    A pooled connection is handed out again only when it passes Connection.dropped() (the
+    server may close an idle connection at any time: its --idle-timeout, a restart, or to make
+    room at --max-connections or out of descriptors) and has been idle for at most idle_s
+    seconds (0: no limit); the others are closed on the way and counted in `retired`. A
+    caller that must not reuse anything asks for a fresh connection."""
+
+    def __init__(self, factory, size: int, idle_s: float = 0.0):
         self._factory = factory
         self._idle = collections.deque()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(size)
         self._closed = False
+        self.idle_s = float(idle_s)
         self.opened = 0  # connections created (for observability and tests)
+        self.retired = 0  # pooled connections found closed or idle too long, never reused
 
-    def acquire(self, timeout: float):
+    def _pop_reusable(self):
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                # the oldest sit at the left: those idle too long go without a system call
+                while self.idle_s > 0 and self._idle and now - self._idle[0].idle_since > self.idle_s:
+                    stale = self._idle.popleft()
+                    self.retired += 1
+                    stale.close()
+                if not self._idle:
+                    return None
+                conn = self._idle.pop()
+            if conn.dropped():
+                with self._lock:
+                    self.retired += 1
+                conn.close()
+                continue
+            return conn
+
+    def acquire(self, timeout: float, fresh: bool = False):
         if not self._slots.acquire(timeout=timeout):
             raise TimeoutError("connection pool exhausted")
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-            self.opened += 1
         try:
+            if not fresh:
+                conn = self._pop_reusable()
+                if conn is not None:
+                    return conn, True
+            with self._lock:
+                self.opened += 1
             return self._factory(), False
         except BaseException:
             self._slots.release()
@@ -184,6 +220,7 @@ class _Pool:
         try:
             with self._lock:
                 if reusable and not self._closed:
+                    conn.idle_since = time.monotonic()
                     self._idle.append(conn)
                     conn = None
             if conn is not None:
@@ -199,9 +236,18 @@ class _Pool:
             c.close()
 
 
-# Errors that mean "the server closed an idle keep-alive connection before reading our
-# request": the request was never processed, so it is safe to send it once more.
-_STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+# Errors that mean "the connection was closed under us": the server closed it (idle, restart,
+# making room) before it answered. When not one byte of a response has arrived, the request is
+# sent again on a new connection: a GET, HEAD, DELETE or batch query is idempotent, and so is a
+# PUT here (the same block under the same key is a dedup hit; another length a 409).
+_STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, ssl.SSLEOFError,
+          ssl.SSLZeroReturnError)
+# Sends of one request: the first, then at most this many on new connections.
+MAX_RESENDS = 2
+# A pooled connection idle longer than this is not reused (KVRELAY_IDLE_S; 0: no limit). Below
+# the server's --idle-timeout (60 s by default): a connection the server is about to close is
+# not worth the race. Servers run with a shorter --idle-timeout want a shorter idle_s.
+DEFAULT_IDLE_S = 30.0
 
 
 class Client:
@@ -214,6 +260,7 @@ class Client:
         tls_verify: Optional[bool] = None,
         tls_ca: Optional[str] = None,
         environ=None,
+        idle_s: Optional[float] = None,
     ):
         if url is None:
             url = env_value("URL", environ)
@@ -235,6 +282,9 @@ class Client:
         )
         if self.max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        self.idle_s = float(idle_s if idle_s is not None else env_value("IDLE_S", environ) or DEFAULT_IDLE_S)
+        if self.idle_s < 0:
+            raise ValueError("idle_s must be >= 0")
         if tls_verify is None:
             v = env_value("TLS_VERIFY", environ)
             tls_verify = not (v is not None and v.strip().lower() in _FALSE)
@@ -250,8 +300,9 @@ class Client:
         self._fixed_headers = f"Host: {host_hdr}:{self.port}\r\n"
         if self.token:
             self._fixed_headers += f"Authorization: Bearer {self.token}\r\n"
-        self._pool = _Pool(self._new_connection, self.max_connections)
+        self._pool = _Pool(self._new_connection, self.max_connections, self.idle_s)
         self.errors = 0  # degraded operations (observability)
+        self.resends = 0  # requests sent again on a new connection (observability)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -261,6 +312,12 @@ class Client:
     @property
     def connections_opened(self) -> int:
         return self._pool.opened
+
+    @property
+    def connections_retired(self) -> int:
+        """Pooled connections found closed by the server, or idle past idle_s, and dropped
+        instead of reused."""
+        return self._pool.retired
 
     def path(self, key) -> str:
         return self.base_path + "/kv/" + quote_key(key)
@@ -273,21 +330,32 @@ class Client:
 
     def _exchange(self, head: bytes, body: Sequence, on_response, head_request: bool = False):
         """Sends one request and hands (connection, response) to on_response, which reads the
-        body and returns (result, reusable). Retries once on a stale keep-alive connection."""
-        for attempt in (0, 1):
-            conn, reused = self._pool.acquire(self.timeout_s)
+        body and returns (result, reusable).
+
+        A pooled connection is checked before it is reused (_Pool). Should it still turn out
+        closed — the server closed it in the instant between the check and the request —
+        before a single byte of the response arrived, the request goes again, on a NEW
+        connection (never another pooled one, which the same event may have closed too), at
+        most MAX_RESENDS times. A request that got part of an answer, or timed out, is not
+        sent again."""
+        fresh = False
+        for attempt in range(MAX_RESENDS + 1):
+            conn, reused = self._pool.acquire(self.timeout_s, fresh=fresh)
             ok = False
-            answered = False
+            seen = conn.bytes_in
             try:
                 conn.send(head, body)
                 resp = conn.read_head(head_request)
-                answered = True
                 result, ok = on_response(conn, resp)
                 ok = ok and not resp.will_close
                 return result
-            except _STALE:
-                if reused and attempt == 0 and not answered:
-                    continue  # a keep-alive connection the server had closed: retry once
+            except _STALE as e:
+                if attempt < MAX_RESENDS and conn.bytes_in == seen:
+                    log.debug("kvrelay: %s connection closed before an answer (%s: %s); sending again "
+                              "on a new connection", "pooled" if reused else "new", type(e).__name__, e)
+                    self.resends += 1
+                    fresh = True
+                    continue
                 raise
             finally:
                 self._pool.release(conn, ok)

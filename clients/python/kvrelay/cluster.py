@@ -205,6 +205,19 @@ class Cluster:
         self._set_members(members)
 
     @property
+    def connections_opened(self) -> int:
+        return sum(n.client.connections_opened for n in self.nodes)
+
+    @property
+    def connections_retired(self) -> int:
+        """Pooled connections of every node found closed, or idle too long, and not reused."""
+        return sum(n.client.connections_retired for n in self.nodes)
+
+    @property
+    def resends(self) -> int:
+        return sum(n.client.resends for n in self.nodes)
+
+    @property
     def nodes(self) -> List[Node]:
         return list(self._nodes)
 

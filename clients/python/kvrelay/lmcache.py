@@ -44,8 +44,18 @@ kvrelay for LMCache, both modes.
    ``remote_storage_plugins`` (LMCache ``lmcache/v1/storage_backend/connector/__init__.py``
    @0109660c, ``ConnectorManager._remote_adapters_plugin_launcher``, which instantiates the
    named ``ConnectorAdapter`` class with no arguments and picks it when
-   ``can_parse(remote_url)``; the connector follows ``base_connector.py`` @01712fbd's
-   ``RemoteConnector``, the value layout ``lmcache/v1/protocol.py``'s ``RemoteMetadata``).
+   ``can_parse(remote_url)``, then calls ``create_connector(context)`` with a context carrying
+   url, loop, local_cpu_backend, config and metadata). The connector follows
+   ``base_connector.py``'s ``RemoteConnector`` and the value layout of ``lmcache/v1/protocol.py``'s
+   ``RemoteMetadata`` in both of their generations, detected at import (``INTERFACE``; the
+   comment above ``KvrelayRemoteConnector`` says what differs):
+
+     older  base_connector.py @01712fbd, protocol.py @c1a02cc8 (LMCache/LMCache)
+     newer  base_connector.py @2f0c2f22 (a mirror of LMCache's dev branch, 2026: the
+            qiuziyan1998/LMCache repository), protocol.py as in licheng165/LMCache @d19a2027
+            and the dev branch of 2026 (the grouped RemoteMetadata; its shape encoding differs
+            between those commits, which is why the installed class writes the header)
+
    Configuration::
 
        remote_url: "kvrelay://127.0.0.1:9130"          # or kvrelay://h1:9130,h2:9130?replication=2
@@ -54,10 +64,17 @@ kvrelay for LMCache, both modes.
        extra_config:
          remote_storage_plugin.kvrelay.module_path: kvrelay.lmcache
          remote_storage_plugin.kvrelay.class_name: KvrelayConnectorAdapter
+         save_chunk_meta: true                         # the default; false stores bare chunks
 
-   Each value is stored as LMCache's 28-byte ``RemoteMetadata`` header followed by the
-   chunk's bytes (as the fs connector does), so that a get can allocate the right memory
-   object before receiving the bytes straight into it.
+   With ``save_chunk_meta`` on (the default) each value is LMCache's ``RemoteMetadata`` header
+   (28 bytes in the older generation, 8 + 20 per KV group in the newer) followed by the
+   chunk's bytes, as the fs connector stores them, so that a get can allocate the right memory
+   object before receiving the bytes straight into it. With it off the value is the chunk
+   alone, allocated by the engine's full-chunk layout and cut down by the base class's
+   ``reshape_partial_chunk`` when shorter. ``batched_contains`` returns what the installed base
+   class declares: the number of hits from the first key (newer), or a bool per key (older).
+   A put never raises into LMCache, which does not wait for puts: a failed one is counted in
+   ``put_failures`` and logged (a warning at most every 10 s, with the count).
 
 LMCache is imported only when present; without it these classes are duck-typed (the test
 drivers in tests/e2e/clients/ play LMCache's calls).
@@ -68,10 +85,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
+import inspect
 import logging
 import os
 import struct
 import threading
+import time
 import urllib.parse
 from typing import Any, List, Optional, Sequence
 
@@ -107,7 +127,7 @@ def _store_kwargs(params: dict) -> dict:
         url = f"http://{host}:{int(port or 9130)}"
     kw = {"url": url, "nodes": params.pop("nodes", None), "dns": params.pop("dns", None),
           "replication": int(params.pop("replication", 1))}
-    for name in ("token", "timeout_s", "max_connections", "tls_verify", "tls_ca"):
+    for name in ("token", "timeout_s", "idle_s", "max_connections", "tls_verify", "tls_ca"):
         if name in params:
             kw[name] = params.pop(name)
     return kw
@@ -330,37 +350,86 @@ class KvrelayL2Adapter:
 
 # ---------------------------------------------------------------------------------------------
 # In-process mode: the remote connector and its adapter
+#
+# LMCache's remote-connector interface exists in two generations; which one is installed is
+# told at import from the shape of its classes (feature detection, never a version string):
+#
+#   older  base_connector.py @01712fbd: RemoteConnector has no __init__ of its own; a connector
+#          calls init_chunk_meta(config, metadata), which clears save_chunk_meta when the
+#          config's extra_config says so and then sets meta_shape / meta_dtype / meta_fmt;
+#          protocol.py's RemoteMetadata(length, shape, dtype, fmt) packs 7 native ints (28
+#          bytes); batched_contains(keys, stop_after_first_not_exits=True) -> List[bool].
+#   newer  base_connector.py @2f0c2f22 (the dev branch, 2026): RemoteConnector.__init__(config,
+#          metadata) resolves save_chunk_meta from extra_config, sets meta_shapes /
+#          meta_dtypes / meta_fmt, full_chunk_size_bytes and single_token_size, sizes the
+#          protocol for the model's KV groups (protocol.init_remote_metadata_info) and sets
+#          remote_metadata_bytes; RemoteMetadata(length, shapes, dtypes, fmt) packs 2 + 5 x
+#          groups native ints; MemoryObj has get_shapes() / get_dtypes() and
+#          LocalCPUBackend.allocate takes the lists; batched_contains(keys) -> int, the number
+#          of hits from the first key (RemoteBackend slices keys[:hit_chunks] with it).
+#
+# The header bytes are always made and read by the installed RemoteMetadata (its shape
+# encoding has changed between dev commits); the connector only knows their size.
 
-try:  # pragma: no cover - LMCache is not installable in this repository's test environment
+try:  # pragma: no cover - the real LMCache is not installable in this repository's tests
     from lmcache.v1.storage_backend.connector import ConnectorAdapter as _AdapterBase
-    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector as _ConnectorBase
-    from lmcache.v1.protocol import RemoteMetadata as _RemoteMetadata
-except Exception:  # duck-typed: the same methods, no LMCache base classes
+except Exception:
     _AdapterBase = object
+try:  # pragma: no cover
+    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector as _ConnectorBase
+except Exception:  # duck-typed: the same methods, no LMCache base class
     _ConnectorBase = object
+try:  # pragma: no cover
+    from lmcache.v1.protocol import RemoteMetadata as _RemoteMetadata
+except Exception:
     _RemoteMetadata = None
 
-# LMCache's RemoteMetadata layout (lmcache/v1/protocol.py): seven native ints — length,
-# memory format, dtype code, shape[0..3]. Used directly when LMCache is absent (the dtype and
-# format are then whatever the caller's objects carry as ints).
+
+def _params(fn) -> List[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def _detect_interface() -> dict:
+    base = _ConnectorBase if _ConnectorBase is not object else None
+    init = getattr(base, "__init__", object.__init__) if base else object.__init__
+    base_init = init is not object.__init__ and {"config", "metadata"} <= set(_params(init))
+    grouped = False
+    if _RemoteMetadata is not None:
+        try:
+            names = [f.name for f in dataclasses.fields(_RemoteMetadata)]
+        except TypeError:
+            names = _params(_RemoteMetadata)
+        grouped = "shapes" in names
+    contains_int = False
+    fn = getattr(base, "batched_contains", None) if base else None
+    if fn is not None:
+        try:
+            ann = inspect.signature(fn).return_annotation
+        except (TypeError, ValueError):
+            ann = None
+        contains_int = ann is int or ann == "int"
+    return {
+        "lmcache": base is not None,
+        "base_init": base_init,  # RemoteConnector.__init__(config, metadata)
+        "init_chunk_meta": bool(base) and callable(getattr(base, "init_chunk_meta", None)),
+        "grouped_metadata": grouped,  # RemoteMetadata(length, shapes, dtypes, fmt)
+        "contains_returns_int": contains_int,
+    }
+
+
+INTERFACE = _detect_interface()
+
+# The older RemoteMetadata layout (lmcache/v1/protocol.py @01712fbd): seven native ints —
+# length, memory format, dtype code, shape[0..3]. Written directly only when LMCache is absent
+# (the dtype and format are then whatever the caller's objects carry as ints).
 _META = struct.Struct("iiiiiii")
 META_BYTES = _META.size  # 28
 
-
-def _encode_meta(length: int, shape, dtype, fmt) -> bytes:
-    if _RemoteMetadata is not None:  # pragma: no cover
-        return _RemoteMetadata(length, shape, dtype, fmt).serialize()
-    dims = list(shape) + [0] * (4 - len(shape))
-    return _META.pack(length, int(getattr(fmt, "value", fmt)), int(dtype), *dims[:4])
-
-
-def _decode_meta(buf: bytes):
-    """(length, shape, dtype, fmt)."""
-    if _RemoteMetadata is not None:  # pragma: no cover
-        m = _RemoteMetadata.deserialize(buf)
-        return m.length, m.shape, m.dtype, m.fmt
-    length, fmt, dtype, s0, s1, s2, s3 = _META.unpack_from(buf)
-    return length, (s0, s1, s2, s3), dtype, fmt
+# A put that failed is logged at warning level at most this often (with the running count).
+_PUT_WARN_INTERVAL_S = 10.0
 
 
 def _key_str(key) -> str:
@@ -368,7 +437,7 @@ def _key_str(key) -> str:
 
 
 def parse_kvrelay_url(url: str) -> dict:
-    """kvrelay://host:port[,host:port...][/][?replication=R&token=T&dns=1&tls=1&timeout_s=S]
+    """kvrelay://host:port[,host:port...][/][?replication=R&token=T&dns=1&tls=1&timeout_s=S&idle_s=I]
     -> make_store() arguments. With dns=1 the single host is a DNS name of the fleet."""
     if not url.startswith("kvrelay://"):
         raise ValueError(f"not a kvrelay:// URL: {url!r}")
@@ -380,8 +449,9 @@ def parse_kvrelay_url(url: str) -> dict:
     kw: dict = {"replication": int(q.get("replication", 1))}
     if "token" in q:
         kw["token"] = q["token"]
-    if "timeout_s" in q:
-        kw["timeout_s"] = float(q["timeout_s"])
+    for name in ("timeout_s", "idle_s"):
+        if name in q:
+            kw[name] = float(q[name])
     if "max_connections" in q:
         kw["max_connections"] = int(q["max_connections"])
     members = [h for h in hosts.split(",") if h]
@@ -397,20 +467,72 @@ def parse_kvrelay_url(url: str) -> dict:
 
 
 class KvrelayRemoteConnector(_ConnectorBase):
-    """LMCache RemoteConnector on kvrelay (module docs, mode 2)."""
+    """LMCache RemoteConnector on kvrelay (module docs, mode 2; both interface generations)."""
 
     def __init__(self, url: str, loop=None, local_cpu_backend=None, config=None, metadata=None,
                  num_workers: int = DEFAULT_NUM_WORKERS):
+        # LMCache's own connectors take the config and metadata from the CPU backend when the
+        # context does not carry them.
+        if config is None:
+            config = getattr(local_cpu_backend, "config", None)
+        if metadata is None:
+            metadata = getattr(local_cpu_backend, "metadata", None)
+        if INTERFACE["base_init"]:
+            if config is None or metadata is None:
+                raise ValueError("kvrelay: this LMCache's RemoteConnector needs the engine config and "
+                                 "metadata, and the connector context carried neither")
+            super().__init__(config, metadata)
+        elif INTERFACE["init_chunk_meta"]:
+            self.init_chunk_meta(config, metadata)
+        else:
+            self.save_chunk_meta = True  # no LMCache: no layout to allocate by
         self.url = url
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self.store = make_store(**parse_kvrelay_url(url))
         self._executor = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="kvrelay-lmc")
         self._closed = False
-        if hasattr(_ConnectorBase, "init_chunk_meta"):  # pragma: no cover
-            self.init_chunk_meta(config, metadata)
-        else:
-            self.save_chunk_meta = True
+        self._count_lock = threading.Lock()
+        self.puts_stored = 0
+        self.put_failures = 0  # puts that stored nothing (LMCache does not wait for puts)
+        self._last_put_warning = 0.0
+
+    # -- the chunk header -------------------------------------------------------------------
+
+    @property
+    def header_bytes(self) -> int:
+        if INTERFACE["grouped_metadata"]:
+            return int(self.remote_metadata_bytes)
+        return META_BYTES
+
+    def _encode_meta(self, memory_obj, nbytes: int) -> bytes:
+        fmt = memory_obj.get_memory_format()
+        if INTERFACE["grouped_metadata"]:
+            return _RemoteMetadata(nbytes, list(memory_obj.get_shapes()), list(memory_obj.get_dtypes()),
+                                   fmt).serialize()
+        if _RemoteMetadata is not None:
+            return _RemoteMetadata(nbytes, memory_obj.get_shape(), memory_obj.get_dtype(), fmt).serialize()
+        shape = list(memory_obj.get_shape())
+        dims = shape + [0] * (4 - len(shape))
+        return _META.pack(nbytes, int(getattr(fmt, "value", fmt)), int(memory_obj.get_dtype()), *dims[:4])
+
+    @staticmethod
+    def _decode_meta(buf: bytes):
+        """(length, the arguments of local_cpu_backend.allocate)."""
+        if INTERFACE["grouped_metadata"]:
+            m = _RemoteMetadata.deserialize(buf)
+            return m.length, (m.shapes, m.dtypes, m.fmt)
+        if _RemoteMetadata is not None:
+            m = _RemoteMetadata.deserialize(buf)
+            return m.length, (m.shape, m.dtype, m.fmt)
+        length, fmt, dtype, s0, s1, s2, s3 = _META.unpack_from(buf)
+        return length, ((s0, s1, s2, s3), dtype, fmt)
+
+    def _chunk_layout(self):
+        """allocate() arguments of a full chunk, when no header is stored (save_chunk_meta off)."""
+        if INTERFACE["grouped_metadata"] or hasattr(self, "meta_shapes"):
+            return self.meta_shapes, self.meta_dtypes, self.meta_fmt
+        return self.meta_shape, self.meta_dtype, self.meta_fmt
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -428,18 +550,19 @@ class KvrelayRemoteConnector(_ConnectorBase):
     def _get(self, key):
         backend = self.local_cpu_backend
         holder = []
+        with_meta = bool(getattr(self, "save_chunk_meta", True))
 
         def reader(conn, length):
-            if getattr(self, "save_chunk_meta", True):
-                if length < META_BYTES:
-                    raise ValueError(f"value of {length} bytes has no metadata header")
-                n, shape, dtype, fmt = _decode_meta(conn.read_body(META_BYTES))
-                if n != length - META_BYTES:
-                    raise ValueError(f"metadata says {n} bytes, the value holds {length - META_BYTES}")
-                obj = backend.allocate(shape, dtype, fmt)
-            else:  # pragma: no cover - the chunk-meta-less layout of LMCache's config
-                n = length
-                obj = backend.allocate(self.meta_shape, self.meta_dtype, self.meta_fmt)
+            if with_meta:
+                hb = self.header_bytes
+                if length < hb:
+                    raise ValueError(f"value of {length} bytes has no {hb}-byte metadata header")
+                n, alloc = self._decode_meta(conn.read_body(hb))
+                if n != length - hb:
+                    raise ValueError(f"metadata says {n} bytes, the value holds {length - hb}")
+            else:  # the value is the chunk alone, full or partial (the last one of a prompt)
+                n, alloc = length, self._chunk_layout()
+            obj = backend.allocate(*alloc)
             if obj is None:
                 raise MemoryError("local_cpu_backend.allocate returned None")
             holder.append(obj)
@@ -447,8 +570,8 @@ class KvrelayRemoteConnector(_ConnectorBase):
             if view.nbytes < n:
                 raise ValueError(f"allocated {view.nbytes} bytes for a {n}-byte chunk")
             conn.read_into([view[:n]])
-            if not getattr(self, "save_chunk_meta", True):  # pragma: no cover
-                obj = self.reshape_partial_chunk(obj, n)
+            if not with_meta:
+                obj = self.reshape_partial_chunk(obj, n)  # raises on a length no chunk has
             return obj
 
         result = None
@@ -466,16 +589,35 @@ class KvrelayRemoteConnector(_ConnectorBase):
         return result
 
     def _put(self, key, memory_obj) -> bool:
-        data = byte_view(memory_obj.byte_array)
-        parts = [data]
-        if getattr(self, "save_chunk_meta", True):
-            parts.insert(0, _encode_meta(data.nbytes, memory_obj.get_shape(), memory_obj.get_dtype(),
-                                         memory_obj.get_memory_format()))
+        """Stores one chunk; never raises (LMCache does not wait for puts, so an exception would
+        vanish with its task): a failure is counted in put_failures and logged."""
         try:
-            return self.store.store(_key_str(key), parts) in (200, 201)
+            data = byte_view(memory_obj.byte_array)
+            parts = [data]
+            if getattr(self, "save_chunk_meta", True):
+                parts.insert(0, self._encode_meta(memory_obj, data.nbytes))
+            status = self.store.store(_key_str(key), parts)
+            if status in (200, 201):
+                with self._count_lock:
+                    self.puts_stored += 1
+                return True
+            self._put_failed(key, f"HTTP {status}")
         except Exception as e:
-            log.debug("kvrelay put %s: %s", key, e)
-            return False
+            self._put_failed(key, f"{type(e).__name__}: {e}")
+        return False
+
+    def _put_failed(self, key, why: str) -> None:
+        now = time.monotonic()
+        with self._count_lock:
+            self.put_failures += 1
+            count = self.put_failures
+            loud = count == 1 or now - self._last_put_warning >= _PUT_WARN_INTERVAL_S
+            if loud:
+                self._last_put_warning = now
+        if loud:
+            log.warning("kvrelay put %s stored nothing (%s); %d failed puts so far", _key_str(key), why, count)
+        else:
+            log.debug("kvrelay put %s stored nothing (%s)", _key_str(key), why)
 
     def _exists_many(self, keys) -> List[bool]:
         try:
@@ -496,7 +638,10 @@ class KvrelayRemoteConnector(_ConnectorBase):
         return await self._run(self._get, key)
 
     async def put(self, key, memory_obj):
-        await self._run(self._put, key, memory_obj)
+        try:
+            await self._run(self._put, key, memory_obj)
+        except Exception as e:  # the executor is gone (closed): still never raised
+            self._put_failed(key, f"{type(e).__name__}: {e}")
 
     async def list(self) -> List[str]:
         # kvrelay has no listing route: a store of millions of blocks is not listed.
@@ -531,11 +676,16 @@ class KvrelayRemoteConnector(_ConnectorBase):
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys, stop_after_first_not_exits: bool = True) -> List[bool]:
+    def batched_contains(self, keys, stop_after_first_not_exits: bool = True):
+        """What the installed RemoteConnector declares: the number of hits from the first key
+        where it returns int (newer LMCache), else one bool per key, False from the first miss
+        on unless stop_after_first_not_exits is False."""
         res = self._exists_many(list(keys))
-        if stop_after_first_not_exits and False in res:
-            first = res.index(False)
-            res = res[:first] + [False] * (len(res) - first)
+        hits = res.index(False) if False in res else len(res)
+        if INTERFACE["contains_returns_int"]:
+            return hits
+        if stop_after_first_not_exits:
+            res = res[:hits] + [False] * (len(res) - hits)
         return res
 
     def support_batched_async_contains(self) -> bool:
@@ -589,4 +739,5 @@ class KvrelayConnectorAdapter(_AdapterBase):
                                       getattr(context, "config", None), getattr(context, "metadata", None))
 
 
-__all__ = ["KvrelayL2Adapter", "KvrelayRemoteConnector", "KvrelayConnectorAdapter", "parse_kvrelay_url"]
+__all__ = ["KvrelayL2Adapter", "KvrelayRemoteConnector", "KvrelayConnectorAdapter", "parse_kvrelay_url",
+           "INTERFACE"]

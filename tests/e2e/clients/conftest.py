@@ -4,7 +4,10 @@ Harness for the engine-adapter tests: the real kvrelay-supervisor through tests/
 from the source tree (clients/python), exactly as `pip install ./clients/python` installs it.
 
 LMCache and SGLang cannot be installed here: each test module holds a driver that calls the
-adapters the way the engine does, and names the upstream files it follows.
+adapters the way the engine does, and names the upstream files it follows. Where an adapter
+adapts to the engine's installed interface (LMCache's remote connector, SGLang's HiCacheStorage),
+stand-ins of the engine's interface files (upstream/, README there) are loaded under the
+engine's module names first (engines.py).
 """
 
 import os
