@@ -245,6 +245,7 @@ static int http_get(const args_t *a, const char *path, buf_t *body, char *err, s
     }
     memmove(body->p, body->p + head_len, body->len - head_len);
     body->len -= head_len;
+    body->p[body->len] = '\0'; /* dechunk's strtoull stops at the end */
     if (chunked) {
         ssize_t m = dechunk(body->p, body->len);
         if (m < 0) {

@@ -5,6 +5,8 @@ made and counted itself; its terminal view redraws a screen; a token, a dead add
 command lines are handled. Every run is bounded by a timeout.
 """
 
+import http.server
+import json
 import os
 import re
 import select
@@ -196,3 +198,48 @@ def test_token_dead_address_and_bad_flags(kvrelay, tmp_path):
         assert p.returncode == 2 and p.stderr, (bad, p)
     p = top(None, "--help")
     assert p.returncode == 0 and b"--interval" in p.stderr
+
+
+def test_chunked_responses_read_as_the_servers_own(kvrelay):
+    """A server that answers in chunks (an HTTP/1.1 proxy might) gives the same line: the pages
+    of a live server, served again chunked by a stand-in, are read alike."""
+    srv = kvrelay("--workers", "1")
+    k = unique_key("c")
+    assert srv.put(k, make_block(BLOCK, k)).status == 201
+    assert srv.get(k).status == 200 and srv.get(unique_key("absent")).status == 404
+    pages = {"/kv/stats": srv.request("GET", "/kv/stats").body, "/metrics": srv.request("GET", "/metrics").body}
+
+    class Chunked(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            body = pages[self.path]
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), 1000):
+                part = body[i:i + 1000]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *a):
+            pass
+
+    stand_in = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    t = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    t.start()
+    try:
+        p = subprocess.run([str(TOP), "-a", f"127.0.0.1:{stand_in.server_address[1]}", "-n", "1", "-i", "0.1"],
+                           capture_output=True, timeout=20 * SLOW)
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
+        t.join(10)
+    assert p.returncode == 0, p.stderr.decode()
+    (r,) = parse(p.stdout)
+    stats = json.loads(pages["/kv/stats"])
+    assert (int(r["hits"]), int(r["misses"]), int(r["blocks"])) == (stats["get_hits"], stats["get_misses"],
+                                                                    stats["unique_blocks"]) == (1, 1, 1), r
+    assert dict(e.split(":") for e in r["errors"].split(","))["404"] == "1", r
+    assert r["req_s"] == "0.0" and r["workers"] == "1", r
+    assert r["capacity_bytes"] == str(int(metric(pages["/metrics"].decode(), "kvrelay_capacity_bytes")))
