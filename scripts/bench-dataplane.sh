@@ -3,7 +3,7 @@
 # Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
 # on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
 #
-#   scripts/bench-dataplane.sh [--quick] [--profile] [--out DIR] [--memory SIZE] [--reps N]
+#   scripts/bench-dataplane.sh [--quick] [--profile] [--no-ceilings] [--out DIR] [--memory SIZE] [--reps N]
 #                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
 #                              [--hugepages COUNT] [--null-memory]
 #
@@ -31,8 +31,8 @@
 # --profile: after the figures of every store at each size, one more
 # GET and one more PUT run (2 s each, not figures) under `strace -c -f` attached to every process
 # of the server (system calls per request), and another under `perf record` (where the server's
-# CPU goes: copies, page faults, locks); the report gets both, the raw files go beside it in
-# DIR/<date>-dataplane-profiles/. Adds about a minute per size.
+# CPU goes: copies, page faults, locks); the report gets both, the raw files go to
+# build/bench-profiles/<date>-dataplane/ (never into bench/results). Adds about a minute per size.
 # --null-memory: one more store, null-mem, the null server receiving PUT bodies into --memory
 # of shared memory touched at its start (null_server --put-memory), one body after another, as
 # a store must, instead of one 256 KiB buffer that stays in the CPU cache; it shows how much of
@@ -43,6 +43,8 @@
 # figures go in a section of their own (the targets are kvrelay's defaults). --hugepages COUNT
 # sets vm.nr_hugepages to COUNT for the run (root; the old value is restored at exit); the
 # default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
+# Ceilings, first (each a few seconds): loopback TCP, 1 stream of 1 MiB writes (iperf3), and memcpy
+# bandwidth (build/bench/bench_store): what no store on this machine can beat. --no-ceilings skips them.
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s (--reps N:
 # N of them), medians by GB/s, about 10 minutes (13 with --profile); the report gives every
 # repetition's figure beside the median, since on this VM the server instance moves a figure.
@@ -55,12 +57,14 @@ ROOT=$PWD
 QUICK=0
 PROFILE=0
 OUT=bench/results
+PROFILES=$ROOT/build/bench-profiles
 MEM=2G
 SIZES="256K 2M 32M 80M"
 VARIANTS=()
 HUGEPAGES=""
 REPS_ARG=""
 NULLMEM=""
+CEILINGS=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) QUICK=1 ;;
@@ -72,6 +76,7 @@ while [ $# -gt 0 ]; do
     --hugepages) HUGEPAGES=$2; shift ;;
     --reps) REPS_ARG=$2; shift ;;
     --null-memory) NULLMEM=" null-mem" ;;
+    --no-ceilings) CEILINGS=0 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -84,7 +89,7 @@ MEMMB=$(( MEMB >> 20 ))
 
 # ---------------------------------------------------------------- dependencies and build
 "$ROOT/scripts/install-deps.sh" --bench
-make -s all build/bench/null_server >/dev/null
+make -s all build/bench/null_server build/bench/bench_store >/dev/null
 BENCH=$ROOT/build/kvrelay-bench
 NULL=$ROOT/build/bench/null_server
 for b in "$BENCH" "$NULL" "$ROOT/build/kvrelay-supervisor"; do
@@ -149,32 +154,8 @@ wait_port() {
     done
     echo "bench-dataplane: nothing listens on $1" >&2; return 1
 }
-# CPU clock ticks of a process tree: utime+stime of every live process under the root, plus
-# cutime+cstime (children already reaped) — kvrelay is a supervisor with worker children —
-# then, after a space, those of its processes that call themselves the publisher (0 elsewhere).
-cpu_ticks() {
-    $PY - "$1" <<'EOF'
-import os, sys
-root = int(sys.argv[1]); kids = {}; stat = {}; pub = set()
-for d in os.listdir('/proc'):
-    if d.isdigit():
-        try:
-            comm, rest = open(f'/proc/{d}/stat').read().rsplit(')', 1)
-        except OSError:
-            continue
-        f = rest.split()
-        stat[int(d)] = int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-        kids.setdefault(int(f[1]), []).append(int(d))
-        if 'publisher' in comm:
-            pub.add(int(d))
-def tot(p, depth=0, only=None):
-    if depth > 8:
-        return 0
-    own = stat.get(p, 0) if only is None or p in only else 0
-    return own + sum(tot(c, depth + 1, only) for c in kids.get(p, []))
-print(tot(root), tot(root, only=pub))
-EOF
-}
+# CPU clock ticks of a server's process tree, and of its publisher: scripts/bench_proc.py.
+cpu_ticks() { $PY "$ROOT/scripts/bench_proc.py" cpu "$1"; }
 
 # ---------------------------------------------------------------- the stores
 PORT=0
@@ -246,25 +227,7 @@ EOF
 # ---------------------------------------------------------------- profiles (--profile)
 PDIR=$WORK/profiles
 mkdir -p "$PDIR"
-tree_pids() { # the server and every process under it, comma-separated
-    $PY - "$1" <<'EOF'
-import os, sys
-kids = {}
-for d in os.listdir('/proc'):
-    if d.isdigit():
-        try:
-            ppid = int(open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()[1])
-        except OSError:
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-out, todo = [], [int(sys.argv[1])]
-while todo:
-    p = todo.pop()
-    out.append(p)
-    todo.extend(kids.get(p, []))
-print(",".join(map(str, out)))
-EOF
-}
+tree_pids() { $PY "$ROOT/scripts/bench_proc.py" tree "$1"; } # the server and every process under it
 # One run under strace -c, one under perf record; PUTs get a key prefix of their own per run
 # (a repeated key would be a dedup hit for kvrelay).
 profile() { # op sys size -- kvrelay-bench args
@@ -314,6 +277,18 @@ evictions() { # system size
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$(date +%s)
+CEIL_ARGS=()
+if [ "$CEILINGS" = 1 ]; then
+    # iperf3 -1: the server takes one test and exits; no probe connection (it would be that test)
+    IPORT=$(free_port)
+    iperf3 -s -p "$IPORT" -1 >/dev/null 2>&1 &
+    SPID=$!
+    sleep 1
+    iperf3 -c 127.0.0.1 -p "$IPORT" -l 1M -P 1 -t $((DUR + 1)) -J > "$WORK/iperf.json" || true
+    stop_store
+    KVR_BENCH_ONLY=memcpy "$ROOT/build/bench/bench_store" > "$WORK/memcpy.txt" || true
+    CEIL_ARGS=(--iperf "$WORK/iperf.json" --memcpy "$WORK/memcpy.txt")
+fi
 # Every repetition starts every store afresh, in turn (null, kvrelay, ..., redis, then the next
 # repetition): on this VM a figure depends on the server instance (where its memory landed) by
 # up to 1.5x, and on the minute by less, so each median is over R instances spread over the run.
@@ -362,17 +337,17 @@ STAMP=$(date -u +%Y-%m-%d-%H%M)
 VERS=$WORK/versions.txt
 {
     echo "kvrelay $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified in the working tree)')"
-    redis-server --version; memcached -V
+    redis-server --version; memcached -V; [ "$CEILINGS" = 0 ] || iperf3 --version | head -1
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load average at the start: $LOAD0, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
     cat "$WORK/evictions.txt" 2>/dev/null || true
 } > "$VERS" 2>&1
 $PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --profiles "$PDIR" --quick "$QUICK" \
     --memory "$MEM" --reps "$REPS" --duration "$DUR" --elapsed "$ELAPSED" \
     --invocation "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" \
-    --md "$OUT/$STAMP-dataplane.md"
+    "${CEIL_ARGS[@]}" --md "$OUT/$STAMP-dataplane.md"
 if [ "$PROFILE" = 1 ]; then
-    mkdir -p "$OUT/$STAMP-dataplane-profiles"
-    cp "$PDIR"/*.strace "$PDIR"/*.perf.txt "$PDIR"/*.json "$OUT/$STAMP-dataplane-profiles/" 2>/dev/null || true
-    echo "profiles=$OUT/$STAMP-dataplane-profiles"
+    mkdir -p "$PROFILES/$STAMP-dataplane"
+    cp "$PDIR"/*.strace "$PDIR"/*.perf.txt "$PDIR"/*.json "$PROFILES/$STAMP-dataplane/" 2>/dev/null || true
+    echo "profiles=$PROFILES/$STAMP-dataplane"
 fi
 echo "report=$OUT/$STAMP-dataplane.md"

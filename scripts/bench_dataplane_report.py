@@ -5,21 +5,43 @@ report and name=value lines on stdout.
 Input: one JSON object per line (kvrelay-bench's --json output plus system/op/size/conns/rep,
 the server CPU seconds measured around the run and the command line); op is get, put or fill
 (the unmeasured PUTs that fill each store before its PUT figure, shown apart). Repetitions are
-reduced to the one of median GB/s (req/s for 16 KiB), as scripts/bench_report.py does.
-The targets are those of issue 10, acceptance 6.
+reduced to the one of median GB/s (req/s for 16 KiB). With --iperf and --memcpy the report opens
+with the machine's ceilings (loopback TCP, memcpy). The targets are those of issue 10, acceptance 6.
 """
 import argparse
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import errors, g, gbps, p99_ms, rps  # noqa: E402
-
 SIZES = ["16K", "256K", "2M", "32M", "80M"]
 SYSTEMS = ["null", "kvrelay", "memcached", "redis"]
 OPS = ["get", "put", "fill", "warm"]
 BIG = ("32M", "80M")
+
+
+def g(r, *path, default=0.0):
+    """r[path[0]][path[1]]..., or default where a member is missing."""
+    for p in path:
+        if not isinstance(r, dict) or p not in r:
+            return default
+        r = r[p]
+    return r
+
+
+def gbps(r):
+    return float(g(r, "throughput", "gb_per_s"))
+
+
+def rps(r):
+    return float(g(r, "throughput", "requests_per_s"))
+
+
+def p99_ms(r):
+    return float(g(r, "latency_ms", "p99"))
+
+
+def errors(r):
+    return int(g(r, "total_errors", default=g(r, "errors", default=0)) or 0)
 
 
 def p50_ms(r):
@@ -210,6 +232,31 @@ def differences_section(w, pdir):
     w("")
 
 
+def ceilings_section(w, put_kv, iperf, memcpy):
+    """Loopback TCP (iperf3 -J output) and memcpy (bench_store's memcpy_gbps line), when given."""
+    tcp = mem = None
+    try:
+        tcp = json.load(open(iperf))["end"]["sum_received"]["bits_per_second"] / 8e9
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        for line in open(memcpy):
+            if line.startswith("memcpy_gbps"):
+                mem = float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    if tcp is None and mem is None:
+        return
+    w("## Ceilings\n")
+    if tcp is not None:
+        w(f"- loopback TCP, 1 stream, 1 MiB writes (iperf3): **{tcp:.2f} GB/s**")
+        put_kv("ceiling_loopback_tcp_gbps", f"{tcp:.3f}")
+    if mem is not None:
+        w(f"- memcpy, 2 MiB into a warm destination (bench_store): **{mem:.2f} GB/s**")
+        put_kv("ceiling_memcpy_gbps", f"{mem:.3f}")
+    w("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed",
@@ -217,6 +264,8 @@ def main():
         ap.add_argument("--" + a, required=True)
     ap.add_argument("--quick", default="0")
     ap.add_argument("--profiles", default="")
+    ap.add_argument("--iperf", default="")
+    ap.add_argument("--memcpy", default="")
     a = ap.parse_args()
 
     rows = [json.loads(l) for l in open(a.results) if l.strip()]
@@ -253,6 +302,8 @@ def main():
       "below: it pays this VM's first-touch page faults and fills the store); **PUT** of new keys, the store "
       "full and evicting. Server CPU: utime+stime of the server's whole process tree (kvrelay: supervisor and "
       "workers), read from /proc around each measured run, per GB of payload the run moved.\n")
+
+    ceilings_section(w, put_kv, a.iperf, a.memcpy)
 
     w("## Every figure\n")
     w("The median's repetition gives every column; *each instance* lists the GB/s (req/s at 16 KiB) of every "

@@ -10,12 +10,29 @@ the layers below it. Run by `make check-layers` (and so by `make test`).
     proc   supervisor, worker, publisher entry points: the only places that wire modules together
     main   the programs
 
-Usage: check-layers.py [SRC_DIR]   (default: src next to this script's directory)
 Prints one line per include that crosses a seam the wrong way, "file:line: ...", and exits 1 if
 there is any; 0 when the graph is clean. io/ may not touch a shared struct's fields either
 (segment header, control block, process table, any *_sh_t): it goes through shm/ and core/. wire/ may not include a system header of I/O or
 shared memory (sockets, mmap, the ring, h2o, nghttp2) either. Includes that name no file of src/ (system headers,
 generated headers outside wire/, blake3.h) are not layered.
+
+Circles: no module may depend on itself through others (refused in tools/ and bench/; in src/,
+whose layers already order its directories, the circles inside a layer are listed as notes until
+they are gone).
+A module is a .c file and the header of the same name (tools: also X_*.c that share the
+private header X_int.h: one module split over several files). Module A depends on module B when
+a file of A includes a header of B, or includes a header that declares a function or variable B
+defines (a header that declares another module's symbols hands that dependency to everyone who
+includes it). Each circle is printed with the include or declaration behind every step.
+
+Usage: check-layers.py [SRC_DIR]                 the layers of SRC_DIR (default: src/ next to
+                                                 this script's directory)
+       check-layers.py --circles [--src SRC] DIR...   circles in the DIRs together (tools/,
+                                                 bench/); headers are looked up next to the
+                                                 including file, then in SRC
+       check-layers.py --circles-note [--src SRC] DIR...   the same, printed as notes, exit 0
+                                                 (src/: its module circles are listed, not yet
+                                                 refused; see the Makefile)
 """
 import os
 import re
@@ -102,17 +119,214 @@ def check(src):
     return bad
 
 
+# ---------------------------------------------------------------- circles
+
+# Symbols with external linkage, at column 0 (the tree's style: return type and name on one
+# line, the opening brace of a function on a line of its own).
+DEF_START = re.compile(r'^(?!static\b|extern\b|typedef\b|return\b|struct\s+\w+\s*\{|enum\b|union\b|#)'
+                       r'[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*(\(|\[|=|;)')
+DECL_FUNC = re.compile(r'^(?!static\b|typedef\b|return\b|#|struct\s+\w+\s*\{|enum\b|union\b)'
+                       r'(?:extern\s+)?[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(')
+DECL_VAR = re.compile(r'^extern\s+[\w \t\*]*?\b([A-Za-z_]\w*)\s*(\[[^\]]*\])*\s*;')
+C_KEYWORDS = {"if", "while", "for", "switch", "sizeof", "return", "defined"}
+
+
+def _statement(lines, i):
+    """The text from line i up to the first ';' or '{' (a declaration, or a definition's head)."""
+    out = []
+    for line in lines[i:i + 12]:
+        out.append(line.split("//")[0])
+        if ";" in line or "{" in line:
+            break
+    return " ".join(out)
+
+
+def defined_symbols(path):
+    """Functions and variables with external linkage that the .c file at path defines."""
+    syms = set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        m = DEF_START.match(line)
+        if not m or m.group(1) in C_KEYWORDS:
+            continue
+        st = _statement(lines, i)
+        semi, brace = st.find(";"), st.find("{")
+        if m.group(2) == "(":
+            if brace >= 0 and (semi < 0 or brace < semi):
+                syms.add(m.group(1))  # a function definition
+        else:
+            syms.add(m.group(1))  # a variable: int x; int x = ...; T x[N] = {...};
+    return syms
+
+
+def declared_symbols(path):
+    """Functions (prototypes) and extern variables that the header at path declares: {name: line}."""
+    syms = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        m = DECL_VAR.match(line)
+        if m:
+            syms.setdefault(m.group(1), i + 1)
+            continue
+        m = DECL_FUNC.match(line)
+        if not m or m.group(1) in C_KEYWORDS:
+            continue
+        st = _statement(lines, i)
+        semi, brace = st.find(";"), st.find("{")
+        if semi >= 0 and (brace < 0 or semi < brace):
+            syms.setdefault(m.group(1), i + 1)
+    return syms
+
+
+def module_of(path):
+    """A module: directory and stem; X_*.c/.h beside a private header X_int.h are module X."""
+    d, fn = os.path.split(path)
+    stem = os.path.splitext(fn)[0]
+    if "_" in stem:
+        prefix = stem.split("_")[0]
+        if os.path.exists(os.path.join(d, prefix + "_int.h")):
+            stem = prefix
+    return os.path.join(d, stem)
+
+
+def resolve_include(path, name, src):
+    for base in (os.path.dirname(path), src):
+        cand = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def find_circles(dirs, src):
+    """Circles in the module graph of the C files under dirs; one message per circle."""
+    files = []
+    for top in dirs:
+        for dirpath, _, fns in sorted(os.walk(top)):
+            files += [os.path.join(dirpath, fn) for fn in sorted(fns) if fn.endswith((".c", ".h"))]
+    definer = {}
+    for path in files:
+        if path.endswith(".c"):
+            for sym in defined_symbols(path):
+                definer.setdefault(sym, path)
+    edges = {}  # module -> {module: why}
+    declared_cache = {}
+
+    def add(a, b, why):
+        if a != b:
+            edges.setdefault(a, {}).setdefault(b, why)
+
+    for path in files:
+        mod = module_of(path)
+        edges.setdefault(mod, {})
+        if path.endswith(".h"):
+            for sym, line in sorted(declared_symbols(path).items()):
+                if sym in definer:
+                    add(mod, module_of(definer[sym]), "%s:%d declares %s, defined in %s"
+                        % (path, line, sym, definer[sym]))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                if not m:
+                    continue
+                hdr = resolve_include(path, m.group(1), src)
+                if hdr is None:
+                    continue
+                add(mod, module_of(hdr), '%s:%d includes "%s"' % (path, lineno, m.group(1)))
+                if hdr not in declared_cache:
+                    declared_cache[hdr] = declared_symbols(hdr)
+                for sym, line in sorted(declared_cache[hdr].items()):
+                    if sym in definer:
+                        add(mod, module_of(definer[sym]), '%s:%d includes "%s", which declares %s (%s:%d), defined in %s'
+                            % (path, lineno, m.group(1), sym, hdr, line, definer[sym]))
+    # Strongly connected components (Tarjan); every component of two or more modules is a circle.
+    index, low, stack, on, comps = {}, {}, [], set(), []
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    bad = []
+    for comp in comps:
+        # one cycle through the component, from its first module, by breadth-first search back to it
+        start, members = comp[0], set(comp)
+        prev, todo, cycle = {start: None}, [start], None
+        while todo and cycle is None:
+            nxt = []
+            for v in todo:
+                for w in sorted(edges.get(v, {})):
+                    if w not in members:
+                        continue
+                    if w == start:
+                        cycle = (v, prev)
+                        break
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+                if cycle:
+                    break
+            todo = nxt
+        last, prev = cycle
+        path = [last]
+        while prev[path[-1]] is not None:
+            path.append(prev[path[-1]])
+        path.reverse()
+        path.append(start)
+        steps = ["    %s -> %s: %s" % (a, b, edges[a][b]) for a, b in zip(path, path[1:])]
+        bad.append("include circle among %s:\n%s" % (", ".join(comp), "\n".join(steps)))
+    return bad
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(here), "src")
-    if not os.path.isdir(src):
-        print("check-layers: %s is not a directory" % src, file=sys.stderr)
-        return 2
-    bad = check(src)
+    args = sys.argv[1:]
+    src = os.path.join(os.path.dirname(here), "src")
+    if args[:1] in (["--circles"], ["--circles-note"]):
+        note, dirs = args[0] == "--circles-note", args[1:]
+        if dirs[:1] == ["--src"]:
+            src, dirs = dirs[1], dirs[2:]
+        for d in dirs + [src]:
+            if not os.path.isdir(d):
+                print("check-layers: %s is not a directory" % d, file=sys.stderr)
+                return 2
+        bad = find_circles(dirs, src)
+        if note:
+            for b in bad:
+                print("check-layers: note: " + b)
+            return 0
+    else:
+        src = args[0] if args else src
+        if not os.path.isdir(src):
+            print("check-layers: %s is not a directory" % src, file=sys.stderr)
+            return 2
+        bad = check(src)
     for b in bad:
         print(b)
     if bad:
-        print("check-layers: %d include(s) cross a layer seam the wrong way" % len(bad), file=sys.stderr)
+        print("check-layers: %d include(s) cross a layer seam the wrong way or form a circle" % len(bad),
+              file=sys.stderr)
         return 1
     return 0
 

@@ -6,8 +6,9 @@
 #   scripts/fresh-machine-check.sh [--run-check | COMMAND]      (as root, from anywhere in the tree)
 #
 #   COMMAND       a shell command run in the clone inside the root (default: make test)
-#   --run-check   runs `make run`, waits for GET /readyz to answer 200, stops the server with SIGTERM
-#                 and requires it to exit 0
+#   --run-check   runs `make run`, waits for GET /readyz to answer 200 (bash's /dev/tcp: the root
+#                 has no curl, and `make run` must not install one), stops the server with SIGTERM
+#                 and requires it to exit 0, and that no test or benchmark package was installed
 #
 # The committed HEAD is cloned into the root (uncommitted work is not part of the check). The root
 # is built once with mmdebstrap (--variant=minbase) from the host's apt sources and cached as a
@@ -32,7 +33,7 @@ case "${1:-}" in
     cmd='make run >/tmp/make-run.log 2>&1 & pid=$!
 ok=0
 for i in $(seq 1 900); do
-    code=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:9130/readyz 2>/dev/null || true)
+    code=$( { exec 3<>/dev/tcp/127.0.0.1/9130 && printf "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" >&3 && head -n 1 <&3; } 2>/dev/null | cut -d" " -f2)
     [ "$code" = 200 ] && { ok=1; break; }
     kill -0 $pid 2>/dev/null || break
     sleep 1
@@ -52,7 +53,12 @@ if [ -n "$sup" ]; then kill -TERM "$sup"; else echo "make run: no kvrelay-superv
 rc=0; wait $pid || rc=$?
 tail -3 /tmp/make-run.log
 echo "make run: exited $rc after SIGTERM"
-[ $ok = 1 ] && [ $rc = 0 ]'
+extra=""
+for p in curl python3 libcriterion-dev redis-server memcached prometheus python3-kubernetes iperf3 linux-perf clang; do
+    dpkg-query -W -f="\${Status}" $p 2>/dev/null | grep -q "install ok installed" && extra="$extra $p"
+done
+[ -z "$extra" ] || echo "make run: installed what only tests or benchmarks use:$extra"
+[ $ok = 1 ] && [ $rc = 0 ] && [ -z "$extra" ]'
     ;;
 "") cmd="make test" ;;
 *) cmd="$1" ;;

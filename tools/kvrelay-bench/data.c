@@ -11,7 +11,7 @@
  * of the block, computed once per key (during --preload, else at its first GET) and cached.
  * The derivation itself is in block.h, shared with bench/null_server.c.
  */
-#include "kvb.h"
+#include "data.h"
 #include "block.h"
 
 #include <math.h>

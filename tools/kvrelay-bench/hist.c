@@ -3,7 +3,7 @@
  * every power of two is split into 128 buckets, so a bucket is at most 1/128 (0.8 %) of its
  * values wide. Fixed size (58 x 128 counters), no allocation, O(1) add.
  */
-#include "kvb.h"
+#include "hist.h"
 
 static inline unsigned hist_index(uint64_t v)
 {

@@ -13,7 +13,8 @@
  * Subscribers are spread over threads 1..T-1 (thread 0 paces the PUTs) and driven from the
  * thread's epoll loop: readable -> kvr_gclient_step().
  */
-#include "kvb.h"
+#include "relay.h"
+#include "json.h"
 
 #include "io/grpc_client.h"
 #include "wire/mirror.h"
