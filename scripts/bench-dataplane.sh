@@ -283,7 +283,6 @@ evictions() { # system size
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$(date +%s)
-CEIL_ARGS=()
 if [ "$CEILINGS" = 1 ]; then
     # iperf3 -1: the server takes one test and exits; no probe connection (it would be that test)
     IPORT=$(free_port)
@@ -293,7 +292,6 @@ if [ "$CEILINGS" = 1 ]; then
     iperf3 -c 127.0.0.1 -p "$IPORT" -l 1M -P 1 -t $((DUR + 1)) -J > "$WORK/iperf.json" || true
     stop_store
     KVR_BENCH_ONLY=memcpy "$ROOT/build/bench/bench_store" > "$WORK/memcpy.txt" || true
-    CEIL_ARGS=(--iperf "$WORK/iperf.json" --memcpy "$WORK/memcpy.txt")
 fi
 # Every repetition starts every store afresh, in turn (null, kvrelay, ..., redis, then the next
 # repetition): on this VM a figure depends on the server instance (where its memory landed) by
