@@ -31,8 +31,8 @@
 # --profile: after the figures of every store at each size, one more
 # GET and one more PUT run (2 s each, not figures) under `strace -c -f` attached to every process
 # of the server (system calls per request), and another under `perf record` (where the server's
-# CPU goes: copies, page faults, locks); the report gets both, the raw files go to
-# build/bench-profiles/<date>-dataplane/ (never into bench/results). Adds about a minute per size.
+# CPU goes: copies, page faults, locks); the report gets both, the raw files go to the run's
+# data directory (below; never into bench/results). Adds about a minute per size.
 # --null-memory: one more store, null-mem, the null server receiving PUT bodies into --memory
 # of shared memory touched at its start (null_server --put-memory), one body after another, as
 # a store must, instead of one 256 KiB buffer that stays in the CPU cache; it shows how much of
@@ -48,8 +48,12 @@
 # --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s (--reps N:
 # N of them), medians by GB/s, about 10 minutes (13 with --profile); the report gives every
 # repetition's figure beside the median, since on this VM the server instance moves a figure.
-# Output: DIR/<date>-dataplane.md (every figure, the targets, the commands, versions) and
-# name=value lines on stdout.
+# Output: DIR/<date>-dataplane.md (every figure, the targets, the commands, versions), beside it
+# one SVG per figure family, DIR/<date>-dataplane-<family>.svg (gbps, p99, cpu: drawn by gnuplot,
+# embedded in the report), and name=value lines on stdout. The data the report is made from (every
+# run's JSON, versions, store command lines, ceilings, profiles, the report's arguments) goes to
+# build/bench-runs/<date>-dataplane/ (never into bench/results: git keeps the report and its
+# plots only); `scripts/bench_dataplane_report.py --from THAT_DIR [--plots-only]` draws them again.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -57,7 +61,7 @@ ROOT=$PWD
 QUICK=0
 PROFILE=0
 OUT=bench/results
-PROFILES=$ROOT/build/bench-profiles
+RUNS=$ROOT/build/bench-runs
 MEM=2G
 SIZES="256K 2M 32M 80M"
 VARIANTS=()
@@ -256,7 +260,9 @@ profile() { # op sys size -- kvrelay-bench args
     # every symbol line (-n: with its sample count), so that the report can total the samples
     perf report -i "$base.perf" --stdio --no-children -n --sort dso,sym 2>/dev/null | grep -v '^#' | grep . \
         > "$base.perf.txt" || true
-    echo "$op $sys $size $base" >> "$PDIR/index.txt"
+    # the base name only: the report reads it relative to the index (the folder is copied to the
+    # run's data directory at the end)
+    echo "$op $sys $size ${base##*/}" >> "$PDIR/index.txt"
 }
 
 # What each store says it evicted by the end of its PUT steps (the PUT figures are of a full store).
@@ -277,7 +283,6 @@ evictions() { # system size
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$(date +%s)
-CEIL_ARGS=()
 if [ "$CEILINGS" = 1 ]; then
     # iperf3 -1: the server takes one test and exits; no probe connection (it would be that test)
     IPORT=$(free_port)
@@ -287,7 +292,6 @@ if [ "$CEILINGS" = 1 ]; then
     iperf3 -c 127.0.0.1 -p "$IPORT" -l 1M -P 1 -t $((DUR + 1)) -J > "$WORK/iperf.json" || true
     stop_store
     KVR_BENCH_ONLY=memcpy "$ROOT/build/bench/bench_store" > "$WORK/memcpy.txt" || true
-    CEIL_ARGS=(--iperf "$WORK/iperf.json" --memcpy "$WORK/memcpy.txt")
 fi
 # Every repetition starts every store afresh, in turn (null, kvrelay, ..., redis, then the next
 # repetition): on this VM a figure depends on the server instance (where its memory landed) by
@@ -341,13 +345,24 @@ VERS=$WORK/versions.txt
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load average at the start: $LOAD0, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
     cat "$WORK/evictions.txt" 2>/dev/null || true
 } > "$VERS" 2>&1
-$PY "$ROOT/scripts/bench_dataplane_report.py" --results "$RES" --versions "$VERS" --stores "$WORK/stores.txt" --work "$WORK" --root "$ROOT" --profiles "$PDIR" --quick "$QUICK" \
-    --memory "$MEM" --reps "$REPS" --duration "$DUR" --elapsed "$ELAPSED" \
-    --invocation "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" \
-    "${CEIL_ARGS[@]}" --md "$OUT/$STAMP-dataplane.md"
+# The run's data, kept so that the report and its plots can be made again from it
+# (bench_dataplane_report.py --from DIR): the client's JSON per run, the inputs of the report,
+# and its arguments (run.json).
+RUN=$RUNS/$STAMP-dataplane
+mkdir -p "$RUN"
+cp "$RES" "$VERS" "$WORK/stores.txt" "$RUN/"
+[ "$CEILINGS" = 0 ] || cp "$WORK/iperf.json" "$WORK/memcpy.txt" "$RUN/" 2>/dev/null || true
 if [ "$PROFILE" = 1 ]; then
-    mkdir -p "$PROFILES/$STAMP-dataplane"
-    cp "$PDIR"/*.strace "$PDIR"/*.perf.txt "$PDIR"/*.json "$PROFILES/$STAMP-dataplane/" 2>/dev/null || true
-    echo "profiles=$PROFILES/$STAMP-dataplane"
+    mkdir -p "$RUN/profiles"
+    cp "$PDIR"/index.txt "$PDIR"/*.strace "$PDIR"/*.perf.txt "$PDIR"/*.json "$RUN/profiles/" 2>/dev/null || true
+    echo "profiles=$RUN/profiles"
 fi
+$PY - "$RUN/run.json" "$WORK" "$ROOT" "$QUICK" "$MEM" "$REPS" "$DUR" "$ELAPSED" "$OUT/$STAMP-dataplane.md" \
+    "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" <<'EOF'
+import json, sys
+keys = ("work", "root", "quick", "memory", "reps", "duration", "elapsed", "md", "invocation")
+json.dump(dict(zip(keys, sys.argv[2:])), open(sys.argv[1], "w"), indent=1)
+EOF
+echo "data=$RUN"
+$PY "$ROOT/scripts/bench_dataplane_report.py" --from "$RUN"
 echo "report=$OUT/$STAMP-dataplane.md"

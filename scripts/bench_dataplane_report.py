@@ -7,10 +7,24 @@ the server CPU seconds measured around the run and the command line); op is get,
 (the unmeasured PUTs that fill each store before its PUT figure, shown apart). Repetitions are
 reduced to the one of median GB/s (req/s for 16 KiB). With --iperf and --memcpy the report opens
 with the machine's ceilings (loopback TCP, memcpy). The targets are those of issue 10, acceptance 6.
+
+Plots: beside the report, one SVG per figure family, <report-stem>-<family>.svg, drawn by gnuplot
+(Debian package gnuplot-nox) from the same medians as the table they sit next to: gbps (GB/s by
+block size), p99 (p99 latency by block size) and cpu (server CPU s/GB by block size), each with a
+GET and a PUT panel and one line per store, the size axis logarithmic.
+
+    bench_dataplane_report.py --from DIR [--md FILE] [--plots-only]
+
+reads a run's saved data (build/bench-runs/<date>-dataplane/, written by the pipeline: run.json
+with the report's arguments, results.jsonl, versions.txt, stores.txt, iperf.json, memcpy.txt,
+profiles/) and writes the report and its plots again (to run.json's md, or FILE); --plots-only
+writes the SVGs only and leaves the Markdown as it is.
 """
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 
 SIZES = ["16K", "256K", "2M", "32M", "80M"]
@@ -133,9 +147,18 @@ def per_gb(samples, share_pct, run_json):
     return ms_per_gb(samples * share_pct / 100.0, gb)
 
 
-def profiles_section(w, pdir, short):
-    index = os.path.join(pdir, "index.txt")
+def read_index(pdir):
+    """[(op, system, size, base)] of a profiles index; a relative base is relative to the index."""
+    index = os.path.join(pdir or "", "index.txt")
     if not pdir or not os.path.exists(index):
+        return []
+    return [(op, sysname, size, os.path.join(pdir, base)) for op, sysname, size, base in
+            (l.split() for l in open(index) if l.strip())]
+
+
+def profiles_section(w, pdir, short):
+    entries = read_index(pdir)
+    if not entries:
         return
     w("## Profiles (--profile; not figures: strace slows the server)\n")
     w("System calls per request: `strace -c -f` attached to every process of the server during a 2 s run "
@@ -148,7 +171,6 @@ def profiles_section(w, pdir, short):
       "elsewhere.\n" % PERF_HZ)
     w("| op | size | store | requests | syscalls / request (top) | copy % | fault % | copy ms/GB | total ms/GB |")
     w("|---|---|---|---:|---|---:|---:|---:|---:|")
-    entries = [l.split() for l in open(index) if l.strip()]
     for op, sysname, size, base in entries:
         try:
             reqs = int(json.load(open(base + ".strace.json")).get("requests", 0))
@@ -193,10 +215,7 @@ def differences_section(w, pdir):
     """kvrelay against each profiled peer at the same op and size, in CPU ms per GB moved: the
     copy routines, everything else, and the symbols where kvrelay spends the most beyond the
     peer. This is the profile that explains a CPU-per-GB or throughput gap."""
-    index = os.path.join(pdir or "", "index.txt")
-    if not pdir or not os.path.exists(index):
-        return
-    bases = {(op, sysname, size): base for op, sysname, size, base in (l.split() for l in open(index) if l.strip())}
+    bases = {(op, sysname, size): base for op, sysname, size, base in read_index(pdir)}
     rows = []
     for (op, sysname, size), base in sorted(bases.items()):
         if sysname != "kvrelay":
@@ -257,16 +276,161 @@ def ceilings_section(w, put_kv, iperf, memcpy):
     w("")
 
 
+# ---------------------------------------------------------------- plots
+
+# (family, title, y label, figure of a run, logarithmic y, ops: one panel each)
+FAMILIES = [
+    ("gbps", "Throughput by block size", "GB/s", gbps, False, ("get", "put")),
+    ("p99", "p99 latency by block size", "p99 ms", p99_ms, True, ("get", "put")),
+    ("cpu", "Server CPU per GB by block size", "server CPU s/GB", cpu_per_gb, False, ("get", "put")),
+    ("fill", "Fill (first PUTs into fresh memory) by block size", "GB/s", gbps, False, ("fill",)),
+]
+# The stores' colours and dash types: the same store looks the same in every plot.
+STYLE = {"kvrelay": 'lc rgb "#d62728" lw 2.5 pt 7', "null": 'lc rgb "#7f7f7f" dt 2 lw 1.5 pt 6',
+         "null-mem": 'lc rgb "#7f7f7f" dt 3 lw 1.5 pt 4', "memcached": 'lc rgb "#1f77b4" lw 1.8 pt 5',
+         "redis": 'lc rgb "#2ca02c" lw 1.8 pt 9'}
+VARIANT_COLOURS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+GNUPLOT_PACKAGE = "gnuplot-nox"
+
+
+class PlotError(Exception):
+    pass
+
+
+def size_bytes(size):
+    """'256K' -> 262144 (K, M, G: powers of 1024); None if it is not a size."""
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:].upper(), 1)
+    digits = size[:-1] if mult > 1 else size
+    return int(digits) * mult if digits.isdigit() else None
+
+
+def series(med, systems, op, fn):
+    """[(store, [(bytes, value)])] of one op: the median run's figure at every size, one store a
+    line, in the report's order; sizes measured with more than one connection count take 16."""
+    out = []
+    for s in systems:
+        pts = {}
+        for (sysname, o, size, conns), r in med.items():
+            b = size_bytes(size)
+            if sysname != s or o != op or b is None:
+                continue
+            v = fn(r)
+            if v is None or (b in pts and conns != 16):
+                continue
+            pts[b] = float(v)
+        if pts:
+            out.append((s, sorted(pts.items())))
+    return out
+
+
+def gp_str(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def plot_script(path, title, ylabel, logy, panels):
+    """gnuplot commands that draw panels [(op, series)] side by side into the SVG at path."""
+    data = {b for _, ss in panels for _, pts in ss for b, _ in pts}
+    sizes = sorted(data | {size_bytes(x) for x in SIZES})
+    label = lambda b: (f"{b >> 20}M" if b % (1 << 20) == 0 else f"{b >> 10}K")  # noqa: E731
+    g = [f'set terminal svg size {600 * len(panels) + 40},440 font "sans,11" background "white"',
+         f"set output {gp_str(path)}",
+         "set encoding utf8", "set logscale x", f"set xrange [{sizes[0] / 1.4:.0f}:{sizes[-1] * 1.4:.0f}]",
+         "set xtics (" + ", ".join(f'"{label(b)}" {b}' for b in sizes) + ")",
+         "set grid", "set key outside right top vertical font \",9\"",
+         f"set ylabel {gp_str(ylabel)}", "set yrange [0:*]" if not logy else "set logscale y"]
+    variant = 0
+    for pi, (op, ss) in enumerate(panels):
+        for si, (s, pts) in enumerate(ss):
+            g.append(f"$d{pi}_{si} << EOD")
+            g.extend(f"{b} {v:.6g}" for b, v in pts)
+            g.append("EOD")
+    g.append(f"set multiplot layout 1,{len(panels)} title {gp_str(title)}")
+    for pi, (op, ss) in enumerate(panels):
+        g.append(f"set title {gp_str(op.upper())}")
+        at16k = any(b == 16 << 10 for _, pts in ss for b, _ in pts)
+        g.append("set xlabel " + gp_str("block size" + (" (16K: 64 connections)" if at16k else "")))
+        plots = []
+        for si, (s, _) in enumerate(ss):
+            style = STYLE.get(s)
+            if style is None:
+                style = f'lc rgb "{VARIANT_COLOURS[variant % len(VARIANT_COLOURS)]}" lw 1.8 pt 13'
+                variant += 1
+            plots.append(f"$d{pi}_{si} using 1:2 with linespoints {style} title {gp_str(s)}")
+        g.append("plot " + ", \\\n     ".join(plots))
+    g.append("unset multiplot")
+    return "\n".join(g) + "\n"
+
+
+def draw_plots(med, systems, md):
+    """Writes <md stem>-<family>.svg beside md for every family with data; returns
+    {family: (file name, caption)} of those drawn. Raises PlotError when gnuplot is missing or fails."""
+    stem = os.path.splitext(md)[0]
+    drawn = {}
+    for fam, title, ylabel, fn, logy, ops in FAMILIES:
+        panels = [(op, ss) for op in ops for ss in [series(med, systems, op, fn)] if ss]
+        if logy:  # no zero or negative figure on a logarithmic axis
+            panels = [(op, [(s, [(b, v) for b, v in pts if v > 0]) for s, pts in ss]) for op, ss in panels]
+            panels = [(op, [(s, pts) for s, pts in ss if pts]) for op, ss in panels]
+            panels = [(op, ss) for op, ss in panels if ss]
+        if not panels:
+            continue
+        path = f"{stem}-{fam}.svg"
+        script = plot_script(path, title, ylabel, logy, panels)
+        try:
+            p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True, timeout=60)
+        except FileNotFoundError:
+            raise PlotError(f"gnuplot is missing: install Debian's {GNUPLOT_PACKAGE} "
+                            "(scripts/install-deps.sh bench)") from None
+        if p.returncode != 0 or not os.path.exists(path):
+            raise PlotError(f"gnuplot failed on {path}: {p.stderr.strip()}")
+        caption = f"{title}: " + ", ".join(op.upper() for op, _ in panels) + ", one line per store"
+        drawn[fam] = (os.path.basename(path), caption)
+    return drawn
+
+
+REQUIRED = ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed",
+            "invocation")
+
+
+def load_run(a):
+    """Fills a's missing arguments from a run's data directory (--from DIR)."""
+    d = a.run
+    try:
+        saved = json.load(open(os.path.join(d, "run.json")))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench_dataplane_report: {d} holds no readable run.json ({e})")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if a.md is None and not os.path.isabs(saved.get("md", "/")):
+        saved["md"] = os.path.join(repo, saved["md"])
+    files = {"results": "results.jsonl", "versions": "versions.txt", "stores": "stores.txt",
+             "iperf": "iperf.json", "memcpy": "memcpy.txt", "profiles": "profiles"}
+    for k, f in files.items():
+        if not getattr(a, k) and os.path.exists(os.path.join(d, f)):
+            setattr(a, k, os.path.join(d, f))
+    for k, v in saved.items():
+        if getattr(a, k, None) is None:
+            setattr(a, k, v)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    for a in ("results", "versions", "stores", "work", "root", "md", "memory", "reps", "duration", "elapsed",
-              "invocation"):
-        ap.add_argument("--" + a, required=True)
-    ap.add_argument("--quick", default="0")
+    ap.add_argument("--from", dest="run", default="", help="a run's data directory (build/bench-runs/...)")
+    ap.add_argument("--plots-only", action="store_true", help="write the SVGs only, not the Markdown")
+    for a in REQUIRED:
+        ap.add_argument("--" + a)
+    ap.add_argument("--quick")
     ap.add_argument("--profiles", default="")
     ap.add_argument("--iperf", default="")
     ap.add_argument("--memcpy", default="")
     a = ap.parse_args()
+    if a.run:
+        load_run(a)
+    missing = [k for k in REQUIRED if getattr(a, k) is None]
+    if missing:
+        ap.error("missing " + ", ".join("--" + k for k in missing) + " (or --from DIR)")
+    if a.quick is None:
+        a.quick = "0"
+    os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
 
     rows = [json.loads(l) for l in open(a.results) if l.strip()]
     groups = {}
@@ -279,6 +443,31 @@ def main():
 
     def fig(s, op, size, conns=16):
         return med.get((s, op, size, conns))
+
+    variants = sorted({k[0] for k in med if k[0].startswith("kvrelay-")})
+    SYSTEMS[2:2] = [v for v in variants if v not in SYSTEMS]
+    if any(k[0] == "null-mem" for k in med):  # --null-memory
+        SYSTEMS.insert(1, "null-mem")
+    SYSTEMS.extend(sorted({k[0] for k in med} - set(SYSTEMS)))  # any other store: after the known ones
+
+    plot_error = None
+    try:
+        plots = draw_plots(med, SYSTEMS, a.md)
+    except PlotError as e:
+        plots, plot_error = {}, str(e)
+    if a.plots_only:
+        for fam, (name, _) in plots.items():
+            print(f"plot_{fam}={os.path.join(os.path.dirname(a.md), name)}")
+        if plot_error:
+            print(f"bench_dataplane_report: {plot_error}", file=sys.stderr)
+            return 1
+        return 0
+
+    def embed(*fams):
+        for fam in fams:
+            if fam in plots:
+                name, caption = plots[fam]
+                w(f"![{caption}]({name})\n")
 
     kv = []  # name=value lines
 
@@ -311,10 +500,6 @@ def main():
     w("| op | size | conns | store | req/s | GB/s | each instance | p50 ms | p99 ms | errors | server CPU s/GB "
       "| client CPU s/GB | kvrelay / store |")
     w("|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    variants = sorted({k[0] for k in med if k[0].startswith("kvrelay-")})
-    SYSTEMS[2:2] = [v for v in variants if v not in SYSTEMS]
-    if any(k[0] == "null-mem" for k in med):  # --null-memory
-        SYSTEMS.insert(1, "null-mem")
     keys = sorted({(k[1], k[2], k[3]) for k in med if k[1] in ("get", "put")},
                   key=lambda t: (OPS.index(t[0]), t[2], SIZES.index(t[1]) if t[1] in SIZES else 9))
     for op, size, conns in keys:
@@ -345,6 +530,7 @@ def main():
               f"{p99_ms(r):.2f} | {errors(r)} | {'-' if cg is None else f'{cg:.3f}'} | "
               f"{'-' if ccpu is None else f'{ccpu:.3f}'} | {ratio} |")
     w("")
+    embed("gbps", "p99", "cpu")
 
     w("## Fill (first PUTs into fresh memory; not a target figure)\n")
     w("| size | store | req/s | GB/s | p99 ms | errors | server CPU s/GB |")
@@ -358,6 +544,7 @@ def main():
             w(f"| {size} | {s} | {rps(r):,.1f} | {gbps(r):.2f} | {p99_ms(r):.2f} | {errors(r)} | "
               f"{'-' if cg is None else f'{cg:.3f}'} |")
     w("")
+    embed("fill")
 
     w("## The targets (issue 10, acceptance 6)\n")
     w("| target | size | measured | wanted | |")
@@ -516,6 +703,12 @@ def main():
     w("```")
     open(a.md, "w").write("\n".join(out) + "\n")
     print("\n".join(kv))
+    for fam, (name, _) in plots.items():
+        print(f"plot_{fam}={os.path.join(os.path.dirname(a.md), name)}")
+    if plot_error:  # the report is written, without plots: say why, and fail
+        print(f"bench_dataplane_report: {plot_error}; the report has no plots", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
