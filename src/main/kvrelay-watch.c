@@ -27,6 +27,7 @@
  * node at the default fill), a "no" is exact. A node that cannot be reached is reported on
  * stderr and leaves the exit status 1; the others still answer.
  */
+#include "base/clock.h"
 #include "wire/ckf.h"
 #include "core/kvhash.h"
 #include "core/store.h"
@@ -41,7 +42,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MARKER 0x4B565231u
 
@@ -59,16 +59,7 @@ typedef struct {
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static uint64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+    return (double)kvr_clock_ns() / 1e9;
 }
 
 static int on_catalog(void *ctx, kvr_gcall_t *call, const uint8_t *msg, size_t len)
@@ -107,8 +98,8 @@ static int on_update(void *ctx, kvr_gcall_t *call, const uint8_t *msg, size_t le
         w->deltas++;
     if (u.kind == DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_HEARTBEAT)
         w->heartbeats++;
-    if (fu->send_ts_us && wall_us() > fu->send_ts_us)
-        w->lag_us = wall_us() - fu->send_ts_us;
+    if (fu->send_ts_us && kvr_clock_wall_us() > fu->send_ts_us)
+        w->lag_us = kvr_clock_wall_us() - fu->send_ts_us;
     if (kvr_mirror_state(&w->mirror) == KVR_MIRROR_LIVE)
         w->mirror_ready = 1;
     dynamo__kvrelay__v1__filter_update__free_unpacked(fu, NULL);
