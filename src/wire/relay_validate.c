@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 
+#include "base/utf8.h"
 #include "common.h"
 #include "wire/relay_validate.h"
 
@@ -213,43 +214,9 @@ int kvr_relay_producer_equal(const Dynamo__Kvrelay__V1__ProducerIdentity *a,
 
 /* ---- text ---------------------------------------------------------------------------- */
 
-int kvr_relay_utf8_valid(const uint8_t *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp, min;
-        if (c >= 0xC2 && c <= 0xDF) {
-            n = 1, cp = c & 0x1F, min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 2, cp = c & 0x0F, min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (len - i - 1 < n)
-            return 0;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += n + 1;
-    }
-    return 1;
-}
-
 kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len)
 {
-    if (len == 0 || len > KVR_RELAY_SUBSCRIBER_ID_MAX || !kvr_relay_utf8_valid(s, len))
+    if (len == 0 || len > KVR_RELAY_SUBSCRIBER_ID_MAX || !kvr_utf8_valid(s, len))
         return KVR_RELAY_REASON_INVALID_REQUEST;
     for (size_t i = 0; i < len; i++) {
         if (s[i] < 0x20 || s[i] == 0x7F)

@@ -123,8 +123,6 @@ int kvr_relay_rpc_from_path(const char *path, size_t len);
 
 /* subscriber_id check on raw bytes: non-empty, <= 128 bytes, UTF-8, no Cc characters. */
 kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len);
-/* Strict UTF-8 (no overlongs, surrogates or values above U+10FFFF); 1 when valid. */
-int kvr_relay_utf8_valid(const uint8_t *s, size_t len);
 
 /* Outcome of validating a request. */
 typedef struct kvr_relay_verdict {
