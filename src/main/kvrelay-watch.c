@@ -30,7 +30,7 @@
 #include "base/clock.h"
 #include "wire/ckf.h"
 #include "core/kvhash.h"
-#include "core/store.h"
+#include "wire/keys.h"
 #include "io/grpc_client.h"
 #include "wire/mirror.h"
 #include "wire/relay.pb-c.h"
@@ -169,31 +169,17 @@ static int fleet_add(node_t *nodes, size_t *n, const char *spec)
     return 0;
 }
 
-/* "0x..." or all decimal digits: a hash; anything else: a key, hashed as a PUT without
- * X-KV-Sequence-Hash is (kvr_store_default_canon). */
+/* A hash as X-KV-Sequence-Hash writes it ("0x..." or decimal, wire/keys.h); anything else (or
+ * any argument of --key): a key, hashed as a PUT without X-KV-Sequence-Hash is. */
 static void lookup_parse(lookup_t *l, const char *arg, int force_key)
 {
-    size_t n = strlen(arg), i = 0;
-    int digits = n > 0;
+    size_t n = strlen(arg);
 
-    if (!force_key && n > 2 && arg[0] == '0' && (arg[1] == 'x' || arg[1] == 'X')) {
-        for (i = 2; i < n && ((arg[i] >= '0' && arg[i] <= '9') || ((arg[i] | 0x20) >= 'a' && (arg[i] | 0x20) <= 'f'));
-             i++)
-            ;
-        if (i == n && n <= 18) {
-            l->hash = strtoull(arg, NULL, 16);
-            snprintf(l->what, sizeof(l->what), "hash");
-            return;
-        }
-    }
-    for (i = 0; i < n; i++)
-        digits &= arg[i] >= '0' && arg[i] <= '9';
-    if (!force_key && digits && n <= 20) {
-        l->hash = strtoull(arg, NULL, 10);
+    if (!force_key && kvr_parse_u64(arg, n, &l->hash) == KVR_OK) {
         snprintf(l->what, sizeof(l->what), "hash");
         return;
     }
-    l->hash = kvr_store_default_canon(arg, n);
+    l->hash = kvr_key_canon(arg, n);
     snprintf(l->what, sizeof(l->what), "key=%.70s", arg);
 }
 

@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <xxhash.h>
 
 static int dec(const char *in, char *out, size_t *n)
 {
@@ -74,6 +75,15 @@ Test(keys, sequence_hash_values)
     cr_assert_eq(kvr_parse_u64("-1", 2, &v), KVR_EINVAL);
     cr_assert_eq(kvr_parse_u64(" 1", 2, &v), KVR_EINVAL);
     cr_assert_eq(kvr_parse_u64("0xg1", 4, &v), KVR_EINVAL);
+}
+
+Test(keys, default_canonical_hash)
+{
+    cr_assert_eq(kvr_key_canon("00000000000000ff", 16), 0xff);
+    cr_assert_eq(kvr_key_canon("DEADBEEFcafebabe", 16), 0xdeadbeefcafebabeull);
+    cr_assert_eq(kvr_key_canon("0000000000000g00", 16), XXH3_64bits("0000000000000g00", 16));
+    cr_assert_eq(kvr_key_canon("00000000000000ff0", 17), XXH3_64bits("00000000000000ff0", 17));
+    cr_assert_eq(kvr_key_canon("abc", 3), XXH3_64bits("abc", 3));
 }
 
 Test(json, escapes_and_overflow)
