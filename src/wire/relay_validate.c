@@ -13,52 +13,49 @@
 
 /* ---- reasons (§2.6) ------------------------------------------------------------------ */
 
-static const struct {
-    const char *name;
-    int grpc;
-} reasons[] = {
-    [KVR_RELAY_REASON_UNSPECIFIED] = {"RELAY_ERROR_REASON_UNSPECIFIED", KVR_GRPC_INTERNAL},
-    [KVR_RELAY_REASON_CONTRACT_MISMATCH] = {"RELAY_ERROR_REASON_CONTRACT_MISMATCH",
-                                            KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_INVALID_REQUEST] = {"RELAY_ERROR_REASON_INVALID_REQUEST",
-                                          KVR_GRPC_INVALID_ARGUMENT},
-    [KVR_RELAY_REASON_UNSUPPORTED_FEATURE] = {"RELAY_ERROR_REASON_UNSUPPORTED_FEATURE",
-                                              KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_POOL_NOT_FOUND] = {"RELAY_ERROR_REASON_POOL_NOT_FOUND", KVR_GRPC_NOT_FOUND},
-    [KVR_RELAY_REASON_PRODUCER_CHANGED] = {"RELAY_ERROR_REASON_PRODUCER_CHANGED",
-                                           KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_RESOURCE_LIMIT] = {"RELAY_ERROR_REASON_RESOURCE_LIMIT",
-                                         KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_SUBSCRIBER_LAGGED] = {"RELAY_ERROR_REASON_SUBSCRIBER_LAGGED",
-                                            KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT] = {"RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT",
-                                                    KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE] = {"RELAY_ERROR_REASON_PUBLICATION_UNAVAILABLE",
-                                                  KVR_GRPC_UNAVAILABLE},
-    [KVR_RELAY_REASON_INVALID_PUBLICATION] = {"RELAY_ERROR_REASON_INVALID_PUBLICATION",
-                                              KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_INTERNAL] = {"RELAY_ERROR_REASON_INTERNAL", KVR_GRPC_INTERNAL},
+/* The gRPC status each reason ends a call with (docs/relay-contract.md §1.3). The reasons'
+ * symbols come from relay.proto, through protoc-c's enum descriptor. */
+static const int reason_grpc[] = {
+    [KVR_RELAY_REASON_UNSPECIFIED] = KVR_GRPC_INTERNAL,
+    [KVR_RELAY_REASON_CONTRACT_MISMATCH] = KVR_GRPC_FAILED_PRECONDITION,
+    [KVR_RELAY_REASON_INVALID_REQUEST] = KVR_GRPC_INVALID_ARGUMENT,
+    [KVR_RELAY_REASON_UNSUPPORTED_FEATURE] = KVR_GRPC_FAILED_PRECONDITION,
+    [KVR_RELAY_REASON_POOL_NOT_FOUND] = KVR_GRPC_NOT_FOUND,
+    [KVR_RELAY_REASON_PRODUCER_CHANGED] = KVR_GRPC_FAILED_PRECONDITION,
+    [KVR_RELAY_REASON_RESOURCE_LIMIT] = KVR_GRPC_RESOURCE_EXHAUSTED,
+    [KVR_RELAY_REASON_SUBSCRIBER_LAGGED] = KVR_GRPC_RESOURCE_EXHAUSTED,
+    [KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT] = KVR_GRPC_RESOURCE_EXHAUSTED,
+    [KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE] = KVR_GRPC_UNAVAILABLE,
+    [KVR_RELAY_REASON_INVALID_PUBLICATION] = KVR_GRPC_FAILED_PRECONDITION,
+    [KVR_RELAY_REASON_INTERNAL] = KVR_GRPC_INTERNAL,
 };
+static_assert(KVR_ARRAY_SIZE(reason_grpc) == DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL + 1,
+              "a RelayErrorReason of relay.proto has no gRPC status here");
 
 const char *kvr_relay_reason_name(int reason)
 {
-    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reasons))
+    const ProtobufCEnumValue *v;
+
+    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reason_grpc))
         return NULL;
-    return reasons[reason].name;
+    v = protobuf_c_enum_descriptor_get_value(&dynamo__kvrelay__v1__relay_error_reason__descriptor, reason);
+    return v ? v->name : NULL;
 }
 
 int kvr_relay_reason_grpc(int reason)
 {
-    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reasons))
+    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reason_grpc))
         return KVR_GRPC_INTERNAL;
-    return reasons[reason].grpc;
+    return reason_grpc[reason];
 }
 
 kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len)
 {
-    for (size_t i = 1; s && i < KVR_ARRAY_SIZE(reasons); i++)
-        if (strlen(reasons[i].name) == len && memcmp(reasons[i].name, s, len) == 0)
+    for (int i = 1; s && (size_t)i < KVR_ARRAY_SIZE(reason_grpc); i++) {
+        const char *name = kvr_relay_reason_name(i);
+        if (name && strlen(name) == len && memcmp(name, s, len) == 0)
             return (kvr_relay_reason_t)i;
+    }
     return KVR_RELAY_REASON_UNSPECIFIED;
 }
 
