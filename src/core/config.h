@@ -15,6 +15,10 @@
 
 #define KVR_CFG_STR_MAX 512
 
+/* A worker's tick, not a flag: its event loop waits at most this long, and the periodic work
+ * of HTTP/1.1 (timeouts, accept back-off, waiting PUTs) and of gRPC streams runs this often. */
+#define KVR_TICK_MS 50
+
 typedef struct {
     char http_bind[KVR_CFG_STR_MAX];
     char grpc_bind[KVR_CFG_STR_MAX];

@@ -80,15 +80,15 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         uint64_t t;
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
-        kvr_http_run_once(http, 50);
+        kvr_http_run_once(http, KVR_TICK_MS);
         t = kvr_clock_ms();
-        if (t - last_h1_tick >= 50) {
+        if (t - last_h1_tick >= KVR_TICK_MS) {
             last_h1_tick = t;
             kvr_h1_tick(h1);
         }
         kvr_h1_flush(h1);
         if (grpc != NULL) {
-            if (t - last_tick >= 50) {
+            if (t - last_tick >= KVR_TICK_MS) {
                 last_tick = t;
                 kvr_grpc_tick(grpc);
             }
