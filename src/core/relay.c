@@ -1,5 +1,5 @@
-/* relay.c — see relay.h and shm/relay_sh.h. */
-#include "core/relay.h"
+/* relay.c — see relay.h, relay_int.h and shm/relay_sh.h. */
+#include "core/relay_int.h"
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -7,6 +7,8 @@
 #include "wire/ckf.h"
 #include "wire/identity.h"
 #include "wire/relay_validate.h"
+
+static_assert(KVR_RELAY_STREAM_TYPES == KVR_STREAM_TYPES, "relay.h: stream types of shm/relay_sh.h");
 
 #include <errno.h>
 #include <stdint.h>
@@ -63,7 +65,7 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
         inc = kvr_clock_ns() ^ ((uint64_t)getpid() << 32);
     inc &= 0x7FFFFFFFFFFFFFFFull;
     sh->incarnation = inc ? inc : 1;
-    sh->seed = KVR_RELAY_SEED;
+    sh->seed = KVR_CKF_DEFAULT_SEED;
     sh->bucket_count = seg->hdr->ckf_buckets;
     model.ptr = cfg->model;
     model.len = strlen(cfg->model);

@@ -26,6 +26,7 @@
 #include "wire/ckf.h"
 #include "base/log.h"
 #include "core/owners.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "shm/changelog.h"
 #include "wire/cbi1.h"

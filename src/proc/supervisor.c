@@ -34,7 +34,7 @@
 #include "base/log.h"
 #include "base/proctitle.h"
 #include "proc/publisher.h"
-#include "core/relay.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "proc/worker.h"
 #include "io/listen.h"

@@ -3,6 +3,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "io/api.h"
 #include "io/grpc.h"
