@@ -103,6 +103,31 @@ Test(json, escapes_and_overflow)
     cr_assert(j.overflow);
 }
 
+/* The one parser of sizes ("256K", "2M", "1GiB"): every T_SIZE flag and its env twin. */
+Test(config, size_suffixes)
+{
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } ok[] = {
+        {"0", 0},           {"4096", 4096},          {"256K", 256ull << 10}, {"256k", 256ull << 10},
+        {"2M", 2ull << 20}, {"2MiB", 2ull << 20},    {"2mib", 2ull << 20},   {"2MB", 2ull << 20},
+        {"3G", 3ull << 30}, {"1T", 1ull << 40},      {"16777215T", 16777215ull << 40},
+    };
+    static const char *const bad[] = {
+        "1.5M", " 1K", "1 K", "K", "-1K", "1KK", "1Kx", "1iB", "16777216T", "18446744073709551616",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cr_assert_eq(kvr_config_parse_size(ok[i].s, &v), KVR_OK, "%s", ok[i].s);
+        cr_assert_eq(v, ok[i].v, "%s", ok[i].s);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(kvr_config_parse_size(bad[i], &v), KVR_EINVAL, "%s", bad[i]);
+    cr_assert_eq(kvr_config_parse_size(NULL, &v), KVR_EINVAL);
+}
+
 Test(config, sizes_durations_and_addresses)
 {
     uint64_t v;
