@@ -2,8 +2,8 @@
  * kvrelay-watch — a command-line consumer of a kvrelay (or any dynamo.kvrelay.v1) relay.
  *
  * It reads the catalog, subscribes to the first pool, keeps a live replica with the CBI1
- * mirror (every sequencing and format check of spec §6.1), prints sequence / fill / lag
- * once a second, and answers `contains` for hashes (--contains) or for token lists
+ * mirror (every sequencing and format check of docs/relay-contract.md §6), prints sequence /
+ * fill / lag once a second, and answers `contains` for hashes (--contains) or for token lists
  * (--tokens, hashed as Dynamo routers do with --kv-block-size, --hash-format, --lora,
  * --cache-namespace) once the replica is live.
  *
@@ -21,7 +21,7 @@
  *   0x000000000000002a - hash
  *
  * --lookup takes a hash (0x hex or decimal digits) or a key, hashed as the server hashes a PUT
- * without X-KV-Sequence-Hash (docs/http-contract.md); --key forces a key, --contains a hash,
+ * without X-KV-Sequence-Hash (docs/http-contract.md §3.2); --key forces a key, --contains a hash,
  * --tokens the block hashes of a token list. The nodes column is "-" when none holds it. A
  * replica is a Cuckoo filter: a "yes" may be a false positive (about 1 in 10^4 per lookup and
  * node at the default fill), a "no" is exact. A node that cannot be reached is reported on

@@ -1,6 +1,6 @@
 /*
  * mirror.h — a consumer's replica of one pool's Cuckoo filter, fed by a SubscribeKvPool
- * stream (docs/relay-contract.md, "What a consumer must check").
+ * stream (docs/relay-contract.md §5, §6).
  *
  * State machine, fail-closed:
  *
@@ -38,7 +38,8 @@ typedef enum kvr_mirror_state {
 
 /*
  * Mirror statuses: KVR_MIRROR_OK, or a negative value that is either a kvr_cbi1_status_t
- * (the payload failed §3.6) or one of these stream-level violations (§6.1).
+ * (the payload failed docs/relay-contract.md §4.2 or §4.3) or one of these stream-level
+ * violations (§5.1, §6 there).
  */
 typedef enum kvr_mirror_status {
     KVR_MIRROR_OK = 0,

@@ -1,6 +1,6 @@
 /*
- * relay_validate.c — dynamo.kvrelay.v1 validation helpers (docs/relay-contract.md;
- * §2.6, §6.1). See relay_validate.h for the contract; the check order below is the
+ * relay_validate.c — dynamo.kvrelay.v1 validation helpers (docs/relay-contract.md
+ * §1.1, §1.2, §2.3). See relay_validate.h for the contract; the check order below is the
  * reference's (service.rs for requests, wire/identity.rs for identities).
  */
 #include <stdlib.h>
@@ -11,9 +11,9 @@
 
 #define RELAY_SERVICE_PREFIX "/dynamo.kvrelay.v1.KvEventRelay/"
 
-/* ---- reasons (§2.6) ------------------------------------------------------------------ */
+/* ---- reasons (docs/relay-contract.md §1.2) -------------------------------------------- */
 
-/* The gRPC status each reason ends a call with (docs/relay-contract.md §1.3). The reasons'
+/* The gRPC status each reason ends a call with (docs/relay-contract.md §1.2). The reasons'
  * symbols come from relay.proto, through protoc-c's enum descriptor. */
 static const int reason_grpc[] = {
     [KVR_RELAY_REASON_UNSPECIFIED] = KVR_GRPC_INTERNAL,
@@ -59,7 +59,7 @@ kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len)
     return KVR_RELAY_REASON_UNSPECIFIED;
 }
 
-/* ---- identity (§6.1) ----------------------------------------------------------------- */
+/* ---- identity (docs/relay-contract.md §2.3) ------------------------------------------- */
 
 static const char *const ierr_names[] = {
     [KVR_RELAY_IERR_OK] = "OK",
@@ -224,7 +224,7 @@ kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len)
     return KVR_RELAY_REASON_NONE;
 }
 
-/* ---- requests (§2.5) ----------------------------------------------------------------- */
+/* ---- requests (docs/relay-contract.md §1.1) ------------------------------------------- */
 
 static const struct {
     const char *method;

@@ -2,14 +2,14 @@
  * relay_validate.h — request, envelope and identity validation for dynamo.kvrelay.v1
  * (docs/relay-contract.md), over protobuf-c's generated structs.
  *
- * Server side (§2.5), in the reference order: contract marker first (every RPC), then
- * subscriber_id (streaming RPCs: non-empty, <= 128 bytes, valid UTF-8, no Cc control
- * characters), then for SubscribeKvPool the expected ProducerIdentity (missing ->
- * INVALID_REQUEST; unsupported -> UNSUPPORTED_FEATURE; malformed -> INVALID_REQUEST).
- * Failures carry a RelayErrorReason whose symbol goes into the `kv-relay-error-reason`
- * trailer and whose gRPC status code follows the table of §2.6.
+ * Server side (docs/relay-contract.md §1.1), in the reference order: contract marker first
+ * (every RPC), then subscriber_id (streaming RPCs: non-empty, <= 128 bytes, valid UTF-8, no Cc
+ * control characters), then for SubscribeKvPool the expected ProducerIdentity (missing ->
+ * INVALID_REQUEST; unsupported -> UNSUPPORTED_FEATURE; malformed -> INVALID_REQUEST). Failures
+ * carry a RelayErrorReason whose symbol goes into the `kv-relay-error-reason` trailer and
+ * whose gRPC status code follows the table of §1.2.
  *
- * Identity checks (§6.1) follow the reference validator field by field, with a detailed
+ * Identity checks (§2.3) follow the reference validator field by field, with a detailed
  * error code and its unsupported-vs-malformed classification: unsupported means "quarantine
  * that pool", malformed means "the entry is invalid".
  *
@@ -62,12 +62,13 @@ typedef enum kvr_relay_reason {
 
 /* Exact enum symbol, e.g. "RELAY_ERROR_REASON_PRODUCER_CHANGED"; NULL when out of range. */
 const char *kvr_relay_reason_name(int reason);
-/* gRPC status code of a reason (§2.6); UNSPECIFIED and unknown values map to INTERNAL. */
+/* gRPC status code of a reason (docs/relay-contract.md §1.2); UNSPECIFIED and unknown values
+ * map to INTERNAL. */
 int kvr_relay_reason_grpc(int reason);
 /* Parses a trailer value back into a reason; UNSPECIFIED for missing/unknown text. */
 kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len);
 
-/* ---- identity (§6.1; reference wire/identity.rs) ------------------------------------- */
+/* ---- identity (docs/relay-contract.md §2.3; reference wire/identity.rs) --------------- */
 
 typedef enum kvr_relay_ierr {
     KVR_RELAY_IERR_OK = 0,
@@ -103,7 +104,7 @@ int kvr_relay_validate_envelope(uint32_t protocol_version, uint32_t contract_mar
 int kvr_relay_producer_equal(const Dynamo__Kvrelay__V1__ProducerIdentity *a,
                              const Dynamo__Kvrelay__V1__ProducerIdentity *b);
 
-/* ---- requests (§2.5) ----------------------------------------------------------------- */
+/* ---- requests (docs/relay-contract.md §1.1) ------------------------------------------- */
 
 typedef enum kvr_relay_rpc {
     KVR_RELAY_RPC_GET_RELAY_INFO = 0,
@@ -141,21 +142,21 @@ typedef struct kvr_relay_verdict {
 int kvr_relay_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len);
 
 /*
- * Decodes one request message of `rpc` from buf[0..len) and validates it as §2.5 steps
- * 1-3. On success *msg (when msg is non-NULL) receives the unpacked message, to be freed
- * with protobuf_c_message_free_unpacked(*msg, NULL); on failure *msg is NULL. A message
- * that does not decode (including kvr_relay_wire_check() failures) yields INTERNAL
- * without a reason, as tonic does.
+ * Decodes one request message of `rpc` from buf[0..len) and validates it as checks 1-3 of
+ * docs/relay-contract.md §1.1. On success *msg (when msg is non-NULL) receives the unpacked
+ * message, to be freed with protobuf_c_message_free_unpacked(*msg, NULL); on failure *msg is
+ * NULL. A message that does not decode (including kvr_relay_wire_check() failures) yields
+ * INTERNAL without a reason, as tonic does.
  */
 kvr_relay_verdict_t kvr_relay_validate_request(kvr_relay_rpc_t rpc, const uint8_t *buf,
                                                size_t len, ProtobufCMessage **msg);
 
 /*
- * Consumer side of a FilterUpdate (§6.1), after kvr_relay_wire_check() and unpacking:
- * envelope (marker, protocol_version, relay
- * present), producer present and valid; then fills *out for kvr_mirror_apply(). Returns
- * KVR_RELAY_IERR_OK or the first failure. The caller also compares u->producer with its
- * subscribed key (kvr_relay_producer_equal).
+ * Consumer side of a FilterUpdate (docs/relay-contract.md §6), after kvr_relay_wire_check()
+ * and unpacking: envelope (marker, protocol_version, relay present), producer present and
+ * valid; then fills *out for kvr_mirror_apply(). Returns KVR_RELAY_IERR_OK or the first
+ * failure. The caller also compares u->producer with its subscribed key
+ * (kvr_relay_producer_equal).
  */
 int kvr_relay_filter_update_fields(const Dynamo__Kvrelay__V1__FilterUpdate *u,
                                    kvr_mirror_update_t *out);
