@@ -13,24 +13,15 @@
 
 /* ---- reasons (docs/relay-contract.md §1.2) -------------------------------------------- */
 
-/* The gRPC status each reason ends a call with (docs/relay-contract.md §1.2). The reasons'
- * symbols come from relay.proto, through protoc-c's enum descriptor. */
-static const int reason_grpc[] = {
-    [KVR_RELAY_REASON_UNSPECIFIED] = KVR_GRPC_INTERNAL,
-    [KVR_RELAY_REASON_CONTRACT_MISMATCH] = KVR_GRPC_FAILED_PRECONDITION,
-    [KVR_RELAY_REASON_INVALID_REQUEST] = KVR_GRPC_INVALID_ARGUMENT,
-    [KVR_RELAY_REASON_UNSUPPORTED_FEATURE] = KVR_GRPC_FAILED_PRECONDITION,
-    [KVR_RELAY_REASON_POOL_NOT_FOUND] = KVR_GRPC_NOT_FOUND,
-    [KVR_RELAY_REASON_PRODUCER_CHANGED] = KVR_GRPC_FAILED_PRECONDITION,
-    [KVR_RELAY_REASON_RESOURCE_LIMIT] = KVR_GRPC_RESOURCE_EXHAUSTED,
-    [KVR_RELAY_REASON_SUBSCRIBER_LAGGED] = KVR_GRPC_RESOURCE_EXHAUSTED,
-    [KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT] = KVR_GRPC_RESOURCE_EXHAUSTED,
-    [KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE] = KVR_GRPC_UNAVAILABLE,
-    [KVR_RELAY_REASON_INVALID_PUBLICATION] = KVR_GRPC_FAILED_PRECONDITION,
-    [KVR_RELAY_REASON_INTERNAL] = KVR_GRPC_INTERNAL,
-};
-static_assert(KVR_ARRAY_SIZE(reason_grpc) == DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL + 1,
-              "a RelayErrorReason of relay.proto has no gRPC status here");
+#define REASON_GRPC_(name, grpc) [KVR_RELAY_REASON_##name] = grpc,
+#define REASON_COUNT_(name, grpc) +1
+
+/* The gRPC status of each reason, from KVR_RELAY_REASON_TABLE; the symbols themselves are
+ * read from protoc-c's enum descriptor. */
+static const int reason_grpc[] = {KVR_RELAY_REASON_TABLE(REASON_GRPC_)};
+static_assert((0 KVR_RELAY_REASON_TABLE(REASON_COUNT_)) ==
+                  DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL + 1,
+              "a RelayErrorReason of relay.proto is missing from KVR_RELAY_REASON_TABLE");
 
 const char *kvr_relay_reason_name(int reason)
 {

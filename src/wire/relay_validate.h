@@ -42,22 +42,34 @@ enum {
     KVR_GRPC_UNAVAILABLE = 14,
 };
 
-/* RelayErrorReason, its values taken from the code protoc-c generates from relay.proto. NONE
- * (= UNSPECIFIED) doubles as "valid" in validator results; it is never sent as a reason. */
+/*
+ * RelayErrorReason: each symbol of relay.proto with the gRPC status it ends a call with
+ * (docs/relay-contract.md §1.2). The values come from the code protoc-c generates from
+ * relay.proto, so the numbering cannot drift; relay_validate.c checks that every reason of
+ * the .proto is listed.
+ */
+#define KVR_RELAY_REASON_TABLE(X)                                                                 \
+    X(UNSPECIFIED, KVR_GRPC_INTERNAL)                                                             \
+    X(CONTRACT_MISMATCH, KVR_GRPC_FAILED_PRECONDITION)                                            \
+    X(INVALID_REQUEST, KVR_GRPC_INVALID_ARGUMENT)                                                 \
+    X(UNSUPPORTED_FEATURE, KVR_GRPC_FAILED_PRECONDITION)                                          \
+    X(POOL_NOT_FOUND, KVR_GRPC_NOT_FOUND)                                                         \
+    X(PRODUCER_CHANGED, KVR_GRPC_FAILED_PRECONDITION)                                             \
+    X(RESOURCE_LIMIT, KVR_GRPC_RESOURCE_EXHAUSTED)                                                \
+    X(SUBSCRIBER_LAGGED, KVR_GRPC_RESOURCE_EXHAUSTED)                                             \
+    X(SNAPSHOT_PROGRESS_TIMEOUT, KVR_GRPC_RESOURCE_EXHAUSTED)                                     \
+    X(PUBLICATION_UNAVAILABLE, KVR_GRPC_UNAVAILABLE)                                              \
+    X(INVALID_PUBLICATION, KVR_GRPC_FAILED_PRECONDITION)                                          \
+    X(INTERNAL, KVR_GRPC_INTERNAL)
+
+#define KVR_RELAY_REASON_ENUM_(name, grpc)                                                        \
+    KVR_RELAY_REASON_##name = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_##name,
+
+/* KVR_RELAY_REASON_<symbol without its prefix>. NONE (= UNSPECIFIED) doubles as "valid" in
+ * validator results; it is never sent as a reason. */
 typedef enum kvr_relay_reason {
     KVR_RELAY_REASON_NONE = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_UNSPECIFIED,
-    KVR_RELAY_REASON_UNSPECIFIED = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_UNSPECIFIED,
-    KVR_RELAY_REASON_CONTRACT_MISMATCH = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_CONTRACT_MISMATCH,
-    KVR_RELAY_REASON_INVALID_REQUEST = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INVALID_REQUEST,
-    KVR_RELAY_REASON_UNSUPPORTED_FEATURE = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_UNSUPPORTED_FEATURE,
-    KVR_RELAY_REASON_POOL_NOT_FOUND = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_POOL_NOT_FOUND,
-    KVR_RELAY_REASON_PRODUCER_CHANGED = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_PRODUCER_CHANGED,
-    KVR_RELAY_REASON_RESOURCE_LIMIT = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_RESOURCE_LIMIT,
-    KVR_RELAY_REASON_SUBSCRIBER_LAGGED = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_SUBSCRIBER_LAGGED,
-    KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT,
-    KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_PUBLICATION_UNAVAILABLE,
-    KVR_RELAY_REASON_INVALID_PUBLICATION = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INVALID_PUBLICATION,
-    KVR_RELAY_REASON_INTERNAL = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL,
+    KVR_RELAY_REASON_TABLE(KVR_RELAY_REASON_ENUM_)
 } kvr_relay_reason_t;
 
 /* Exact enum symbol, e.g. "RELAY_ERROR_REASON_PRODUCER_CHANGED"; NULL when out of range. */
