@@ -1,9 +1,11 @@
 """
 deploy/ validated offline (issue 13), in `make test`:
 
-  - kustomize rendering of deploy/ (huge pages) and deploy/memory/ (tmpfs) by a small renderer
-    of the features deploy/ uses (resources, namespace, labels, images, JSON 6902 patches); where
-    kubectl is installed its own `kubectl kustomize` must produce the same objects;
+  - kustomize rendering of deploy/ (huge pages), deploy/memory/ (tmpfs) and the optional
+    deploy/grafana/ (the dashboard as a ConfigMap for Grafana's sidecar) by a small renderer of
+    the features deploy/ uses (resources, namespace, labels, images, JSON 6902 patches, a
+    configMapGenerator of files without name hashes); where kubectl is installed its own
+    `kubectl kustomize` must produce the same objects;
   - every object validated against the Kubernetes API types of Debian's python3-kubernetes
     (22.6, Kubernetes 1.22: every field known, every type right, every required field present by
     the models' own setters; those models carry no enums, so the enum-valued strings deploy/
@@ -40,7 +42,8 @@ MiB = 1 << 20
 # ---------------------------------------------------------------------------------------------
 # A kustomize of the features deploy/ uses (anything else is refused, never ignored)
 
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches",
+                      "configMapGenerator", "generatorOptions"}
 
 
 def _load_docs(path):
@@ -82,6 +85,25 @@ def _apply_6902(doc, ops):
                 raise AssertionError(f"unsupported patch op {op}")
 
 
+def _generate_configmaps(root, k):
+    """configMapGenerator entries of files, with generatorOptions' labels; names unhashed."""
+    opts = k.get("generatorOptions", {})
+    assert set(opts) <= {"disableNameSuffixHash", "labels"}, f"generatorOptions {set(opts)} not supported here"
+    out = []
+    for g in k.get("configMapGenerator", []):
+        assert set(g) <= {"name", "files"}, f"configMapGenerator with {set(g)} is not supported here"
+        assert opts.get("disableNameSuffixHash") is True, "hashed generator names are not rendered here"
+        data = {}
+        for f in g["files"]:
+            key, _, path = f.rpartition("=")
+            data[key or Path(path).name] = (root / path).read_text()
+        meta = {"name": g["name"]}
+        if opts.get("labels"):
+            meta["labels"] = dict(opts["labels"])
+        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return out
+
+
 def render(root):
     """The objects `kubectl kustomize root` would produce (for deploy/'s feature set)."""
     root = Path(root)
@@ -93,6 +115,7 @@ def render(root):
     for r in k.get("resources", []):
         p = (root / r).resolve()
         objs += render(p) if p.is_dir() else _load_docs(p)
+    objs += _generate_configmaps(root, k)
     for lab in k.get("labels", []):
         assert set(lab) == {"pairs"}, f"labels with {set(lab)} are not supported here"
         for o in objs:
@@ -120,6 +143,7 @@ def render(root):
 
 
 VARIANTS = {"hugepages": DEPLOY, "memory": DEPLOY / "memory"}
+GRAFANA = DEPLOY / "grafana"  # optional, applied on its own into Grafana's namespace
 
 
 def by_kind(objs, kind, name=None):
@@ -392,7 +416,7 @@ def test_kubectl_kustomize_renders_the_same_objects_where_installed():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed (not a Debian 12 package); the renderer above is used alone")
-    for variant, root in VARIANTS.items():
+    for variant, root in {**VARIANTS, "grafana": GRAFANA}.items():
         p = subprocess.run([kubectl, "kustomize", str(root)], capture_output=True, timeout=60)
         assert p.returncode == 0, p.stderr.decode()
         theirs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(p.stdout) if o}
@@ -400,6 +424,26 @@ def test_kubectl_kustomize_renders_the_same_objects_where_installed():
         assert theirs.keys() == ours.keys(), (variant, theirs.keys(), ours.keys())
         for k in ours:
             assert json.dumps(ours[k], sort_keys=True) == json.dumps(theirs[k], sort_keys=True), (variant, k)
+
+
+def test_grafana_overlay_is_the_dashboard_json_as_a_sidecar_configmap():
+    """deploy/grafana/: one ConfigMap generated from kvrelay.json (the one source), labelled for
+    Grafana's sidecar, no namespace of its own (kubectl -n decides), small enough for a
+    client-side `kubectl apply` (its last-applied annotation is capped at 256 KiB)."""
+    objs = render(GRAFANA)
+    assert [o["kind"] for o in objs] == ["ConfigMap"], objs
+    cm = objs[0]
+    assert validate(cm) == []
+    meta = cm["metadata"]
+    assert meta["name"] == "kvrelay-dashboard" and "namespace" not in meta, meta
+    assert meta["labels"] == {"grafana_dashboard": "1", "app.kubernetes.io/part-of": "kvrelay"}, meta
+    src = (GRAFANA / "kvrelay.json").read_text()
+    assert cm["data"] == {"kvrelay.json": src}
+    dash = json.loads(cm["data"]["kvrelay.json"])
+    assert dash["uid"] == "kvrelay" and dash["id"] is None, "a fixed uid, no instance id"
+    assert len(json.dumps(cm)) < 256 * 1024
+    assert "grafana" not in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"], \
+        "optional: not part of the default tree"
 
 
 def _container(objs):
