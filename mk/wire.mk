@@ -1,6 +1,7 @@
 # mk/wire.mk — rules for src/wire: protobuf-c code generated from src/wire/*.proto, and the
 # official BLAKE3 C sources that Debian ships in librust-blake3-dev (compiled from their
-# installed location, never copied into the tree) for the identity digests (spec §2.9).
+# installed location, never copied into the tree) for the identity digests
+# (docs/relay-contract.md §2.1).
 #
 # Included by the top Makefile after its variables are defined; it only appends to them.
 

@@ -2,8 +2,9 @@
  * common.h — the few things every kvrelay module shares: status codes, byte-order
  * helpers for wire codecs, branch hints and forward declarations of central types.
  *
- * Status convention (STYLE.md §8): functions return KVR_OK (0) on success, a negative
- * KVR_E* code on a failure the caller must handle, and syscall wrappers return -errno.
+ * Status convention: functions return KVR_OK (0) on success, a negative KVR_E* code on a
+ * failure the caller must handle, and syscall wrappers return -errno. A layer uses few codes
+ * and unwinds a multi-step setup through one `fail:` label.
  */
 #ifndef KVR_COMMON_H
 #define KVR_COMMON_H

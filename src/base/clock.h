@@ -1,5 +1,10 @@
 /*
- * clock.h — monotonic time for timeouts, intervals and rates (never wall time, which steps).
+ * clock.h — the one source of time for kvrelay.
+ *
+ * kvr_clock_ns/us/ms read CLOCK_MONOTONIC: timeouts, intervals, rates and deadlines (it never
+ * steps). kvr_clock_wall_ms/us read CLOCK_REALTIME: only for values that leave the process as
+ * timestamps (the start time /metrics reports, a FilterUpdate's send time, lag against a
+ * peer's clock); never subtract two of them to time something.
  */
 #ifndef KVR_BASE_CLOCK_H
 #define KVR_BASE_CLOCK_H
@@ -7,18 +12,33 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t kvr_clock_us(void)
+static inline uint64_t kvr_clock_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t kvr_clock_us(void)
+{
+    return kvr_clock_ns() / 1000;
 }
 
 static inline uint64_t kvr_clock_ms(void)
 {
+    return kvr_clock_ns() / 1000000;
+}
+
+static inline uint64_t kvr_clock_wall_us(void)
+{
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static inline uint64_t kvr_clock_wall_ms(void)
+{
+    return kvr_clock_wall_us() / 1000;
 }
 
 #endif

@@ -1,6 +1,8 @@
 /* log.c — see log.h. */
 #include "base/log.h"
 
+#include "base/utf8.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,26 +47,13 @@ static size_t json_byte(char *out, size_t n, unsigned char c)
     return n;
 }
 
-/* Length of the valid UTF-8 sequence at s (2..4), or 0 when s does not start one. */
-static size_t utf8_seq(const unsigned char *s, size_t left)
-{
-    size_t k = s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
-
-    if (k == 0 || k > left)
-        return 0;
-    for (size_t i = 1; i < k; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-    return k;
-}
-
 /* Writes s[0..len) as a JSON string body: valid UTF-8 kept, other bytes as \u00XX. */
 static size_t json_str(char *out, size_t n, const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
 
     for (size_t i = 0; i < len;) {
-        size_t k = u[i] >= 0x80 ? utf8_seq(u + i, len - i) : 0;
+        size_t k = u[i] >= 0x80 ? kvr_utf8_seq(u + i, len - i) : 0;
         if (k > 0) {
             memcpy(out + n, u + i, k);
             n += k;

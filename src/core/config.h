@@ -1,6 +1,7 @@
 /*
- * config.h — kvrelay's configuration: one table drives parsing, validation, --help and
- * --print-config (STYLE.md §11).
+ * config.h — kvrelay's configuration. One table in config.c (name, type, default, range,
+ * target field, help) drives parsing, the KVRELAY_* environment twins, range checks, --help
+ * and --print-config, so an option is added in one place.
  *
  * Precedence, lowest first: built-in default, the reference server's environment
  * (EPISTEMIC_GRAPH_KVCACHE_ADDR / _TOKEN, only where the KVRELAY_* twin is unset), the
@@ -14,6 +15,10 @@
 #include <stdio.h>
 
 #define KVR_CFG_STR_MAX 512
+
+/* A worker's tick, not a flag: its event loop waits at most this long, and the periodic work
+ * of HTTP/1.1 (timeouts, accept back-off, waiting PUTs) and of gRPC streams runs this often. */
+#define KVR_TICK_MS 50
 
 typedef struct {
     char http_bind[KVR_CFG_STR_MAX];
@@ -81,7 +86,9 @@ int kvr_config_load(kvr_config_t *cfg, int argc, char **argv, FILE *err);
 void kvr_config_usage(FILE *out, const char *prog);
 void kvr_config_print(const kvr_config_t *cfg, FILE *out);
 
-/* Parses "1G", "64M", "4096", "512K" into bytes. Returns KVR_OK or KVR_EINVAL. */
+/* The size parser of the tree: decimal digits, then optionally K, M, G or T (powers of 1024,
+ * either case), then optionally "i" and then "B" ("4096", "512K", "64M", "1GiB", "2mb").
+ * No sign, fraction, space or overflow. Returns KVR_OK or KVR_EINVAL. */
 int kvr_config_parse_size(const char *s, uint64_t *out);
 /* Parses "10s", "500ms", "2m", "3" (seconds) into milliseconds. */
 int kvr_config_parse_duration(const char *s, uint64_t *out_ms);

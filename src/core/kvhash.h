@@ -19,13 +19,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire/relay.pb-c.h"
+
 #define KVR_KVHASH_SEED       1337ULL /* XXH3_SEED: block-hash base salt */
 #define KVR_KVHASH_CHAIN_SEED 1337ULL /* CHAIN_XXH3_SEED: sequence chaining */
 
-/* Query hash formats; values equal KvQueryHashFormat on the wire (§2.3). */
+/* Query hash formats: KvQueryHashFormat's values, as protoc-c generates them from relay.proto. */
 typedef enum {
-    KVR_KVHASH_STANDARD = 1, /* KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1 */
-    KVR_KVHASH_EAGLE    = 2, /* KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1 */
+    KVR_KVHASH_STANDARD = DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1,
+    KVR_KVHASH_EAGLE    = DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1,
 } kvr_kvhash_format_t;
 
 /* Multimodal hashes attached to one block (any order; hashed sorted ascending). */

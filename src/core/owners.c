@@ -1,10 +1,11 @@
 /*
- * owners.c — canonical hash -> owner count, driving filter inserts and removes (§4.5).
+ * owners.c — canonical hash -> owner count, driving filter inserts and removes
+ * (docs/relay-contract.md §3.5).
  *
- * Linear probing over a power-of-two table of 16-byte entries; count == 0 marks a free
- * slot. Slots are chosen by a 64-bit finaliser of the hash, because canonical hashes may
- * be caller-chosen numbers (16-hex-digit keys, docs/http-contract.md) rather than well-mixed values.
- * Deletion shifts the following cluster back, so there are no tombstones.
+ * Linear probing over a power-of-two table of 16-byte entries; count == 0 marks a free slot.
+ * Slots are chosen by a 64-bit finaliser of the hash, because canonical hashes may be
+ * caller-chosen numbers (16-hex-digit keys, docs/http-contract.md §3.2) rather than well-mixed
+ * values. Deletion shifts the following cluster back, so there are no tombstones.
  */
 #include <stdlib.h>
 

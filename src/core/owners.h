@@ -1,6 +1,5 @@
 /*
- * owners.h — owner counting for the Cuckoo filter (docs/relay-contract.md, "The filter"; "Multiplicity
- * and ownership"; the kvrelay profile's "Owner counting").
+ * owners.h — owner counting for the Cuckoo filter (docs/relay-contract.md §3.5).
  *
  * The filter holds one fingerprint copy per canonical hash that has at least one owner (a
  * resident block); owners themselves are never in the filter. This table maps canonical
@@ -9,11 +8,11 @@
  * owner removes. Process-private (the publisher owns it), open addressing with linear
  * probing and backward-shift deletion, grown at 70 % load.
  *
- * Capacity omission (§4.5): when the filter insert fails the owner is still counted but
- * the hash is marked not resident (a false negative, never corruption); a later owner of
- * the same hash retries the insert, and the last owner leaving removes a copy only when
- * one was inserted. Unlike the reference, kvrelay's owners are anonymous blocks, so the
- * count must keep every owner to know when the last one leaves.
+ * Capacity omission (docs/relay-contract.md §3.4): when the filter insert fails the owner is
+ * still counted but the hash is marked not resident (a false negative, never corruption); a
+ * later owner of the same hash retries the insert, and the last owner leaving removes a copy
+ * only when one was inserted. Unlike the reference, kvrelay's owners are anonymous blocks, so
+ * the count must keep every owner to know when the last one leaves.
  */
 #ifndef KVR_OWNERS_H
 #define KVR_OWNERS_H

@@ -1,33 +1,21 @@
-/* relay.c — see relay.h and shm/relay_sh.h. */
-#include "core/relay.h"
+/* relay.c — see relay.h, relay_int.h and shm/relay_sh.h. */
+#include "core/relay_int.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "wire/cbi1.h"
 #include "wire/ckf.h"
 #include "wire/identity.h"
 #include "wire/relay_validate.h"
 
+static_assert(KVR_RELAY_STREAM_TYPES == KVR_STREAM_TYPES, "relay.h: stream types of shm/relay_sh.h");
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
-
-uint64_t kvr_relay_wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
-
-uint64_t kvr_relay_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 uint64_t kvr_relay_bucket_count(const kvr_config_t *cfg, uint64_t max_blocks)
 {
@@ -74,10 +62,10 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
     sh = r->sh;
     memset(sh, 0, sizeof(*sh));
     if (getrandom(&inc, sizeof(inc), 0) != sizeof(inc))
-        inc = kvr_relay_mono_ns() ^ ((uint64_t)getpid() << 32);
+        inc = kvr_clock_ns() ^ ((uint64_t)getpid() << 32);
     inc &= 0x7FFFFFFFFFFFFFFFull;
     sh->incarnation = inc ? inc : 1;
-    sh->seed = KVR_RELAY_SEED;
+    sh->seed = KVR_CKF_DEFAULT_SEED;
     sh->bucket_count = seg->hdr->ckf_buckets;
     model.ptr = cfg->model;
     model.len = strlen(cfg->model);
@@ -396,7 +384,7 @@ size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64
     u.producer = &id.producer;
     u.base_seq = base_seq;
     u.seq = seq;
-    u.send_ts_us = kvr_relay_wall_us();
+    u.send_ts_us = kvr_clock_wall_us();
     u.kind = kind;
     return kvr_wire_filter_update(&u, payload_len, dst, cap, payload);
 }

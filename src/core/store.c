@@ -2,6 +2,7 @@
 #include "core/store.h"
 
 #include "base/log.h"
+#include "wire/keys.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -162,25 +163,7 @@ int kvr_store_key_valid(const void *key, size_t klen)
 
 uint64_t kvr_store_default_canon(const void *key, size_t klen)
 {
-    const uint8_t *k = key;
-    uint64_t v = 0;
-
-    if (klen == 16) {
-        size_t i;
-        for (i = 0; i < 16; i++) {
-            uint8_t c = k[i];
-            uint8_t d = c >= '0' && c <= '9' ? c - '0'
-                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                             : 0xff;
-            if (d == 0xff)
-                break;
-            v = (v << 4) | d;
-        }
-        if (i == 16)
-            return v;
-    }
-    return XXH3_64bits(key, klen);
+    return kvr_key_canon(key, klen);
 }
 
 static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t len)

@@ -16,6 +16,7 @@
 #define KVR_IO_GRPC_INT_H
 
 #define H2O_USE_LIBUV 0
+#include "core/relay_int.h"
 #include "io/grpc.h"
 #include "io/uring.h"
 #include "wire/grpc_frame.h"

@@ -34,6 +34,7 @@
  * Exit status: 0 after -n samples, 1 when the server cannot be read (the reason on stderr),
  * 2 for a command line in error.
  */
+#include "base/clock.h"
 #include "common.h"
 
 #include <errno.h>
@@ -430,13 +431,6 @@ static void parse_metrics(sample_t *s, const char *b, size_t n)
     }
 }
 
-static double clock_s(clockid_t c)
-{
-    struct timespec ts;
-    clock_gettime(c, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Reads both pages into s. 0, or -1 with the reason in err. */
 static int take_sample(const args_t *a, sample_t *s, buf_t *buf, char *err, size_t errlen)
 {
@@ -451,8 +445,8 @@ static int take_sample(const args_t *a, sample_t *s, buf_t *buf, char *err, size
     };
 
     memset(s, 0, sizeof(*s));
-    s->mono = clock_s(CLOCK_MONOTONIC);
-    s->wall = clock_s(CLOCK_REALTIME);
+    s->mono = (double)kvr_clock_ns() / 1e9;
+    s->wall = (double)kvr_clock_wall_us() / 1e6;
     if (http_get(a, "/kv/stats", buf, err, errlen) < 0)
         return -1;
     for (size_t i = 0; i < KVR_ARRAY_SIZE(fields); i++)

@@ -2,8 +2,8 @@
  * kvrelay-watch — a command-line consumer of a kvrelay (or any dynamo.kvrelay.v1) relay.
  *
  * It reads the catalog, subscribes to the first pool, keeps a live replica with the CBI1
- * mirror (every sequencing and format check of spec §6.1), prints sequence / fill / lag
- * once a second, and answers `contains` for hashes (--contains) or for token lists
+ * mirror (every sequencing and format check of docs/relay-contract.md §6), prints sequence /
+ * fill / lag once a second, and answers `contains` for hashes (--contains) or for token lists
  * (--tokens, hashed as Dynamo routers do with --kv-block-size, --hash-format, --lora,
  * --cache-namespace) once the replica is live.
  *
@@ -21,15 +21,16 @@
  *   0x000000000000002a - hash
  *
  * --lookup takes a hash (0x hex or decimal digits) or a key, hashed as the server hashes a PUT
- * without X-KV-Sequence-Hash (docs/http-contract.md); --key forces a key, --contains a hash,
+ * without X-KV-Sequence-Hash (docs/http-contract.md §3.2); --key forces a key, --contains a hash,
  * --tokens the block hashes of a token list. The nodes column is "-" when none holds it. A
  * replica is a Cuckoo filter: a "yes" may be a false positive (about 1 in 10^4 per lookup and
  * node at the default fill), a "no" is exact. A node that cannot be reached is reported on
  * stderr and leaves the exit status 1; the others still answer.
  */
+#include "base/clock.h"
 #include "wire/ckf.h"
 #include "core/kvhash.h"
-#include "core/store.h"
+#include "wire/keys.h"
 #include "io/grpc_client.h"
 #include "wire/mirror.h"
 #include "wire/relay.pb-c.h"
@@ -41,7 +42,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MARKER 0x4B565231u
 
@@ -59,16 +59,7 @@ typedef struct {
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static uint64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+    return (double)kvr_clock_ns() / 1e9;
 }
 
 static int on_catalog(void *ctx, kvr_gcall_t *call, const uint8_t *msg, size_t len)
@@ -107,8 +98,8 @@ static int on_update(void *ctx, kvr_gcall_t *call, const uint8_t *msg, size_t le
         w->deltas++;
     if (u.kind == DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_HEARTBEAT)
         w->heartbeats++;
-    if (fu->send_ts_us && wall_us() > fu->send_ts_us)
-        w->lag_us = wall_us() - fu->send_ts_us;
+    if (fu->send_ts_us && kvr_clock_wall_us() > fu->send_ts_us)
+        w->lag_us = kvr_clock_wall_us() - fu->send_ts_us;
     if (kvr_mirror_state(&w->mirror) == KVR_MIRROR_LIVE)
         w->mirror_ready = 1;
     dynamo__kvrelay__v1__filter_update__free_unpacked(fu, NULL);
@@ -178,31 +169,17 @@ static int fleet_add(node_t *nodes, size_t *n, const char *spec)
     return 0;
 }
 
-/* "0x..." or all decimal digits: a hash; anything else: a key, hashed as a PUT without
- * X-KV-Sequence-Hash is (kvr_store_default_canon). */
+/* A hash as X-KV-Sequence-Hash writes it ("0x..." or decimal, wire/keys.h); anything else (or
+ * any argument of --key): a key, hashed as a PUT without X-KV-Sequence-Hash is. */
 static void lookup_parse(lookup_t *l, const char *arg, int force_key)
 {
-    size_t n = strlen(arg), i = 0;
-    int digits = n > 0;
+    size_t n = strlen(arg);
 
-    if (!force_key && n > 2 && arg[0] == '0' && (arg[1] == 'x' || arg[1] == 'X')) {
-        for (i = 2; i < n && ((arg[i] >= '0' && arg[i] <= '9') || ((arg[i] | 0x20) >= 'a' && (arg[i] | 0x20) <= 'f'));
-             i++)
-            ;
-        if (i == n && n <= 18) {
-            l->hash = strtoull(arg, NULL, 16);
-            snprintf(l->what, sizeof(l->what), "hash");
-            return;
-        }
-    }
-    for (i = 0; i < n; i++)
-        digits &= arg[i] >= '0' && arg[i] <= '9';
-    if (!force_key && digits && n <= 20) {
-        l->hash = strtoull(arg, NULL, 10);
+    if (!force_key && kvr_parse_u64(arg, n, &l->hash) == KVR_OK) {
         snprintf(l->what, sizeof(l->what), "hash");
         return;
     }
-    l->hash = kvr_store_default_canon(arg, n);
+    l->hash = kvr_key_canon(arg, n);
     snprintf(l->what, sizeof(l->what), "key=%.70s", arg);
 }
 

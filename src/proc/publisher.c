@@ -26,6 +26,7 @@
 #include "wire/ckf.h"
 #include "base/log.h"
 #include "core/owners.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "shm/changelog.h"
 #include "wire/cbi1.h"
@@ -41,9 +42,6 @@
 #include <unistd.h>
 
 #define LOG_BATCH 4096
-
-/* (4194368 - 48 - 12) / 12, §3.1 */
-#define KVR_CBI1_MAX_DELTA_IMAGES_ 349525u
 
 typedef struct {
     const kvr_config_t *cfg;
@@ -337,8 +335,8 @@ static int reserve_buffers(pub_t *p, size_t dirty)
         p->images = ni;
         p->images_cap = dirty;
     }
-    if (dirty > KVR_CBI1_MAX_DELTA_IMAGES_)
-        dirty = KVR_CBI1_MAX_DELTA_IMAGES_; /* a larger delta is never encoded */
+    if (dirty > KVR_CBI1_MAX_DELTA_IMAGES)
+        dirty = KVR_CBI1_MAX_DELTA_IMAGES; /* a larger delta is never encoded */
     need = kvr_cbi1_delta_size(dirty) + KVR_RELAY_ENVELOPE_MAX;
     if (need > p->msg_cap) {
         uint8_t *nm = pub_realloc(p->msg, need);
@@ -412,7 +410,7 @@ static int publish(pub_t *p)
     n = kvr_ckf_drain(&p->ckf, p->images);
     if (n == 0)
         return KVR_OK; /* net reversion: nothing changed since the last publication */
-    if (n > KVR_CBI1_MAX_DELTA_IMAGES_) {
+    if (n > KVR_CBI1_MAX_DELTA_IMAGES) {
         /* The reference hub re-snapshots: close every subscriber; they resubscribe to
          * copies taken from the filter as it is now. */
         kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);

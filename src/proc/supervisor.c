@@ -30,10 +30,11 @@
  */
 #include "proc/supervisor.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/proctitle.h"
 #include "proc/publisher.h"
-#include "core/relay.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "proc/worker.h"
 #include "io/listen.h"
@@ -90,13 +91,6 @@ typedef struct {
     sigset_t sigs, oldmask;
 } sup_t;
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static int spawn(sup_t *s, child_t *c)
 {
     pid_t pid = fork();
@@ -124,7 +118,7 @@ static int spawn(sup_t *s, child_t *c)
     }
     c->pid = pid;
     c->state = CH_RUNNING;
-    c->started_ms = now_ms();
+    c->started_ms = kvr_clock_ms();
     c->hung = 0;
     c->suspect = 0;
     c->serving = 0;
@@ -276,7 +270,7 @@ static void reap_children(sup_t *s)
 
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         child_t *c = find_child(s, pid);
-        uint64_t t = now_ms(), delay;
+        uint64_t t = kvr_clock_ms(), delay;
         if (c == NULL)
             continue;
         take_readiness(s, c);
@@ -348,7 +342,7 @@ static void start_drain(sup_t *s)
     if (s->draining)
         return;
     s->draining = 1;
-    s->drain_deadline = now_ms() + s->cfg->shutdown_grace_ms + 1000;
+    s->drain_deadline = kvr_clock_ms() + s->cfg->shutdown_grace_ms + 1000;
     atomic_store(&s->seg.hdr->ctl.draining, 1);
     kvr_info("draining: stopping %d processes (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
     if (s->http_fd >= 0) {
@@ -475,7 +469,7 @@ static void clamp_block_size(kvr_config_t *cfg, const kvr_store_t *st)
 /* Maps the segment: a new one is formatted, a kept one re-attached and repaired; then sealed. */
 static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvr_clock_ms();
 
     if (kvr_seg_create(&s->seg, sc) != KVR_OK)
         return KVR_ERR;
@@ -483,7 +477,7 @@ static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
         return KVR_ERR;
     kvr_seg_seal(&s->seg);
     if (s->seg.attached)
-        kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(now_ms() - t0));
+        kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(kvr_clock_ms() - t0));
     return KVR_OK;
 }
 
@@ -541,12 +535,9 @@ static int announce_listeners(sup_t *s, int nworkers)
 /* What readiness counts against, and the start time /metrics reports. */
 static void publish_expected(sup_t *s, int nworkers)
 {
-    struct timespec ts;
-
     atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
     atomic_store(&s->seg.hdr->ctl.publisher_expected, 1);
-    clock_gettime(CLOCK_REALTIME, &ts);
-    atomic_store(&s->seg.hdr->ctl.started_unix_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    atomic_store(&s->seg.hdr->ctl.started_unix_ms, kvr_clock_wall_ms());
 }
 
 /* SIGPIPE ignored; the signals the main loop takes stay blocked from here on (see the top of
@@ -601,11 +592,11 @@ static void take_signal(sup_t *s, uint64_t wait_ms)
 static void supervise(sup_t *s)
 {
     for (;;) {
-        uint64_t t = now_ms(), wait_ms = 1000;
+        uint64_t t = kvr_clock_ms(), wait_ms = 1000;
 
         if (!s->draining)
             wait_ms = respawn_due(s, t);
-        watchdog(s, now_ms()); /* after respawn_due: t may predate a child it just started */
+        watchdog(s, kvr_clock_ms()); /* after respawn_due: t may predate a child it just started */
         if (wait_ms > 250)
             wait_ms = 250; /* sample heartbeats often enough (--hang-timeout >= 500 ms) */
         if (s->draining) {

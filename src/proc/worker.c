@@ -1,7 +1,9 @@
 /* worker.c — see worker.h. */
 #include "proc/worker.h"
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "io/api.h"
 #include "io/grpc.h"
@@ -13,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
-#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t term_requested;
@@ -22,13 +23,6 @@ static void on_term(int sig)
 {
     (void)sig;
     term_requested = 1;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
@@ -87,15 +81,15 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         uint64_t t;
         kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
-        kvr_http_run_once(http, 50);
-        t = now_ms();
-        if (t - last_h1_tick >= 50) {
+        kvr_http_run_once(http, KVR_TICK_MS);
+        t = kvr_clock_ms();
+        if (t - last_h1_tick >= KVR_TICK_MS) {
             last_h1_tick = t;
             kvr_h1_tick(h1);
         }
         kvr_h1_flush(h1);
         if (grpc != NULL) {
-            if (t - last_tick >= 50) {
+            if (t - last_tick >= KVR_TICK_MS) {
                 last_tick = t;
                 kvr_grpc_tick(grpc);
             }

@@ -1,9 +1,9 @@
 /*
- * cbi1.c — CBI1 encoder, decoder and snapshot assembly (docs/relay-contract.md).
+ * cbi1.c — CBI1 encoder, decoder and snapshot assembly (docs/relay-contract.md §4).
  *
  * The layout table is in cbi1.h. Bodies are checksummed with XXH3-64 (seed 0), low 32
- * bits stored at header offset 44; the decoder verifies it before any format field (§3.6
- * step 5), so corrupted frames fail as Checksum whatever else they break.
+ * bits stored at header offset 44; the decoder verifies it before any format field (check 5
+ * of docs/relay-contract.md §4.2), so corrupted frames fail as Checksum whatever else they break.
  *
  * Bulk words (snapshot chunks) are copied with memcpy on little-endian hosts, where the
  * in-memory u64 array and its LE wire form are the same bytes; other hosts go word by

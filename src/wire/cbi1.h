@@ -1,6 +1,6 @@
 /*
  * cbi1.h — "Cuckoo Bucket Images v1", the FilterUpdate.payload codec
- * (docs/relay-contract.md).
+ * (docs/relay-contract.md §4).
  *
  * Frame = 48-byte header + body, all integers little-endian:
  *
@@ -17,10 +17,10 @@
  *    36   8  epoch = FilterUpdate.sequence
  *    44   4  low 32 bits of xxh3_64(body, seed 0)
  *
- * Encoders are pure functions writing into a caller buffer. The decoder never reads past
- * len, checks every declared count against its limit before using it, validates in the
- * exact order of §3.6 and reports each failure with its own status value; it does not
- * copy: the decoded frame points into the input. Snapshot assembly (§3.6 step 10) copies
+ * Encoders are pure functions writing into a caller buffer. The decoder never reads past len,
+ * checks every declared count against its limit before using it, validates in the exact order
+ * of docs/relay-contract.md §4.2 and reports each failure with its own status value; it does
+ * not copy: the decoded frame points into the input. Snapshot assembly (§4.3 there) copies
  * chunk words into a caller-provided dense bucket array.
  */
 #ifndef KVR_CBI1_H
@@ -142,18 +142,19 @@ uint8_t *kvr_cbi1_encode_delta(uint8_t *dst, size_t cap, const kvr_cbi1_hdr_t *h
 /* ---- decoding ------------------------------------------------------------------------ */
 
 /*
- * Decodes and validates buf[0..len) against the expected format (seed, bucket_count from
- * the ProducerIdentity), in the order of §3.6 steps 1-9. Returns KVR_CBI1_OK and fills
- * *out, or the first failing rule's status. dc_id and epoch are returned, not checked
- * (that is the consumer's job, §3.6 step 11).
+ * Decodes and validates buf[0..len) against the expected format (seed, bucket_count from the
+ * ProducerIdentity), in the order of docs/relay-contract.md §4.2. Returns KVR_CBI1_OK and
+ * fills *out, or the first failing rule's status. dc_id and epoch are returned, not checked
+ * (that is the consumer's job, §6 there).
  */
 int kvr_cbi1_decode(const uint8_t *buf, size_t len, uint64_t expect_seed,
                     uint64_t expect_bucket_count, kvr_cbi1_frame_t *out);
 
 /*
- * Steps 7-9 alone: validates a body of the given flags under hdr (whose bucket_count is
- * already checked) and fills *out. kvr_cbi1_decode() calls it; exposed so that rules the
- * 4194368-byte frame cap makes unreachable (chunk word count) stay testable.
+ * Checks 7-9 of docs/relay-contract.md §4.2 alone: validates a body of the given flags under
+ * hdr (whose bucket_count is already checked) and fills *out. kvr_cbi1_decode() calls it;
+ * exposed so that rules the 4194368-byte frame cap makes unreachable (chunk word count) stay
+ * testable.
  */
 int kvr_cbi1_decode_body(uint16_t flags, const kvr_cbi1_hdr_t *hdr, const uint8_t *body,
                          size_t body_len, kvr_cbi1_frame_t *out);
@@ -171,7 +172,7 @@ static inline kvr_ckf_image_t kvr_cbi1_image(const kvr_cbi1_frame_t *f, uint32_t
 /* Writes a decoded delta's images into a dense bucket array (already range-checked). */
 void kvr_cbi1_apply_delta(const kvr_cbi1_frame_t *f, uint64_t *buckets);
 
-/* ---- snapshot assembly (§3.6 step 10) ------------------------------------------------ */
+/* ---- snapshot assembly (docs/relay-contract.md §4.3) --------------------------------- */
 
 typedef struct kvr_cbi1_asm {
     uint64_t *words;       /* caller's dense array of bucket_count words (the target) */

@@ -1,12 +1,13 @@
 /*
- * ckf.c — Cuckoo filter addressing, mutation and dirty tracking (docs/relay-contract.md, "The filter").
+ * ckf.c — Cuckoo filter addressing, mutation and dirty tracking (docs/relay-contract.md §3).
  *
  * Hot paths: prepare() and alt() are one XXH3 call each on 8 and 2 bytes (XXH_INLINE_ALL
  * lets the compiler specialise the short-input paths); a bucket test is one SWAR
  * expression. Insert keeps an undo log of (bucket, previous word) for every write so a
- * failed kick chain is rolled back completely (§4.5 "capacity omission leaves no trace").
+ * failed kick chain is rolled back completely (docs/relay-contract.md §3.4: a capacity
+ * omission leaves no trace).
  *
- * Dirty tracking (§4.5 "Publication"): a bitmap says whether a bucket is in the dirty set
+ * Dirty tracking (docs/relay-contract.md §3.5): a bitmap says whether a bucket is in the dirty set
  * and a list holds (bucket, value when first touched since the last drain) in first-touch
  * order. Only successful operations enter the set; within one insert the touched buckets
  * are entered once each in ascending bucket order, as the reference mutator reports them.

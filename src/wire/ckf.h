@@ -1,17 +1,17 @@
 /*
- * ckf.h — the Cuckoo filter kvrelay publishes (docs/relay-contract.md, "The filter").
+ * ckf.h — the Cuckoo filter kvrelay publishes (docs/relay-contract.md §3).
  *
  * Layout: the filter is a dense array of bucket_count u64 words (power of two in
  * 2..2^24); each word holds four 16-bit fingerprint slots, slot s = (word >> 16s) & 0xFFFF,
- * 0 = empty (§3.5). That array is the only shared state: it may live in the shared segment
+ * 0 = empty (§3.1). That array is the only shared state: it may live in the shared segment
  * and carries no pointers or metadata. Everything else — the pointer to it, the addressing
  * constants, the SplitMix RNG state, the undo log and the dirty set — sits in a
  * per-process handle (kvr_ckf_t) owned by the single writer, the publisher.
  *
- * Addressing (§4.4): prepare(h) = one xxh3 of u64le(h) under the seed -> (fp, a); b = alt(a,
+ * Addressing (§3.3): prepare(h) = one xxh3 of u64le(h) under the seed -> (fp, a); b = alt(a,
  * fp) = a ^ delta(fp), delta = xxh3(u16le(fp), seed ^ 0x9E3779B97F4A7C15) & mask, with the
  * zero-fingerprint (0 -> 1) and zero-delta (0 -> 1) rules. Lookup = prepare + alt + two
- * SWAR tests. Insertion, kicks, RNG and the all-or-nothing undo follow §4.5 exactly, so the
+ * SWAR tests. Insertion, kicks, RNG and the all-or-nothing undo follow §3.4 exactly, so the
  * same event order yields the same buckets as the reference producer.
  *
  * Concurrency: one writer per filter. Words are written with relaxed 64-bit atomic stores,
@@ -52,7 +52,8 @@ typedef struct kvr_ckf_probe {
     uint32_t b;
 } kvr_ckf_probe_t;
 
-/* One bucket's absolute new value, as carried by a CBI1 delta (§3.4). */
+/* One bucket's absolute new value, as carried by a CBI1 delta (docs/relay-contract.md
+ * §4.1). */
 typedef struct kvr_ckf_image {
     uint32_t bucket;
     uint64_t value;
@@ -79,8 +80,8 @@ typedef struct kvr_ckf {
 
 /* ---- sizing and addressing (pure) ---------------------------------------------------- */
 
-/* §4.3: next_pow2(max(floor((5n+15)/16), 2)); n = 0 is treated as 1. May exceed
- * KVR_CKF_MAX_BUCKETS (the caller rejects such layouts). */
+/* docs/relay-contract.md §3.2: next_pow2(max(floor((5n+15)/16), 2)); n = 0 is treated as 1. May
+ * exceed KVR_CKF_MAX_BUCKETS (the caller rejects such layouts). */
 uint64_t kvr_ckf_bucket_count(uint64_t n);
 
 /* 1 when bucket_count is a power of two in 2..2^24. */
@@ -89,7 +90,7 @@ int kvr_ckf_valid_bucket_count(uint64_t bucket_count);
 /* Fills addr for (seed, bucket_count); bucket_count must be valid. */
 void kvr_ckf_addr_init(kvr_ckf_addr_t *addr, uint64_t seed, uint64_t bucket_count);
 
-/* §4.4 prepare() and alt(). */
+/* prepare() and alt() of docs/relay-contract.md §3.3. */
 kvr_ckf_probe_t kvr_ckf_prepare(const kvr_ckf_addr_t *addr, uint64_t h);
 uint32_t kvr_ckf_alt(const kvr_ckf_addr_t *addr, uint32_t bucket, uint16_t fp);
 
@@ -97,7 +98,7 @@ uint32_t kvr_ckf_alt(const kvr_ckf_addr_t *addr, uint32_t bucket, uint16_t fp);
  * private arrays such as a consumer mirror). */
 int kvr_ckf_lookup(const uint64_t *buckets, const kvr_ckf_addr_t *addr, uint64_t h);
 
-/* ---- bucket-word SWAR helpers (§4.5 lookup) -------------------------------------------- */
+/* ---- bucket-word SWAR helpers (a lookup, docs/relay-contract.md §3.3) ------------------- */
 
 static inline uint64_t kvr_ckf_match_mask(uint64_t word, uint16_t fp)
 {
@@ -125,7 +126,7 @@ static inline uint64_t kvr_ckf_word_with(uint64_t word, unsigned slot, uint16_t 
     return (word & ~(0xFFFFULL << sh)) | ((uint64_t)fp << sh);
 }
 
-/* ---- SplitMix64 RNG (§4.5) ----------------------------------------------------------- */
+/* ---- SplitMix64 RNG (docs/relay-contract.md §3.4) ------------------------------------ */
 
 uint64_t kvr_ckf_rng_next(uint64_t *state);
 uint64_t kvr_ckf_lane_rng_seed(uint64_t seed, uint64_t lane);
@@ -145,9 +146,10 @@ void kvr_ckf_destroy(kvr_ckf_t *f);
 void kvr_ckf_clear(kvr_ckf_t *f);
 
 /*
- * Inserts one fingerprint copy of h (§4.5). KVR_OK on success. KVR_ENOSPACE when max_kicks
- * were exhausted: every write was undone, nothing became dirty (the RNG has advanced, as in
- * the reference). KVR_ERR when the dirty set could not grow (nothing changed).
+ * Inserts one fingerprint copy of h (docs/relay-contract.md §3.4). KVR_OK on success.
+ * KVR_ENOSPACE when max_kicks were exhausted: every write was undone, nothing became dirty
+ * (the RNG has advanced, as in the reference). KVR_ERR when the dirty set could not grow
+ * (nothing changed).
  */
 int kvr_ckf_insert(kvr_ckf_t *f, uint64_t h);
 

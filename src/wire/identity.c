@@ -75,14 +75,23 @@ static int explicit_order(const kvr_identity_kv_t *kv, size_t n, uint8_t *idx)
     return KVR_OK;
 }
 
-static void put_explicit(blake3_hasher *h, const kvr_identity_kv_t *kv, size_t n,
-                         const uint8_t *idx)
+/* Starts the hash of an explicit map: validates kv[0..n) (KVR_EINVAL when it breaks the
+ * limits or repeats a key), then writes the tag and the entries in key order. */
+static int begin_explicit(blake3_hasher *h, const char *tag, size_t tag_len, const kvr_identity_kv_t *kv,
+                          size_t n)
 {
+    uint8_t idx[KVR_IDENTITY_MAX_ENTRIES];
+
+    if (explicit_order(kv, n, idx) != KVR_OK)
+        return KVR_EINVAL;
+    blake3_hasher_init(h);
+    put_frame(h, tag, tag_len);
     put_u32(h, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
         put_frame(h, kv[idx[i]].key.ptr, kv[idx[i]].key.len);
         put_frame(h, kv[idx[i]].value.ptr, kv[idx[i]].value.len);
     }
+    return KVR_OK;
 }
 
 static void digest16(blake3_hasher *h, uint8_t out[16])
@@ -107,13 +116,9 @@ void kvr_identity_cache_default(const kvr_bytes_t *strings, size_t n, uint32_t k
 int kvr_identity_cache_explicit(const kvr_identity_kv_t *kv, size_t n, uint32_t kv_block_size,
                                 uint16_t hash_format_version, uint8_t out[16])
 {
-    uint8_t idx[KVR_IDENTITY_MAX_ENTRIES];
-    if (explicit_order(kv, n, idx) != KVR_OK)
-        return KVR_EINVAL;
     blake3_hasher h;
-    blake3_hasher_init(&h);
-    put_frame(&h, TAG_CACHE_EXPLICIT, sizeof(TAG_CACHE_EXPLICIT) - 1);
-    put_explicit(&h, kv, n, idx);
+    if (begin_explicit(&h, TAG_CACHE_EXPLICIT, sizeof(TAG_CACHE_EXPLICIT) - 1, kv, n) != KVR_OK)
+        return KVR_EINVAL;
     put_u32(&h, kv_block_size);
     put_u16(&h, hash_format_version);
     digest16(&h, out);
@@ -135,13 +140,9 @@ void kvr_identity_routing_default(kvr_bytes_t ns, kvr_bytes_t component, kvr_byt
 
 int kvr_identity_routing_explicit(const kvr_identity_kv_t *kv, size_t n, uint8_t out[16])
 {
-    uint8_t idx[KVR_IDENTITY_MAX_ENTRIES];
-    if (explicit_order(kv, n, idx) != KVR_OK)
-        return KVR_EINVAL;
     blake3_hasher h;
-    blake3_hasher_init(&h);
-    put_frame(&h, TAG_ROUTING_EXPLICIT, sizeof(TAG_ROUTING_EXPLICIT) - 1);
-    put_explicit(&h, kv, n, idx);
+    if (begin_explicit(&h, TAG_ROUTING_EXPLICIT, sizeof(TAG_ROUTING_EXPLICIT) - 1, kv, n) != KVR_OK)
+        return KVR_EINVAL;
     digest16(&h, out);
     return KVR_OK;
 }

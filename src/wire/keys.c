@@ -1,6 +1,8 @@
 /* keys.c — see keys.h. */
 #include "wire/keys.h"
 
+#include <xxhash.h>
+
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9')
@@ -89,4 +91,23 @@ int kvr_parse_u64(const char *s, size_t n, uint64_t *out)
     }
     *out = v;
     return KVR_OK;
+}
+
+uint64_t kvr_key_canon(const void *key, size_t klen)
+{
+    const char *k = key;
+    uint64_t v = 0;
+
+    if (klen == 16) {
+        size_t i;
+        for (i = 0; i < 16; i++) {
+            int d = hexval(k[i]);
+            if (d < 0)
+                break;
+            v = v << 4 | (uint64_t)d;
+        }
+        if (i == 16)
+            return v;
+    }
+    return XXH3_64bits(key, klen);
 }

@@ -3,10 +3,14 @@
  *
  * Keys: the path segment after /kv/ is percent-decoded (clients send quote(key, safe='')).
  * '+' stays '+' (a path, not a form). A '%' not followed by two hex digits is an error.
- * The decoded key must be 1..1024 bytes with no NUL (docs/http-contract.md, "Keys").
+ * The decoded key must be 1..1024 bytes with no NUL (docs/http-contract.md §2).
  *
  * X-KV-Sequence-Hash: a u64 in decimal or 0x-prefixed hex, nothing else (no sign, no
  * spaces inside, no overflow).
+ *
+ * Canonical hash: what a PUT without X-KV-Sequence-Hash publishes in the relay's filter. The
+ * HTTP API (io/api.c, through the store) and the consumer tool kvrelay-watch must agree on it,
+ * so it lives here once.
  */
 #ifndef KVR_WIRE_KEYS_H
 #define KVR_WIRE_KEYS_H
@@ -32,5 +36,9 @@ const char *kvr_key_error(int rc);
 
 /* Parses a sequence hash header value. Returns KVR_OK or KVR_EINVAL. */
 int kvr_parse_u64(const char *s, size_t n, uint64_t *out);
+
+/* Canonical hash of a decoded key when the PUT carries none (docs/http-contract.md §3.2): a
+ * key of exactly 16 hex digits (either case) is that number, any other key its XXH3-64. */
+uint64_t kvr_key_canon(const void *key, size_t klen);
 
 #endif

@@ -1,11 +1,11 @@
 /*
- * mirror.c — consumer CKF replica fed by FilterUpdate frames (docs/relay-contract.md).
+ * mirror.c — consumer CKF replica fed by FilterUpdate frames (docs/relay-contract.md §6).
  *
  * Every frame is checked completely before anything is written: envelope identity, then
- * kind-specific sequencing (§1.5: chunks base == seq == N; deltas N -> N+1 on the
- * installed N; heartbeats N/N with an empty payload), then the CBI1 payload (§3.6 steps
- * 1-9 through kvr_cbi1_decode against the subscribed seed/bucket_count), then the
- * consumer checks of step 11 (dc_id, epoch == sequence, base_epoch == base_sequence).
+ * kind-specific sequencing (§5.1: chunks base == seq == N; deltas N -> N+1 on the
+ * installed N; heartbeats N/N with an empty payload), then the CBI1 payload (§4.2
+ * through kvr_cbi1_decode against the subscribed seed/bucket_count), then the
+ * consumer checks of §6 (dc_id, epoch == sequence, base_epoch == base_sequence).
  * Chunks are assembled straight into the replica's bucket array, which stays hidden
  * until the snapshot completes; any failure moves to FAILED and hides it again.
  */
@@ -46,7 +46,8 @@ void kvr_mirror_reset(kvr_mirror_t *m)
     m->last_error = 0;
 }
 
-/* Decodes the payload and runs the §3.6 step-11 checks shared by chunks and deltas. */
+/* Decodes the payload and runs the consumer checks (docs/relay-contract.md §6) shared by
+ * chunks and deltas. */
 static int decode_checked(const kvr_mirror_t *m, const kvr_mirror_update_t *u,
                           uint16_t want_flags, kvr_cbi1_frame_t *f)
 {

@@ -1,6 +1,6 @@
 /*
  * mirror.h — a consumer's replica of one pool's Cuckoo filter, fed by a SubscribeKvPool
- * stream (docs/relay-contract.md, "What a consumer must check").
+ * stream (docs/relay-contract.md §5, §6).
  *
  * State machine, fail-closed:
  *
@@ -21,14 +21,13 @@
 
 #include "wire/ckf.h"
 #include "wire/cbi1.h"
+#include "wire/relay.pb-c.h"
 
-/* FilterUpdateKind wire values (§2.3). */
-enum {
-    KVR_FILTER_UPDATE_UNSPECIFIED = 0,
-    KVR_FILTER_UPDATE_SNAPSHOT_CHUNK = 1,
-    KVR_FILTER_UPDATE_DELTA = 2,
-    KVR_FILTER_UPDATE_HEARTBEAT = 3,
-};
+/* FilterUpdateKind, short names for the values protoc-c generates from relay.proto. */
+#define KVR_FILTER_UPDATE_UNSPECIFIED    DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_UNSPECIFIED
+#define KVR_FILTER_UPDATE_SNAPSHOT_CHUNK DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_SNAPSHOT_CHUNK
+#define KVR_FILTER_UPDATE_DELTA          DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_DELTA
+#define KVR_FILTER_UPDATE_HEARTBEAT      DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_HEARTBEAT
 
 typedef enum kvr_mirror_state {
     KVR_MIRROR_EMPTY = 0,
@@ -39,7 +38,8 @@ typedef enum kvr_mirror_state {
 
 /*
  * Mirror statuses: KVR_MIRROR_OK, or a negative value that is either a kvr_cbi1_status_t
- * (the payload failed §3.6) or one of these stream-level violations (§6.1).
+ * (the payload failed docs/relay-contract.md §4.2 or §4.3) or one of these stream-level
+ * violations (§5.1, §6 there).
  */
 typedef enum kvr_mirror_status {
     KVR_MIRROR_OK = 0,

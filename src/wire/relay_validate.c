@@ -1,67 +1,56 @@
 /*
- * relay_validate.c — dynamo.kvrelay.v1 validation helpers (docs/relay-contract.md;
- * §2.6, §6.1). See relay_validate.h for the contract; the check order below is the
+ * relay_validate.c — dynamo.kvrelay.v1 validation helpers (docs/relay-contract.md
+ * §1.1, §1.2, §2.3). See relay_validate.h for the contract; the check order below is the
  * reference's (service.rs for requests, wire/identity.rs for identities).
  */
 #include <stdlib.h>
 
+#include "base/utf8.h"
 #include "common.h"
 #include "wire/relay_validate.h"
 
 #define RELAY_SERVICE_PREFIX "/dynamo.kvrelay.v1.KvEventRelay/"
 
-/* ---- reasons (§2.6) ------------------------------------------------------------------ */
+/* ---- reasons (docs/relay-contract.md §1.2) -------------------------------------------- */
 
-static const struct {
-    const char *name;
-    int grpc;
-} reasons[] = {
-    [KVR_RELAY_REASON_UNSPECIFIED] = {"RELAY_ERROR_REASON_UNSPECIFIED", KVR_GRPC_INTERNAL},
-    [KVR_RELAY_REASON_CONTRACT_MISMATCH] = {"RELAY_ERROR_REASON_CONTRACT_MISMATCH",
-                                            KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_INVALID_REQUEST] = {"RELAY_ERROR_REASON_INVALID_REQUEST",
-                                          KVR_GRPC_INVALID_ARGUMENT},
-    [KVR_RELAY_REASON_UNSUPPORTED_FEATURE] = {"RELAY_ERROR_REASON_UNSUPPORTED_FEATURE",
-                                              KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_POOL_NOT_FOUND] = {"RELAY_ERROR_REASON_POOL_NOT_FOUND", KVR_GRPC_NOT_FOUND},
-    [KVR_RELAY_REASON_PRODUCER_CHANGED] = {"RELAY_ERROR_REASON_PRODUCER_CHANGED",
-                                           KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_RESOURCE_LIMIT] = {"RELAY_ERROR_REASON_RESOURCE_LIMIT",
-                                         KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_SUBSCRIBER_LAGGED] = {"RELAY_ERROR_REASON_SUBSCRIBER_LAGGED",
-                                            KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT] = {"RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT",
-                                                    KVR_GRPC_RESOURCE_EXHAUSTED},
-    [KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE] = {"RELAY_ERROR_REASON_PUBLICATION_UNAVAILABLE",
-                                                  KVR_GRPC_UNAVAILABLE},
-    [KVR_RELAY_REASON_INVALID_PUBLICATION] = {"RELAY_ERROR_REASON_INVALID_PUBLICATION",
-                                              KVR_GRPC_FAILED_PRECONDITION},
-    [KVR_RELAY_REASON_INTERNAL] = {"RELAY_ERROR_REASON_INTERNAL", KVR_GRPC_INTERNAL},
-};
+#define REASON_GRPC_(name, grpc) [KVR_RELAY_REASON_##name] = grpc,
+#define REASON_COUNT_(name, grpc) +1
+
+/* The gRPC status of each reason, from KVR_RELAY_REASON_TABLE; the symbols themselves are
+ * read from protoc-c's enum descriptor. */
+static const int reason_grpc[] = {KVR_RELAY_REASON_TABLE(REASON_GRPC_)};
+static_assert((0 KVR_RELAY_REASON_TABLE(REASON_COUNT_)) ==
+                  DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_INTERNAL + 1,
+              "a RelayErrorReason of relay.proto is missing from KVR_RELAY_REASON_TABLE");
 
 const char *kvr_relay_reason_name(int reason)
 {
-    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reasons))
+    const ProtobufCEnumValue *v;
+
+    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reason_grpc))
         return NULL;
-    return reasons[reason].name;
+    v = protobuf_c_enum_descriptor_get_value(&dynamo__kvrelay__v1__relay_error_reason__descriptor, reason);
+    return v ? v->name : NULL;
 }
 
 int kvr_relay_reason_grpc(int reason)
 {
-    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reasons))
+    if (reason < 0 || (size_t)reason >= KVR_ARRAY_SIZE(reason_grpc))
         return KVR_GRPC_INTERNAL;
-    return reasons[reason].grpc;
+    return reason_grpc[reason];
 }
 
 kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len)
 {
-    for (size_t i = 1; s && i < KVR_ARRAY_SIZE(reasons); i++)
-        if (strlen(reasons[i].name) == len && memcmp(reasons[i].name, s, len) == 0)
+    for (int i = 1; s && (size_t)i < KVR_ARRAY_SIZE(reason_grpc); i++) {
+        const char *name = kvr_relay_reason_name(i);
+        if (name && strlen(name) == len && memcmp(name, s, len) == 0)
             return (kvr_relay_reason_t)i;
+    }
     return KVR_RELAY_REASON_UNSPECIFIED;
 }
 
-/* ---- identity (§6.1) ----------------------------------------------------------------- */
+/* ---- identity (docs/relay-contract.md §2.3) ------------------------------------------- */
 
 static const char *const ierr_names[] = {
     [KVR_RELAY_IERR_OK] = "OK",
@@ -213,43 +202,9 @@ int kvr_relay_producer_equal(const Dynamo__Kvrelay__V1__ProducerIdentity *a,
 
 /* ---- text ---------------------------------------------------------------------------- */
 
-int kvr_relay_utf8_valid(const uint8_t *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp, min;
-        if (c >= 0xC2 && c <= 0xDF) {
-            n = 1, cp = c & 0x1F, min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 2, cp = c & 0x0F, min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return 0;
-        }
-        if (len - i - 1 < n)
-            return 0;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += n + 1;
-    }
-    return 1;
-}
-
 kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len)
 {
-    if (len == 0 || len > KVR_RELAY_SUBSCRIBER_ID_MAX || !kvr_relay_utf8_valid(s, len))
+    if (len == 0 || len > KVR_RELAY_SUBSCRIBER_ID_MAX || !kvr_utf8_valid(s, len))
         return KVR_RELAY_REASON_INVALID_REQUEST;
     for (size_t i = 0; i < len; i++) {
         if (s[i] < 0x20 || s[i] == 0x7F)
@@ -260,7 +215,7 @@ kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len)
     return KVR_RELAY_REASON_NONE;
 }
 
-/* ---- requests (§2.5) ----------------------------------------------------------------- */
+/* ---- requests (docs/relay-contract.md §1.1) ------------------------------------------- */
 
 static const struct {
     const char *method;

@@ -2,14 +2,14 @@
  * relay_validate.h — request, envelope and identity validation for dynamo.kvrelay.v1
  * (docs/relay-contract.md), over protobuf-c's generated structs.
  *
- * Server side (§2.5), in the reference order: contract marker first (every RPC), then
- * subscriber_id (streaming RPCs: non-empty, <= 128 bytes, valid UTF-8, no Cc control
- * characters), then for SubscribeKvPool the expected ProducerIdentity (missing ->
- * INVALID_REQUEST; unsupported -> UNSUPPORTED_FEATURE; malformed -> INVALID_REQUEST).
- * Failures carry a RelayErrorReason whose symbol goes into the `kv-relay-error-reason`
- * trailer and whose gRPC status code follows the table of §2.6.
+ * Server side (docs/relay-contract.md §1.1), in the reference order: contract marker first
+ * (every RPC), then subscriber_id (streaming RPCs: non-empty, <= 128 bytes, valid UTF-8, no Cc
+ * control characters), then for SubscribeKvPool the expected ProducerIdentity (missing ->
+ * INVALID_REQUEST; unsupported -> UNSUPPORTED_FEATURE; malformed -> INVALID_REQUEST). Failures
+ * carry a RelayErrorReason whose symbol goes into the `kv-relay-error-reason` trailer and
+ * whose gRPC status code follows the table of §1.2.
  *
- * Identity checks (§6.1) follow the reference validator field by field, with a detailed
+ * Identity checks (§2.3) follow the reference validator field by field, with a detailed
  * error code and its unsupported-vs-malformed classification: unsupported means "quarantine
  * that pool", malformed means "the entry is invalid".
  *
@@ -42,32 +42,46 @@ enum {
     KVR_GRPC_UNAVAILABLE = 14,
 };
 
-/* RelayErrorReason (§2.3), same numbering. NONE (= UNSPECIFIED) doubles as "valid" in
+/*
+ * RelayErrorReason: each symbol of relay.proto with the gRPC status it ends a call with
+ * (docs/relay-contract.md §1.2). The values come from the code protoc-c generates from
+ * relay.proto, so the numbering cannot drift; a static_assert in relay_validate.c and a walk
+ * of the generated enum descriptor in tests/unit/test_relay.c check that every reason of the
+ * .proto is listed.
+ */
+#define KVR_RELAY_REASON_TABLE(X)                                                                 \
+    X(UNSPECIFIED, KVR_GRPC_INTERNAL)                                                             \
+    X(CONTRACT_MISMATCH, KVR_GRPC_FAILED_PRECONDITION)                                            \
+    X(INVALID_REQUEST, KVR_GRPC_INVALID_ARGUMENT)                                                 \
+    X(UNSUPPORTED_FEATURE, KVR_GRPC_FAILED_PRECONDITION)                                          \
+    X(POOL_NOT_FOUND, KVR_GRPC_NOT_FOUND)                                                         \
+    X(PRODUCER_CHANGED, KVR_GRPC_FAILED_PRECONDITION)                                             \
+    X(RESOURCE_LIMIT, KVR_GRPC_RESOURCE_EXHAUSTED)                                                \
+    X(SUBSCRIBER_LAGGED, KVR_GRPC_RESOURCE_EXHAUSTED)                                             \
+    X(SNAPSHOT_PROGRESS_TIMEOUT, KVR_GRPC_RESOURCE_EXHAUSTED)                                     \
+    X(PUBLICATION_UNAVAILABLE, KVR_GRPC_UNAVAILABLE)                                              \
+    X(INVALID_PUBLICATION, KVR_GRPC_FAILED_PRECONDITION)                                          \
+    X(INTERNAL, KVR_GRPC_INTERNAL)
+
+#define KVR_RELAY_REASON_ENUM_(name, grpc)                                                        \
+    KVR_RELAY_REASON_##name = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_##name,
+
+/* KVR_RELAY_REASON_<symbol without its prefix>. NONE (= UNSPECIFIED) doubles as "valid" in
  * validator results; it is never sent as a reason. */
 typedef enum kvr_relay_reason {
-    KVR_RELAY_REASON_NONE = 0,
-    KVR_RELAY_REASON_UNSPECIFIED = 0,
-    KVR_RELAY_REASON_CONTRACT_MISMATCH = 1,
-    KVR_RELAY_REASON_INVALID_REQUEST = 2,
-    KVR_RELAY_REASON_UNSUPPORTED_FEATURE = 3,
-    KVR_RELAY_REASON_POOL_NOT_FOUND = 4,
-    KVR_RELAY_REASON_PRODUCER_CHANGED = 5,
-    KVR_RELAY_REASON_RESOURCE_LIMIT = 6,
-    KVR_RELAY_REASON_SUBSCRIBER_LAGGED = 7,
-    KVR_RELAY_REASON_SNAPSHOT_PROGRESS_TIMEOUT = 8,
-    KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE = 9,
-    KVR_RELAY_REASON_INVALID_PUBLICATION = 10,
-    KVR_RELAY_REASON_INTERNAL = 11,
+    KVR_RELAY_REASON_NONE = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_UNSPECIFIED,
+    KVR_RELAY_REASON_TABLE(KVR_RELAY_REASON_ENUM_)
 } kvr_relay_reason_t;
 
 /* Exact enum symbol, e.g. "RELAY_ERROR_REASON_PRODUCER_CHANGED"; NULL when out of range. */
 const char *kvr_relay_reason_name(int reason);
-/* gRPC status code of a reason (§2.6); UNSPECIFIED and unknown values map to INTERNAL. */
+/* gRPC status code of a reason (docs/relay-contract.md §1.2); UNSPECIFIED and unknown values
+ * map to INTERNAL. */
 int kvr_relay_reason_grpc(int reason);
 /* Parses a trailer value back into a reason; UNSPECIFIED for missing/unknown text. */
 kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len);
 
-/* ---- identity (§6.1; reference wire/identity.rs) ------------------------------------- */
+/* ---- identity (docs/relay-contract.md §2.3; reference wire/identity.rs) --------------- */
 
 typedef enum kvr_relay_ierr {
     KVR_RELAY_IERR_OK = 0,
@@ -103,7 +117,7 @@ int kvr_relay_validate_envelope(uint32_t protocol_version, uint32_t contract_mar
 int kvr_relay_producer_equal(const Dynamo__Kvrelay__V1__ProducerIdentity *a,
                              const Dynamo__Kvrelay__V1__ProducerIdentity *b);
 
-/* ---- requests (§2.5) ----------------------------------------------------------------- */
+/* ---- requests (docs/relay-contract.md §1.1) ------------------------------------------- */
 
 typedef enum kvr_relay_rpc {
     KVR_RELAY_RPC_GET_RELAY_INFO = 0,
@@ -123,8 +137,6 @@ int kvr_relay_rpc_from_path(const char *path, size_t len);
 
 /* subscriber_id check on raw bytes: non-empty, <= 128 bytes, UTF-8, no Cc characters. */
 kvr_relay_reason_t kvr_relay_check_subscriber_id(const uint8_t *s, size_t len);
-/* Strict UTF-8 (no overlongs, surrogates or values above U+10FFFF); 1 when valid. */
-int kvr_relay_utf8_valid(const uint8_t *s, size_t len);
 
 /* Outcome of validating a request. */
 typedef struct kvr_relay_verdict {
@@ -143,21 +155,21 @@ typedef struct kvr_relay_verdict {
 int kvr_relay_wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len);
 
 /*
- * Decodes one request message of `rpc` from buf[0..len) and validates it as §2.5 steps
- * 1-3. On success *msg (when msg is non-NULL) receives the unpacked message, to be freed
- * with protobuf_c_message_free_unpacked(*msg, NULL); on failure *msg is NULL. A message
- * that does not decode (including kvr_relay_wire_check() failures) yields INTERNAL
- * without a reason, as tonic does.
+ * Decodes one request message of `rpc` from buf[0..len) and validates it as checks 1-3 of
+ * docs/relay-contract.md §1.1. On success *msg (when msg is non-NULL) receives the unpacked
+ * message, to be freed with protobuf_c_message_free_unpacked(*msg, NULL); on failure *msg is
+ * NULL. A message that does not decode (including kvr_relay_wire_check() failures) yields
+ * INTERNAL without a reason, as tonic does.
  */
 kvr_relay_verdict_t kvr_relay_validate_request(kvr_relay_rpc_t rpc, const uint8_t *buf,
                                                size_t len, ProtobufCMessage **msg);
 
 /*
- * Consumer side of a FilterUpdate (§6.1), after kvr_relay_wire_check() and unpacking:
- * envelope (marker, protocol_version, relay
- * present), producer present and valid; then fills *out for kvr_mirror_apply(). Returns
- * KVR_RELAY_IERR_OK or the first failure. The caller also compares u->producer with its
- * subscribed key (kvr_relay_producer_equal).
+ * Consumer side of a FilterUpdate (docs/relay-contract.md §6), after kvr_relay_wire_check()
+ * and unpacking: envelope (marker, protocol_version, relay present), producer present and
+ * valid; then fills *out for kvr_mirror_apply(). Returns KVR_RELAY_IERR_OK or the first
+ * failure. The caller also compares u->producer with its subscribed key
+ * (kvr_relay_producer_equal).
  */
 int kvr_relay_filter_update_fields(const Dynamo__Kvrelay__V1__FilterUpdate *u,
                                    kvr_mirror_update_t *out);

@@ -8,7 +8,7 @@
 
 #include "core/config.h"
 #include "base/log.h"
-#include "core/relay.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@
 #include "core/config.h"
 #include "base/log.h"
 #include "proc/publisher.h"
-#include "core/relay.h"
+#include "core/relay_int.h"
 #include "core/store.h"
 #include "wire/cbi1.h"
 #include "wire/mirror.h"

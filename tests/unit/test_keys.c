@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <xxhash.h>
 
 static int dec(const char *in, char *out, size_t *n)
 {
@@ -76,6 +77,15 @@ Test(keys, sequence_hash_values)
     cr_assert_eq(kvr_parse_u64("0xg1", 4, &v), KVR_EINVAL);
 }
 
+Test(keys, default_canonical_hash)
+{
+    cr_assert_eq(kvr_key_canon("00000000000000ff", 16), 0xff);
+    cr_assert_eq(kvr_key_canon("DEADBEEFcafebabe", 16), 0xdeadbeefcafebabeull);
+    cr_assert_eq(kvr_key_canon("0000000000000g00", 16), XXH3_64bits("0000000000000g00", 16));
+    cr_assert_eq(kvr_key_canon("00000000000000ff0", 17), XXH3_64bits("00000000000000ff0", 17));
+    cr_assert_eq(kvr_key_canon("abc", 3), XXH3_64bits("abc", 3));
+}
+
 Test(json, escapes_and_overflow)
 {
     char buf[64];
@@ -91,6 +101,31 @@ Test(json, escapes_and_overflow)
     kvr_json_init(&j, buf, 8);
     kvr_json_raw(&j, "0123456789");
     cr_assert(j.overflow);
+}
+
+/* The one parser of sizes ("256K", "2M", "1GiB"): every T_SIZE flag and its env twin. */
+Test(config, size_suffixes)
+{
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } ok[] = {
+        {"0", 0},           {"4096", 4096},          {"256K", 256ull << 10}, {"256k", 256ull << 10},
+        {"2M", 2ull << 20}, {"2MiB", 2ull << 20},    {"2mib", 2ull << 20},   {"2MB", 2ull << 20},
+        {"3G", 3ull << 30}, {"1T", 1ull << 40},      {"16777215T", 16777215ull << 40},
+    };
+    static const char *const bad[] = {
+        "1.5M", " 1K", "1 K", "K", "-1K", "1KK", "1Kx", "1iB", "16777216T", "18446744073709551616",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cr_assert_eq(kvr_config_parse_size(ok[i].s, &v), KVR_OK, "%s", ok[i].s);
+        cr_assert_eq(v, ok[i].v, "%s", ok[i].s);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(kvr_config_parse_size(bad[i], &v), KVR_EINVAL, "%s", bad[i]);
+    cr_assert_eq(kvr_config_parse_size(NULL, &v), KVR_EINVAL);
 }
 
 Test(config, sizes_durations_and_addresses)

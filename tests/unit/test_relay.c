@@ -324,6 +324,11 @@ Test(relay_validate, reason_table)
     cr_expect_eq(kvr_relay_reason_grpc(99), KVR_GRPC_INTERNAL);
     cr_expect_eq(kvr_relay_reason_parse("RELAY_ERROR_REASON_NOPE", 23), 0);
     cr_expect_str_eq(KVR_RELAY_REASON_TRAILER, "kv-relay-error-reason");
+    /* Every reason relay.proto defines has a name and a status here (a new one fails). */
+    for (unsigned i = 0; i < dynamo__kvrelay__v1__relay_error_reason__descriptor.n_values; i++) {
+        const ProtobufCEnumValue *v = &dynamo__kvrelay__v1__relay_error_reason__descriptor.values[i];
+        cr_expect_str_eq(kvr_relay_reason_name(v->value), v->name);
+    }
 }
 
 Test(relay_validate, marker_checked_first_on_every_rpc)
