@@ -1,6 +1,7 @@
 /* api.c — see api.h for the design. */
 #include "io/api.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "io/metrics.h"
 #include "wire/json.h"
@@ -10,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <time.h>
 
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
 /* 0 is "any other status"; -1 ends the list. */
@@ -18,13 +18,6 @@ const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 4
                                                       413, 431, 500, 501, 503, 507, 0,   -1};
 const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                           0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
-
-uint64_t kvr_api_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
 {
@@ -918,7 +911,7 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
                   uint64_t bytes_out)
 {
     kvr_stats_block_t *b = a->store->my_stats;
-    uint64_t us = kvr_api_now_us() - start_us;
+    uint64_t us = kvr_clock_us() - start_us;
 
     double secs = (double)us / 1e6;
     unsigned base, k;

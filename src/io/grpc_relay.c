@@ -12,6 +12,8 @@
  */
 #include "io/grpc_int.h"
 
+#include "base/clock.h"
+
 #include "shm/stats.h"
 #include "wire/cbi1.h"
 #include "wire/relay_validate.h"
@@ -188,7 +190,7 @@ static void emit_heartbeat(gstream_t *s)
         return;
     memcpy(s->out + s->out_len, buf, len);
     s->out_len += len;
-    s->last_send_ms = kvr_grpc_now_ms();
+    s->last_send_ms = kvr_clock_ms();
     relay_stat(s->conn->g, KVR_RC_HEARTBEATS, 1);
 }
 
@@ -231,7 +233,7 @@ static void pool_snapshot_chunk(gstream_t *s)
         s->phase = PH_DELTAS;
         s->last_seq = s->snap_seq;
     }
-    s->last_send_ms = kvr_grpc_now_ms();
+    s->last_send_ms = kvr_clock_ms();
 }
 
 /* Published frames from the ring into the stream's output, up to `budget` queued bytes. */
@@ -256,7 +258,7 @@ static void pool_deltas(gstream_t *s, size_t budget)
         }
         s->out_len += (size_t)n;
         s->last_seq = seq;
-        s->last_send_ms = kvr_grpc_now_ms();
+        s->last_send_ms = kvr_clock_ms();
         relay_stat(g, KVR_RC_FRAMES, 1);
         relay_stat(g, KVR_RC_BYTES, (uint64_t)n);
     }
@@ -298,7 +300,7 @@ static void pool_refill(gstream_t *s, size_t budget)
         s->chunk_count = v.chunk_count;
         s->next_chunk = 0;
         s->phase = PH_SNAPSHOT;
-        s->progress_ms = kvr_grpc_now_ms();
+        s->progress_ms = kvr_clock_ms();
     }
     if (s->phase == PH_SNAPSHOT)
         pool_snapshot_chunk(s);
@@ -365,7 +367,7 @@ static void start_periodic(gstream_t *s, const uint8_t *msg, size_t len, int str
         return;
     emit(s);
     s->phase = PH_PERIODIC;
-    s->next_emit_ms = kvr_grpc_now_ms() + interval_ms;
+    s->next_emit_ms = kvr_clock_ms() + interval_ms;
     kvr_grpc_send_headers(s);
     protobuf_c_message_free_unpacked(req, NULL);
 }
@@ -421,7 +423,7 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
         return;
     }
     s->phase = PH_WAIT_ADMIT;
-    s->progress_ms = kvr_grpc_now_ms();
+    s->progress_ms = kvr_clock_ms();
     /* Headers go out once the first chunk is ready (a refusal stays Trailers-Only). */
 }
 

@@ -1,6 +1,7 @@
 /* h1.c — see h1.h for the design. */
 #include "io/h1.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "io/phr.h"
 #include "io/uring.h"
@@ -157,11 +158,6 @@ static void conn_unlink(h1c_t *c);
 static void begin_body(h1c_t *c);
 static void wake_waiters(kvr_h1_t *s);
 
-static uint64_t now_ms(void)
-{
-    return kvr_api_now_us() / 1000;
-}
-
 /* ------------------------------------------------------------------ connections */
 
 /* The wait queue: FIFO, so that the budget a finished PUT frees goes to the oldest waiter. */
@@ -290,7 +286,7 @@ static void peer_detach(h1c_t *c)
         return;
     c->peer = NULL;
     p->conns--;
-    p->last_ms = now_ms();
+    p->last_ms = kvr_clock_ms();
 }
 
 static void peer_sweep(kvr_h1_t *s, uint64_t t)
@@ -354,7 +350,7 @@ static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
             kvr_warn("h1: %s with %llu connections open: closing the longest-idle ones to make room", why,
                      (unsigned long long)s->nconns);
         s->pressure = 1;
-        s->pressure_ms = now_ms();
+        s->pressure_ms = kvr_clock_ms();
         s->reclaimed += k;
     }
     return k;
@@ -459,7 +455,7 @@ static void conn_new(kvr_h1_t *s, int fd)
     c->rop.data = c;
     c->wop.cb = on_write;
     c->wop.data = c;
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     c->state = ST_SNIFF;
     c->next = s->conns;
     if (s->conns != NULL)
@@ -555,7 +551,7 @@ static void respond(h1c_t *c)
     c->resp_sent = 0;
     c->state = ST_SEND;
     c->rate_on = 0;
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     conn_write(c);
 }
 
@@ -566,7 +562,7 @@ static void respond_error_hdr(h1c_t *c, int status, const char *code, const char
     if (!c->in_req) {
         kvr_api_res_reset(&c->res);
         c->in_req = 1;
-        c->start_us = kvr_api_now_us();
+        c->start_us = kvr_clock_us();
     }
     if (c->res.put != KVR_API_PUT_NONE) {
         peer_give(c);
@@ -650,7 +646,7 @@ static void response_done(h1c_t *c)
         c->res.drain = 0;
         c->post_drain = 1;
         c->state = ST_DISCARD;
-        c->last_ms = now_ms();
+        c->last_ms = kvr_clock_ms();
         begin_body(c);
         return;
     }
@@ -661,7 +657,7 @@ static void response_done(h1c_t *c)
          * a moment so that it reads our answer instead of a reset. */
         shutdown(c->fd, SHUT_WR);
         c->state = ST_LINGER;
-        c->last_ms = now_ms();
+        c->last_ms = kvr_clock_ms();
         c->linger_until = c->last_ms + H1_LINGER_MS;
         conn_read(c);
         return;
@@ -678,7 +674,7 @@ static void on_write(kvr_uring_op_t *op, int res)
         conn_close(c);
         return;
     }
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     if (c->state == ST_SEND)
         c->resp_sent += (uint64_t)res;
     if (c->resp_sent > c->out_len)
@@ -850,7 +846,7 @@ static void parse_head(h1c_t *c)
         conn_read(c);
         return;
     }
-    c->start_us = kvr_api_now_us();
+    c->start_us = kvr_clock_us();
     c->in_req = 1;
     kvr_api_res_reset(&c->res);
     memset(&c->rq, 0, sizeof(c->rq));
@@ -915,7 +911,7 @@ static void start_request(h1c_t *c)
         return;
     case KVR_API_PUT_WAIT:
         wait_enter(c);
-        c->last_ms = now_ms();
+        c->last_ms = kvr_clock_ms();
         return;
     case KVR_API_PUT_RESERVED:
         c->state = ST_BODY;
@@ -986,7 +982,7 @@ static void begin_body(h1c_t *c)
 {
     size_t pre = preread(c);
 
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     c->rate_on = 0;
     if (c->state == ST_CHUNKED) {
         /* the preread bytes are taken in conn_read's chunked path; with none, a client that
@@ -1224,7 +1220,7 @@ static void sniffed(h1c_t *c, int n)
     size_t cmp = (size_t)n < H2_PREFACE_LEN ? (size_t)n : H2_PREFACE_LEN;
 
     if (c->head_ms == 0)
-        c->head_ms = now_ms(); /* --header-timeout runs from here */
+        c->head_ms = kvr_clock_ms(); /* --header-timeout runs from here */
     if (kvr_http_tls(c->s->http)) { /* a TLS port serves TLS only: h2o refuses the rest */
         adopt_to_h2o(c);
         return;
@@ -1270,7 +1266,7 @@ static void on_read(kvr_uring_op_t *op, int res)
         sniffed(c, res);
         return;
     }
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     switch (c->state) {
     case ST_HEAD:
         if (c->head_ms == 0)
@@ -1311,7 +1307,7 @@ static void conn_next(h1c_t *c)
     c->hused = 0;
     c->last_len = 0;
     c->state = ST_HEAD;
-    c->last_ms = now_ms();
+    c->last_ms = kvr_clock_ms();
     c->head_ms = left > 0 ? c->last_ms : 0;
     if (c->s->draining) {
         conn_close(c);
@@ -1344,7 +1340,7 @@ static void arm_accept(kvr_h1_t *s)
             kvr_warn("h1: %llu connections open, none idle (--max-connections %llu): not accepting until one ends",
                      (unsigned long long)held(s), (unsigned long long)s->max_conns);
         s->pressure = 1;
-        s->pressure_ms = now_ms();
+        s->pressure_ms = kvr_clock_ms();
         return;
     }
     if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
@@ -1388,7 +1384,7 @@ static void accept_turn(kvr_h1_t *s, int woken)
     if (s->draining || s->fd_exhausted)
         return;
     to = kvr_seg_accept_yield(s->api->seg, n, H1_ACCEPT_SLACK);
-    if (to < 0 || turn_stalled(s, to, now_ms())) {
+    if (to < 0 || turn_stalled(s, to, kvr_clock_ms())) {
         s->parked = 0;
         arm_accept(s);
     } else if ((!s->parked || woken) && !s->accepting) {
@@ -1436,7 +1432,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
             s->fd_warned = 1;
         }
         s->fd_exhausted = 1;
-        s->accept_paused_until = now_ms() + H1_ACCEPT_PAUSE_MS;
+        s->accept_paused_until = kvr_clock_ms() + H1_ACCEPT_PAUSE_MS;
         reclaim(s, H1_RECLAIM_MAX, strerror(-res));
         return;
     }
@@ -1486,7 +1482,7 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
         free(s);
         return NULL;
     }
-    s->last_tick_ms = now_ms();
+    s->last_tick_ms = kvr_clock_ms();
     arm_accept(s);
     kvr_uring_flush(&s->ring);
     return s;
@@ -1657,10 +1653,10 @@ void kvr_h1_tick(kvr_h1_t *s)
     uint64_t t;
     h1c_t *c, *next;
 
-    /* first: a connection it opens starts its clock at now_ms(), which must not be later than
+    /* first: a connection it opens starts its clock at kvr_clock_ms(), which must not be later than
      * the t the timeouts below compare against (t - last_ms would wrap and cut it at once) */
     accept_queued(s);
-    t = now_ms();
+    t = kvr_clock_ms();
     if (s->fd_exhausted && !s->accepting && t >= s->accept_paused_until)
         arm_accept(s);
     accept_turn(s, 0);
