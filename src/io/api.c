@@ -365,6 +365,34 @@ static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, 
 
 /* ------------------------------------------------------------------ stats and debug documents */
 
+/* The fields of kvr_store_stats_t a document shows, by name and offset, in its order. */
+typedef struct {
+    const char *name;
+    size_t off;
+} store_field_t;
+
+#define STORE_FIELD(f) {#f, offsetof(kvr_store_stats_t, f)}
+
+static const store_field_t stats_fields[] = {
+    STORE_FIELD(unique_blocks), STORE_FIELD(total_refs), STORE_FIELD(resident_bytes), STORE_FIELD(logical_bytes),
+    STORE_FIELD(dedup_savings_bytes), STORE_FIELD(dedup_hits), STORE_FIELD(get_hits), STORE_FIELD(get_misses),
+    STORE_FIELD(capacity_bytes), STORE_FIELD(evictions), STORE_FIELD(evicted_bytes), STORE_FIELD(put_new),
+    STORE_FIELD(put_conflicts), STORE_FIELD(deletes)};
+
+static const store_field_t check_fields[] = {
+    STORE_FIELD(unique_blocks), STORE_FIELD(total_refs), STORE_FIELD(resident_bytes), STORE_FIELD(logical_bytes),
+    STORE_FIELD(pinned_blocks), STORE_FIELD(zombie_blocks), STORE_FIELD(reserved_blocks)};
+
+static void json_store_fields(kvr_json_t *j, const kvr_store_stats_t *st, const store_field_t *f, size_t n, int first)
+{
+    uint64_t v;
+
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&v, (const char *)st + f[i].off, sizeof(v));
+        api_json_field(j, f[i].name, v, first && i == 0);
+    }
+}
+
 static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
 {
     kvr_json_t j;
@@ -372,20 +400,7 @@ static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
 
     kvr_store_stats(a->store, &s);
     json_begin(&j, res);
-    api_json_field(&j, "unique_blocks", s.unique_blocks, 1);
-    api_json_field(&j, "total_refs", s.total_refs, 0);
-    api_json_field(&j, "resident_bytes", s.resident_bytes, 0);
-    api_json_field(&j, "logical_bytes", s.logical_bytes, 0);
-    api_json_field(&j, "dedup_savings_bytes", s.dedup_savings_bytes, 0);
-    api_json_field(&j, "dedup_hits", s.dedup_hits, 0);
-    api_json_field(&j, "get_hits", s.get_hits, 0);
-    api_json_field(&j, "get_misses", s.get_misses, 0);
-    api_json_field(&j, "capacity_bytes", s.capacity_bytes, 0);
-    api_json_field(&j, "evictions", s.evictions, 0);
-    api_json_field(&j, "evicted_bytes", s.evicted_bytes, 0);
-    api_json_field(&j, "put_new", s.put_new, 0);
-    api_json_field(&j, "put_conflicts", s.put_conflicts, 0);
-    api_json_field(&j, "deletes", s.deletes, 0);
+    json_store_fields(&j, &s, stats_fields, KVR_ARRAY_SIZE(stats_fields), 1);
     api_json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
@@ -400,13 +415,7 @@ static void handle_debug_store(kvr_api_t *a, kvr_api_res_t *res)
     json_begin(&j, res);
     kvr_json_key(&j, "ok", 1);
     kvr_json_raw(&j, ok ? "true" : "false");
-    api_json_field(&j, "unique_blocks", scan.unique_blocks, 0);
-    api_json_field(&j, "total_refs", scan.total_refs, 0);
-    api_json_field(&j, "resident_bytes", scan.resident_bytes, 0);
-    api_json_field(&j, "logical_bytes", scan.logical_bytes, 0);
-    api_json_field(&j, "pinned_blocks", scan.pinned_blocks, 0);
-    api_json_field(&j, "zombie_blocks", scan.zombie_blocks, 0);
-    api_json_field(&j, "reserved_blocks", scan.reserved_blocks, 0);
+    json_store_fields(&j, &scan, check_fields, KVR_ARRAY_SIZE(check_fields), 0);
     kvr_json_raw(&j, "}");
     send_json(res, ok ? 200 : 500, &j);
 }
