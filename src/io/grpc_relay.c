@@ -97,24 +97,35 @@ static void emit_catalog(gstream_t *s)
     kvr_grpc_out_message(s, &up.base);
 }
 
+/* Sends a load window: KvPoolLoadUpdate and ServingLoadUpdate have the same header and pool
+ * fields, set alike here (a macro: they are two message types); pools_[0] is the pool, or
+ * NULL before the first generation. */
+#define SEND_WINDOW(up, s, rel, pools_)                         \
+    do {                                                        \
+        (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION;     \
+        (up).relay = (rel);                                     \
+        (up).window_sequence = (s)->window_seq++;               \
+        (up).observed_ms = kvr_relay_wall_us() / 1000;          \
+        (up).window_ms = (s)->conn->g->cfg->load_window_ms;     \
+        (up).contract_marker = KVR_RELAY_CONTRACT_MARKER;       \
+        (up).n_pools = (pools_)[0] != NULL;                     \
+        (up).pools = (pools_);                                  \
+        kvr_grpc_out_message((s), &(up).base);                  \
+        relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1);       \
+    } while (0)
+
 static void emit_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1];
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1] = {NULL};
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     kvr_relay_ident_t id;
     kvr_store_stats_t st;
     kvr_seg_status_t ss;
 
     relay_identity(g, &rel);
-    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
-    up.relay = &rel;
-    up.window_sequence = s->window_seq++;
-    up.observed_ms = kvr_relay_wall_us() / 1000;
-    up.window_ms = g->cfg->load_window_ms;
-    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
     if (gen != 0) {
         kvr_store_stats(g->store, &st);
         kvr_relay_ident(g->relay, gen, &id);
@@ -125,11 +136,8 @@ static void emit_load(gstream_t *s)
         e.kv_observed_ranks = 1;
         e.kv_expected_ranks = 1;
         es[0] = &e;
-        up.n_pools = 1;
-        up.pools = es;
     }
-    kvr_grpc_out_message(s, &up.base);
-    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+    SEND_WINDOW(up, s, &rel, es);
 }
 
 static void emit_serving_load(gstream_t *s)
@@ -137,7 +145,7 @@ static void emit_serving_load(gstream_t *s)
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1];
+    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1] = {NULL};
     Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
     Dynamo__Kvrelay__V1__TokenLoadStats tok = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
     Dynamo__Kvrelay__V1__PoolDeploymentStatus dep = DYNAMO__KVRELAY__V1__POOL_DEPLOYMENT_STATUS__INIT;
@@ -145,12 +153,6 @@ static void emit_serving_load(gstream_t *s)
     kvr_relay_ident_t id;
 
     relay_identity(g, &rel);
-    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
-    up.relay = &rel;
-    up.window_sequence = s->window_seq++;
-    up.observed_ms = kvr_relay_wall_us() / 1000;
-    up.window_ms = g->cfg->load_window_ms;
-    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
     if (gen != 0) {
         kvr_relay_ident(g->relay, gen, &id);
         lv.tokens = &tok; /* no gauges: UNAVAILABLE */
@@ -159,11 +161,8 @@ static void emit_serving_load(gstream_t *s)
         p.load = &lv;
         p.deployment = &dep;
         ps[0] = &p;
-        up.n_pools = 1;
-        up.pools = ps;
     }
-    kvr_grpc_out_message(s, &up.base);
-    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+    SEND_WINDOW(up, s, &rel, ps);
 }
 
 static void emit_readiness(gstream_t *s)
@@ -522,41 +521,21 @@ static void relay_done(gstream_t *s)
     }
 }
 
-#define RELAY_PATH(m) "/dynamo.kvrelay.v1.KvEventRelay/" m
+/* One entry of the table: the method's path, its kvr_relay_rpc_t and the handlers beyond the
+ * ones every relay method has. */
+#define RELAY_METHOD(id, name, ...)                                                                  \
+    [KVR_RELAY_RPC_##id] = {.path = "/dynamo.kvrelay.v1.KvEventRelay/" name, .rpc = KVR_RELAY_RPC_##id, \
+                            .done = relay_done, __VA_ARGS__}
 
 /* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_frame.c checks it against wire/). */
 const kvr_grpc_method_t kvr_grpc_relay_methods[] = {
-    [KVR_RELAY_RPC_GET_RELAY_INFO] = {.path = RELAY_PATH("GetRelayInfo"),
-                                      .rpc = KVR_RELAY_RPC_GET_RELAY_INFO,
-                                      .call = call_relay_info,
-                                      .done = relay_done},
-    [KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG] = {.path = RELAY_PATH("WatchKvPoolCatalog"),
-                                             .rpc = KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG,
-                                             .call = call_catalog,
-                                             .tick = tick_catalog,
-                                             .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL] = {.path = RELAY_PATH("SubscribeKvPool"),
-                                         .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL,
-                                         .call = call_pool,
-                                         .tick = tick_pool,
-                                         .refill = pool_refill,
-                                         .wake = wake_pool,
-                                         .cancel = pool_release,
-                                         .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS] = {.path = RELAY_PATH("SubscribeServingReadiness"),
-                                                   .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS,
-                                                   .call = call_readiness,
-                                                   .tick = tick_readiness,
-                                                   .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD] = {.path = RELAY_PATH("SubscribeKvPoolLoad"),
-                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD,
-                                              .call = call_load,
-                                              .tick = tick_load,
-                                              .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD] = {.path = RELAY_PATH("SubscribeServingLoad"),
-                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD,
-                                              .call = call_serving_load,
-                                              .tick = tick_load,
-                                              .done = relay_done},
+    RELAY_METHOD(GET_RELAY_INFO, "GetRelayInfo", .call = call_relay_info),
+    RELAY_METHOD(WATCH_KV_POOL_CATALOG, "WatchKvPoolCatalog", .call = call_catalog, .tick = tick_catalog),
+    RELAY_METHOD(SUBSCRIBE_KV_POOL, "SubscribeKvPool", .call = call_pool, .tick = tick_pool, .refill = pool_refill,
+                 .wake = wake_pool, .cancel = pool_release),
+    RELAY_METHOD(SUBSCRIBE_SERVING_READINESS, "SubscribeServingReadiness", .call = call_readiness,
+                 .tick = tick_readiness),
+    RELAY_METHOD(SUBSCRIBE_KV_POOL_LOAD, "SubscribeKvPoolLoad", .call = call_load, .tick = tick_load),
+    RELAY_METHOD(SUBSCRIBE_SERVING_LOAD, "SubscribeServingLoad", .call = call_serving_load, .tick = tick_load),
 };
 const size_t kvr_grpc_relay_nmethods = KVR_ARRAY_SIZE(kvr_grpc_relay_methods);
