@@ -1,6 +1,7 @@
 /*
  * grpc_relay.c — dynamo.kvrelay.v1.KvEventRelay (docs/relay-contract.md) as a table of RPCs,
- * one entry per method at the end of this file. Every call is validated (§2.5), streams are
+ * one entry per method at the end of this file. Every call is validated (marker, protocol
+ * version, subscriber id: docs/relay-contract.md, "Transport and service"), streams are
  * admitted against --max-streams, then each method answers (GetRelayInfo) or streams:
  *   WatchKvPoolCatalog         the one pool, at once and on every revision change
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
@@ -21,7 +22,7 @@
 #include <stdio.h>
 
 #define DELTA_BATCH_MAX (64u << 10) /* delta bytes taken from the ring per refill, at most */
-#define LOAD_LAG_MAX    (16u * 4096u) /* queued load windows at which a subscriber lags (§1.7) */
+#define LOAD_LAG_MAX    (16u * 4096u) /* queued load-window bytes at which a subscriber lags */
 
 static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
 {
@@ -267,7 +268,8 @@ static void pool_deltas(gstream_t *s, size_t budget)
  * Moves a pool stream forward: admission, snapshot chunks, deltas. Deltas leave the shared
  * ring only as far as `budget` (what HTTP/2 flow control lets us send right now): frames a
  * subscriber has not taken stay in the ring, where the publisher counts them against the
- * 16-frame / 16 MiB bound (§1.7) — a buffer here would hide a slow reader from that count.
+ * 16-frame / 16 MiB bound (docs/relay-contract.md, "A pool stream") — a buffer here would
+ * hide a slow reader from that count.
  * budget 0 only checks the subscription's state.
  */
 static void pool_refill(gstream_t *s, size_t budget)
@@ -309,7 +311,7 @@ static void pool_refill(gstream_t *s, size_t budget)
 
 /* ------------------------------------------------------------------ calls */
 
-/* Validation (§2.5) and, for a stream, its admission permit. 0: the call has ended; else
+/* Validation (docs/relay-contract.md, "Transport and service") and, for a stream, its admission permit. 0: the call has ended; else
  * *req is the decoded request (the caller frees it). */
 static int relay_begin(gstream_t *s, const uint8_t *msg, size_t len, int stream_type, ProtobufCMessage **req)
 {
@@ -496,7 +498,8 @@ static void tick_load(gstream_t *s, uint64_t t)
 
     if (t < s->next_emit_ms)
         return;
-    /* a subscriber that does not drain its windows lags (§1.7) */
+    /* a subscriber that does not drain its windows lags: the stream ends SUBSCRIBER_LAGGED, as a
+     * pool stream does past its bound (docs/relay-contract.md, "A pool stream") */
     if (s->out_len - s->out_off > LOAD_LAG_MAX) {
         relay_stat(g, KVR_RC_LAGGED, 1);
         kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_SUBSCRIBER_LAGGED,

@@ -36,8 +36,9 @@ static int parse_length(const char *p, size_t n, uint64_t *out)
     return 0;
 }
 
-/* One Transfer-Encoding field value, a list of codings (RFC 9110 §5.6.1: empty elements and
- * the whitespace around commas are ignored): counts the chunked ones and the others. */
+/* One Transfer-Encoding field value, a list of codings (RFC 9110 section 5.6.1: empty
+ * elements and the whitespace around commas are ignored): counts the chunked ones and the
+ * others. */
 static void te_codings(const struct phr_header *h, unsigned *chunked, unsigned *other)
 {
     const char *p = h->value, *end = h->value + h->value_len;
@@ -67,9 +68,10 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
     unsigned te_chunked = 0, te_other = 0;
     uint64_t len = 0, l;
 
-    /* RFC 9112 §5.2: obs-fold is refused before any field is read. picohttpparser reports a
-     * continuation line as a field of its own with no name, after the field it continues, so
-     * in one pass "Transfer-Encoding:\r\n chunked" was first seen as an empty coding (501). */
+    /* RFC 9112 section 5.2: obs-fold is refused before any field is read. picohttpparser
+     * reports a continuation line as a field of its own with no name, after the field it
+     * continues, so in one pass "Transfer-Encoding:\r\n chunked" was first seen as an empty
+     * coding (501). */
     for (size_t i = 0; i < nh; i++)
         if (hd[i].name == NULL) {
             kvr_h1_respond_error(c, 400, "InvalidRequest", "obsolete header line folding");
@@ -85,7 +87,7 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
             have_len = 1;
             len = l;
         } else if (hdr_is(h, "transfer-encoding")) {
-            te = 1; /* every field counts: two fields are one list (RFC 9110 §5.3) */
+            te = 1; /* every field counts: two fields are one list (RFC 9110 section 5.3) */
             te_codings(h, &te_chunked, &te_other);
         } else if (hdr_is(h, "connection")) {
             conn_close_hdr |= val_is(h, "close");
@@ -104,16 +106,16 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
             c->rq.seq_hash_len = h->value_len;
         }
     }
-    /* Malformed framing first (400): chunked applied twice (RFC 9112 §7: never more than
-     * once), a Transfer-Encoding that names no coding, or one beside a Content-Length. Then a
-     * coding we cannot decode (501, RFC 9112 §6.1). Every one leaves the body's length
-     * unknown: the answer closes the connection. */
+    /* Malformed framing first (400): chunked applied twice (RFC 9112 section 7: never more
+     * than once), a Transfer-Encoding that names no coding, or one beside a Content-Length.
+     * Then a coding we cannot decode (501, RFC 9112 section 6.1). Every one leaves the body's
+     * length unknown: the answer closes the connection. */
     if (te && (te_chunked > 1 || te_chunked + te_other == 0)) {
         kvr_h1_respond_error(c, 400, "InvalidRequest",
                              te_chunked > 1 ? "chunked applied more than once" : "empty Transfer-Encoding");
         return -1;
     }
-    if (te && have_len) { /* RFC 9112 §6.1: a request smuggling vector; refuse and close */
+    if (te && have_len) { /* RFC 9112 section 6.1: a request smuggling vector; refuse and close */
         kvr_h1_respond_error(c, 400, "InvalidRequest", "Content-Length together with Transfer-Encoding");
         return -1;
     }
