@@ -1,16 +1,19 @@
-/* api.c — see api.h for the design. */
-#include "io/api.h"
+/*
+ * api.c — the request layer's routing, its single-block handlers (/kv/<key>), the stats and
+ * debug documents, probes and authentication, and the accounting of a finished request. The
+ * batch endpoints are in api_batch.c; api.h has the design.
+ */
+#include "io/api_int.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "io/metrics.h"
 #include "wire/json.h"
 #include "wire/keys.h"
 
 #include <openssl/crypto.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <time.h>
 
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
 /* 0 is "any other status"; -1 ends the list. */
@@ -18,13 +21,6 @@ const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 4
                                                       413, 431, 500, 501, 503, 507, 0,   -1};
 const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                           0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
-
-uint64_t kvr_api_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
 {
@@ -69,7 +65,7 @@ void kvr_api_res_reset(kvr_api_res_t *res)
 
 /* ------------------------------------------------------------------ response builders */
 
-static void set_status(kvr_api_res_t *res, int status)
+void kvr_api_set_status(kvr_api_res_t *res, int status)
 {
     static const struct {
         int status;
@@ -109,7 +105,7 @@ static void send_json(kvr_api_res_t *res, int status, kvr_json_t *j)
         res->inline_len = j->len;
     }
     res->length = res->inline_len;
-    set_status(res, status);
+    kvr_api_set_status(res, status);
 }
 
 void kvr_api_error(kvr_api_res_t *res, int status, const char *code, const char *msg)
@@ -134,7 +130,7 @@ static void send_text(kvr_api_res_t *res, int status, const char *body)
     res->length = n;
     res->body = KVR_API_BODY_INLINE;
     res->ctype = "text/plain";
-    set_status(res, status);
+    kvr_api_set_status(res, status);
 }
 
 static void send_405(kvr_api_res_t *res, const char *allow)
@@ -144,10 +140,14 @@ static void send_405(kvr_api_res_t *res, const char *allow)
     res->hdr_value = allow;
 }
 
-static void json_field(kvr_json_t *j, const char *name, uint64_t v, int first)
+/* A body on the heap (freed by kvr_api_done). */
+void kvr_api_send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ctype)
 {
-    kvr_json_key(j, name, first);
-    kvr_json_u64(j, v);
+    res->heap = buf;
+    res->body = KVR_API_BODY_HEAP;
+    res->length = len;
+    res->ctype = ctype;
+    kvr_api_set_status(res, 200);
 }
 
 static void json_begin(kvr_json_t *j, kvr_api_res_t *res)
@@ -180,7 +180,7 @@ static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *ke
     res->body = KVR_API_BODY_BLOCK;
     res->length = res->ref.length;
     res->ctype = "application/octet-stream";
-    set_status(res, 200);
+    kvr_api_set_status(res, 200);
 }
 
 static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
@@ -190,11 +190,11 @@ static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *k
     res->body = KVR_API_BODY_INLINE;
     res->head_only = 1;
     if (!kvr_store_exists(a->store, key, klen, &len)) {
-        set_status(res, 404);
+        kvr_api_set_status(res, 404);
         res->length = 0;
         return;
     }
-    set_status(res, 200);
+    kvr_api_set_status(res, 200);
     res->length = len;
     res->ctype = "application/octet-stream";
 }
@@ -207,7 +207,7 @@ static void put_answer(kvr_api_res_t *res, int created)
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);
     kvr_json_str(&j, res->key, res->klen);
-    json_field(&j, "bytes", res->put_len, 0);
+    api_json_field(&j, "bytes", res->put_len, 0);
     kvr_json_key(&j, "created", 0);
     kvr_json_raw(&j, created ? "true}" : "false}");
     send_json(res, created ? 201 : 200, &j);
@@ -345,7 +345,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);
     kvr_json_str(&j, key, klen);
-    json_field(&j, "refs", left, 0);
+    api_json_field(&j, "refs", left, 0);
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }
@@ -363,7 +363,35 @@ static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, 
     send_json(res, 200, &j);
 }
 
-/* ------------------------------------------------------------------ documents */
+/* ------------------------------------------------------------------ stats and debug documents */
+
+/* The fields of kvr_store_stats_t a document shows, by name and offset, in its order. */
+typedef struct {
+    const char *name;
+    size_t off;
+} store_field_t;
+
+#define STORE_FIELD(f) {#f, offsetof(kvr_store_stats_t, f)}
+
+static const store_field_t stats_fields[] = {
+    STORE_FIELD(unique_blocks), STORE_FIELD(total_refs), STORE_FIELD(resident_bytes), STORE_FIELD(logical_bytes),
+    STORE_FIELD(dedup_savings_bytes), STORE_FIELD(dedup_hits), STORE_FIELD(get_hits), STORE_FIELD(get_misses),
+    STORE_FIELD(capacity_bytes), STORE_FIELD(evictions), STORE_FIELD(evicted_bytes), STORE_FIELD(put_new),
+    STORE_FIELD(put_conflicts), STORE_FIELD(deletes)};
+
+static const store_field_t check_fields[] = {
+    STORE_FIELD(unique_blocks), STORE_FIELD(total_refs), STORE_FIELD(resident_bytes), STORE_FIELD(logical_bytes),
+    STORE_FIELD(pinned_blocks), STORE_FIELD(zombie_blocks), STORE_FIELD(reserved_blocks)};
+
+static void json_store_fields(kvr_json_t *j, const kvr_store_stats_t *st, const store_field_t *f, size_t n, int first)
+{
+    uint64_t v;
+
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&v, (const char *)st + f[i].off, sizeof(v));
+        api_json_field(j, f[i].name, v, first && i == 0);
+    }
+}
 
 static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
 {
@@ -372,21 +400,8 @@ static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
 
     kvr_store_stats(a->store, &s);
     json_begin(&j, res);
-    json_field(&j, "unique_blocks", s.unique_blocks, 1);
-    json_field(&j, "total_refs", s.total_refs, 0);
-    json_field(&j, "resident_bytes", s.resident_bytes, 0);
-    json_field(&j, "logical_bytes", s.logical_bytes, 0);
-    json_field(&j, "dedup_savings_bytes", s.dedup_savings_bytes, 0);
-    json_field(&j, "dedup_hits", s.dedup_hits, 0);
-    json_field(&j, "get_hits", s.get_hits, 0);
-    json_field(&j, "get_misses", s.get_misses, 0);
-    json_field(&j, "capacity_bytes", s.capacity_bytes, 0);
-    json_field(&j, "evictions", s.evictions, 0);
-    json_field(&j, "evicted_bytes", s.evicted_bytes, 0);
-    json_field(&j, "put_new", s.put_new, 0);
-    json_field(&j, "put_conflicts", s.put_conflicts, 0);
-    json_field(&j, "deletes", s.deletes, 0);
-    json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
+    json_store_fields(&j, &s, stats_fields, KVR_ARRAY_SIZE(stats_fields), 1);
+    api_json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }
@@ -400,13 +415,7 @@ static void handle_debug_store(kvr_api_t *a, kvr_api_res_t *res)
     json_begin(&j, res);
     kvr_json_key(&j, "ok", 1);
     kvr_json_raw(&j, ok ? "true" : "false");
-    json_field(&j, "unique_blocks", scan.unique_blocks, 0);
-    json_field(&j, "total_refs", scan.total_refs, 0);
-    json_field(&j, "resident_bytes", scan.resident_bytes, 0);
-    json_field(&j, "logical_bytes", scan.logical_bytes, 0);
-    json_field(&j, "pinned_blocks", scan.pinned_blocks, 0);
-    json_field(&j, "zombie_blocks", scan.zombie_blocks, 0);
-    json_field(&j, "reserved_blocks", scan.reserved_blocks, 0);
+    json_store_fields(&j, &scan, check_fields, KVR_ARRAY_SIZE(check_fields), 0);
     kvr_json_raw(&j, "}");
     send_json(res, ok ? 200 : 500, &j);
 }
@@ -419,30 +428,20 @@ static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
 
     kvr_relay_status(a->seg, &st);
     json_begin(&j, res);
-    json_field(&j, "generation", st.generation, 1);
-    json_field(&j, "published_seq", st.published_seq, 0);
-    json_field(&j, "catalog_revision", st.catalog_revision, 0);
-    json_field(&j, "bucket_count", st.bucket_count, 0);
-    json_field(&j, "seed", st.seed, 0);
-    json_field(&j, "dc_id", st.dc_id, 0);
-    json_field(&j, "incarnation", st.incarnation, 0);
-    json_field(&j, "publisher_pid", st.publisher_pid, 0);
-    json_field(&j, "live_pool_subscribers", st.live_subscribers, 0);
+    api_json_field(&j, "generation", st.generation, 1);
+    api_json_field(&j, "published_seq", st.published_seq, 0);
+    api_json_field(&j, "catalog_revision", st.catalog_revision, 0);
+    api_json_field(&j, "bucket_count", st.bucket_count, 0);
+    api_json_field(&j, "seed", st.seed, 0);
+    api_json_field(&j, "dc_id", st.dc_id, 0);
+    api_json_field(&j, "incarnation", st.incarnation, 0);
+    api_json_field(&j, "publisher_pid", st.publisher_pid, 0);
+    api_json_field(&j, "live_pool_subscribers", st.live_subscribers, 0);
     kvr_store_log_positions(a->store, &head, &tail);
-    json_field(&j, "log_head", head, 0);
-    json_field(&j, "log_tail", tail, 0);
+    api_json_field(&j, "log_head", head, 0);
+    api_json_field(&j, "log_tail", tail, 0);
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
-}
-
-/* A body on the heap (freed by kvr_api_done). */
-static void send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ctype)
-{
-    res->heap = buf;
-    res->body = KVR_API_BODY_HEAP;
-    res->length = len;
-    res->ctype = ctype;
-    set_status(res, 200);
 }
 
 /* The publisher's working filter as bucket_count little-endian u64 words (x86: as stored). */
@@ -458,7 +457,7 @@ static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
     }
     for (uint64_t i = 0; i < buckets; i++)
         kvr_put_le64(copy + i * 8, kvr_relay_filter_word(a->relay, i));
-    send_heap(res, (char *)copy, len, "application/octet-stream");
+    kvr_api_send_heap(res, (char *)copy, len, "application/octet-stream");
 }
 
 static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
@@ -470,8 +469,10 @@ static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
         kvr_api_error(res, 503, "Busy", "out of memory");
         return;
     }
-    send_heap(res, text, len, "text/plain; version=0.0.4; charset=utf-8");
+    kvr_api_send_heap(res, text, len, "text/plain; version=0.0.4; charset=utf-8");
 }
+
+/* ------------------------------------------------------------------ probes and authentication */
 
 /* Ready: not draining, every expected process serving, and none whose heartbeat is late (the
  * supervisor's mark in the segment, so that the answer is the same whichever worker gives it). */
@@ -508,8 +509,8 @@ static int get_or_head(unsigned m)
     return m == KVR_M_GET || m == KVR_M_HEAD;
 }
 
-/* ------------------------------------------------------------------ batches */
-
+/* POST /batch/...: decided from the head; the body is collected and given to kvr_api_batch
+ * (api_batch.c). */
 static void route_batch(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
 {
     if (rq->method != KVR_M_POST) {
@@ -525,243 +526,6 @@ static void route_batch(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *re
         return;
     }
     res->put = KVR_API_BODY_WANTED;
-}
-
-/* Splits the body into keys; on a bad line answers 400 naming it and returns -1. */
-static int batch_keys(kvr_api_res_t *res, const char *body, size_t len, size_t *starts, size_t *lens, size_t *count)
-{
-    char msg[96];
-    size_t n = 0, i = 0;
-
-    while (i < len) {
-        const char *nl = memchr(body + i, '\n', len - i);
-        size_t end = nl != NULL ? (size_t)(nl - body) : len, l = end - i;
-        if (l > 0 && body[end - 1] == '\r')
-            l--;
-        if (n == KVR_API_BATCH_MAX_KEYS) {
-            kvr_api_error(res, 413, "EntityTooLarge", "a batch holds at most 4096 keys");
-            return -1;
-        }
-        if (l == 0) {
-            snprintf(msg, sizeof(msg), "line %zu: empty key", n + 1);
-            kvr_api_error(res, 400, "InvalidRequest", msg);
-            return -1;
-        }
-        starts[n] = i;
-        lens[n] = l;
-        n++;
-        i = end + 1;
-    }
-    *count = n;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ batch GET */
-
-/* The framing (docs/http-contract.md, "Batches"): "KVRB", u32 LE key count, then per key in
- * the request's order a 16-byte record — u8 status (1 found, 0 not), 7 zero bytes, u64 LE
- * length — followed by the block's bytes when found. The records live here; the bytes are
- * the pinned blocks' spans in the segment, never copied. */
-#define MULTI_PRE 8
-#define MULTI_REC 16
-
-struct kvr_api_multi_s {
-    size_t count;
-    uint32_t pins; /* counted in kvr_api_t.batch_pins */
-    uint8_t pre[MULTI_PRE];
-    struct {
-        uint8_t rec[MULTI_REC];
-        int hit;
-        kvr_block_ref_t ref;
-    } k[];
-};
-
-static void multi_release(kvr_api_t *a, kvr_api_res_t *res)
-{
-    struct kvr_api_multi_s *m = res->multi;
-
-    for (size_t i = 0; i < m->count; i++)
-        if (m->k[i].hit)
-            kvr_store_unpin_later(a->store, &m->k[i].ref);
-    a->batch_pins -= m->pins;
-    free(m);
-    res->multi = NULL;
-}
-
-/* A batch GET that cannot be answered: its pins go at once, the error is sent instead. */
-static void multi_fail(kvr_api_t *a, kvr_api_res_t *res, int status, const char *code, const char *msg)
-{
-    multi_release(a, res);
-    kvr_api_error(res, status, code, msg);
-    if (status == 503) {
-        res->hdr_name = "retry-after";
-        res->hdr_value = "1";
-    }
-}
-
-/* The part of [*pos, *pos + len) from off on, as one iovec; advances *pos. */
-static size_t multi_bytes(const uint8_t *p, uint64_t len, uint64_t *pos, uint64_t off, struct iovec *iov)
-{
-    uint64_t start = *pos, skip;
-
-    *pos += len;
-    if (off >= *pos)
-        return 0;
-    skip = off > start ? off - start : 0;
-    iov->iov_base = (void *)(p + skip);
-    iov->iov_len = len - skip;
-    return 1;
-}
-
-/* The spans of the framed body from off on; stops at max (the transport asks again). */
-static size_t multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t off, struct iovec *iov, size_t max)
-{
-    uint64_t pos = 0;
-    size_t n = 0;
-
-    if (max == 0)
-        return 0;
-    n += multi_bytes(m->pre, MULTI_PRE, &pos, off, iov + n);
-    for (size_t i = 0; i < m->count && n < max; i++) {
-        uint64_t start, len = m->k[i].hit ? m->k[i].ref.length : 0;
-        n += multi_bytes(m->k[i].rec, MULTI_REC, &pos, off, iov + n);
-        start = pos;
-        pos += len;
-        if (len == 0 || off >= pos)
-            continue;
-        if (n == max)
-            break;
-        n += kvr_store_ref_iov(a->store, &m->k[i].ref, off > start ? off - start : 0, iov + n, max - n);
-    }
-    return n;
-}
-
-/* Pins every found key and frames the answer; any failure releases them all. */
-static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, const size_t *lens, size_t count,
-                      kvr_api_res_t *res)
-{
-    struct kvr_api_multi_s *m;
-    uint8_t key[KVR_KEY_MAX];
-    uint64_t total = 0;
-    char msg[96];
-
-    if (count > KVR_API_BATCH_GET_MAX_KEYS) {
-        kvr_api_error(res, 413, "EntityTooLarge", "a batch get holds at most 128 keys");
-        return;
-    }
-    if (a->batch_pins + count > KVR_API_BATCH_GET_MAX_PINS) {
-        kvr_api_error(res, 503, "Busy", "too many batch get blocks in flight in this worker; retry");
-        res->hdr_name = "retry-after";
-        res->hdr_value = "1";
-        return;
-    }
-    m = calloc(1, sizeof(*m) + count * sizeof(m->k[0]));
-    if (m == NULL) {
-        kvr_api_error(res, 503, "Busy", "out of memory");
-        return;
-    }
-    res->multi = m;
-    m->count = count;
-    memcpy(m->pre, "KVRB", 4);
-    kvr_put_le32(m->pre + 4, (uint32_t)count);
-    for (size_t i = 0; i < count; i++) {
-        size_t klen = 0;
-        int rc = kvr_key_decode(body + starts[i], lens[i], key, sizeof(key), &klen);
-        if (rc != KVR_KEY_OK) {
-            snprintf(msg, sizeof(msg), "line %zu: %s", i + 1, kvr_key_error(rc));
-            multi_fail(a, res, 400, "InvalidRequest", msg);
-            return;
-        }
-        rc = kvr_store_get(a->store, key, klen, &m->k[i].ref);
-        if (rc == KVR_ENOTFOUND)
-            continue; /* the record stays all zero: not found */
-        if (rc != KVR_OK) {
-            multi_fail(a, res, rc == KVR_EBUSY ? 503 : 500, rc == KVR_EBUSY ? "Busy" : "Internal",
-                       rc == KVR_EBUSY ? "too many blocks in flight in this worker" : "store error");
-            return;
-        }
-        m->k[i].hit = 1;
-        m->pins++;
-        a->batch_pins++;
-        total += m->k[i].ref.length;
-        m->k[i].rec[0] = 1;
-        kvr_put_le64(m->k[i].rec + 8, m->k[i].ref.length);
-        if (total > a->cfg->max_block_size) {
-            multi_fail(a, res, 413, "EntityTooLarge", "a batch get's blocks total more than --max-block-size");
-            return;
-        }
-    }
-    res->body = KVR_API_BODY_BLOCK;
-    res->length = MULTI_PRE + count * MULTI_REC + total;
-    res->ctype = "application/x-kvrelay-batch";
-    set_status(res, 200);
-}
-
-/* ------------------------------------------------------------------ batch answers */
-
-/* exists: {"count":N,"prefix":P,"exists":[...]} — prefix is the number of consecutive hits
- * from the first key, what a prefix-cache lookup wants. delete: {"count":N,"refs":[...]} with
- * the references left, null for a key that was not there. */
-void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size_t len, kvr_api_res_t *res)
-{
-    static size_t starts[KVR_API_BATCH_MAX_KEYS], lens[KVR_API_BATCH_MAX_KEYS];
-    int is_delete = rq->path_len > 7 && memcmp(rq->path + rq->path_len - 7, "/delete", 7) == 0;
-    int is_get = rq->path_len > 4 && memcmp(rq->path + rq->path_len - 4, "/get", 4) == 0;
-    size_t count = 0, prefix = 0, cap;
-    uint8_t key[KVR_KEY_MAX];
-    char *out, msg[96];
-    kvr_json_t j;
-
-    res->put = KVR_API_PUT_NONE;
-    if (batch_keys(res, body, len, starts, lens, &count) < 0)
-        return;
-    if (is_get) {
-        batch_get(a, body, starts, lens, count, res);
-        return;
-    }
-    cap = 64 + count * 12;
-    out = malloc(cap);
-    if (out == NULL) {
-        kvr_api_error(res, 503, "Busy", "out of memory");
-        return;
-    }
-    kvr_json_init(&j, out, cap);
-    kvr_json_raw(&j, "{");
-    json_field(&j, "count", count, 1);
-    kvr_json_raw(&j, is_delete ? ",\"refs\":[" : ",\"exists\":[");
-    for (size_t k = 0; k < count; k++) {
-        size_t klen = 0;
-        int rc = kvr_key_decode(body + starts[k], lens[k], key, sizeof(key), &klen);
-        if (rc != KVR_KEY_OK) {
-            free(out);
-            snprintf(msg, sizeof(msg), "line %zu: %s", k + 1, kvr_key_error(rc));
-            kvr_api_error(res, 400, "InvalidRequest", msg);
-            return;
-        }
-        if (k > 0)
-            kvr_json_raw(&j, ",");
-        if (is_delete) {
-            uint32_t left = 0;
-            if (kvr_store_release(a->store, key, klen, &left) == KVR_OK)
-                kvr_json_u64(&j, left);
-            else
-                kvr_json_raw(&j, "null");
-        } else {
-            int e = kvr_store_exists(a->store, key, klen, NULL);
-            prefix += e && prefix == k;
-            kvr_json_raw(&j, e ? "true" : "false");
-        }
-    }
-    kvr_json_raw(&j, "]");
-    if (!is_delete)
-        json_field(&j, "prefix", prefix, 0);
-    kvr_json_raw(&j, "}");
-    if (j.overflow) {
-        free(out);
-        kvr_api_error(res, 500, "Internal", "response too large");
-        return;
-    }
-    send_heap(res, out, j.len, "application/json");
 }
 
 /* Everything outside /kv/; returns 0 when the path is not one of them. */
@@ -902,7 +666,7 @@ const char *kvr_api_body_bytes(const kvr_api_res_t *res)
 size_t kvr_api_block_iov(kvr_api_t *a, const kvr_api_res_t *res, uint64_t off, struct iovec *iov, size_t max)
 {
     if (res->multi != NULL)
-        return multi_iov(a, res->multi, off, iov, max);
+        return kvr_api_multi_iov(a, res->multi, off, iov, max);
     return kvr_store_ref_iov(a->store, &res->ref, off, iov, max);
 }
 
@@ -918,7 +682,7 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
                   uint64_t bytes_out)
 {
     kvr_stats_block_t *b = a->store->my_stats;
-    uint64_t us = kvr_api_now_us() - start_us;
+    uint64_t us = kvr_clock_us() - start_us;
 
     double secs = (double)us / 1e6;
     unsigned base, k;
@@ -934,7 +698,7 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
         res->pinned = 0;
     }
     if (res->multi != NULL)
-        multi_release(a, res);
+        kvr_api_multi_release(a, res);
     free(res->heap);
     res->heap = NULL;
     kvr_stat_add(b, KVR_ST_HTTP_REQ + method * KVR_HTTP_STATUSES + status_index(res->status), 1);

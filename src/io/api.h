@@ -2,7 +2,7 @@
  * api.h — kvrelay's HTTP request layer, one for every transport.
  *
  * Routing, authentication, key decoding, status codes, JSON errors, the store calls and the
- * request metrics live here once. The transports — the io_uring HTTP/1.1 path (h1.c) and the
+ * request metrics live here once. The transports — the io_uring HTTP/1.1 path (h1*.c) and the
  * h2o paths (http.c: TLS, h2c) — parse their own framing, fill a kvr_api_req_t from the
  * request head, and carry out the kvr_api_res_t they get back. The contract itself is in
  * docs/http-contract.md.
@@ -24,6 +24,7 @@
 #define KVR_IO_API_H
 
 #include "common.h"
+#include "base/clock.h"
 #include "core/config.h"
 #include "core/relay.h"
 #include "core/store.h"
@@ -111,7 +112,7 @@ typedef struct {
     int pinned;
     /* HEAP */
     char *heap;
-    /* BLOCK of a batch GET: several pinned blocks and their framing (api.c, "batch GET") */
+    /* BLOCK of a batch GET: several pinned blocks and their framing (api_batch.c, "batch GET") */
     struct kvr_api_multi_s *multi;
     /* PUT */
     unsigned put;          /* KVR_API_PUT_* */
@@ -167,6 +168,11 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
 /* Resets a response for reuse (keeps nothing). */
 void kvr_api_res_reset(kvr_api_res_t *res);
 
-uint64_t kvr_api_now_us(void);
+/* The same clock as kvr_clock_us (base/clock.h), which the io code calls itself; this name is
+ * kept for tests/fuzz/fuzz_h1.c only. */
+static inline uint64_t kvr_api_now_us(void)
+{
+    return kvr_clock_us();
+}
 
 #endif

@@ -13,7 +13,8 @@
  *   SubscribeServingLoad       the pool with status UNAVAILABLE, one window per interval
  *   grpc.health.v1.Health/Check
  * Errors before the first message are Trailers-Only; every error carries grpc-status,
- * grpc-message and, where a reason applies, the kv-relay-error-reason trailer (§2.6).
+ * grpc-message and, where a reason applies, the kv-relay-error-reason trailer
+ * (docs/relay-contract.md, "Transport and service").
  *
  * The parts (io/grpc_int.h): grpc_conn.c (connections), grpc_relay.c (the relay service, a
  * table of RPCs), grpc_health.c, and the framing in wire/grpc_frame.h.

@@ -1,6 +1,7 @@
 /* grpc_client.c — see grpc_client.h. */
 #include "io/grpc_client.h"
 
+#include "base/clock.h"
 #include "core/config.h"
 
 #include <errno.h>
@@ -14,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MAX_RESPONSE (16u << 20)
@@ -334,8 +334,8 @@ int kvr_gclient_step(kvr_gclient_t *c)
 
 int kvr_gclient_wait(kvr_gclient_t *c, kvr_gcall_t *call, int timeout_ms)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = kvr_clock_ms();
+
     for (;;) {
         struct pollfd pfd = {c->fd, POLLIN, 0};
         long el;
@@ -345,8 +345,7 @@ int kvr_gclient_wait(kvr_gclient_t *c, kvr_gcall_t *call, int timeout_ms)
             return call != NULL && call->done && call->grpc_status >= 0 ? KVR_OK : KVR_ERR;
         if (call != NULL && call->done)
             return KVR_OK;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        el = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+        el = (long)(kvr_clock_ms() - t0);
         if (el >= timeout_ms)
             return KVR_AGAIN;
         poll(&pfd, 1, (int)(timeout_ms - el < 50 ? timeout_ms - el : 50));

@@ -24,11 +24,6 @@
 #define PING_TIMEOUT_MS  10000
 #define GRPC_UNIMPLEMENTED 12
 
-uint64_t kvr_grpc_now_ms(void)
-{
-    return kvr_clock_ms();
-}
-
 static void conn_pump(gconn_t *c);
 static void conn_close(gconn_t *c);
 
@@ -159,7 +154,7 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
             *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
             submit_trailers(s);
         }
-        s->progress_ms = kvr_grpc_now_ms();
+        s->progress_ms = kvr_clock_ms();
         return (ssize_t)n;
     }
     if (s->end_status >= 0) {
@@ -527,7 +522,7 @@ static gconn_t *conn_new(kvr_grpc_t *g, int fd)
     c->rop.data = c;
     c->wop.cb = on_send;
     c->wop.data = c;
-    c->last_ping_ms = kvr_grpc_now_ms();
+    c->last_ping_ms = kvr_clock_ms();
     nghttp2_session_server_new(&c->session, g->cbs, c);
     nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, 2);
     c->next = g->conns.next;
@@ -582,7 +577,7 @@ static void on_uring_event(h2o_socket_t *sock, const char *err)
 static void on_kick_timeout(h2o_timeout_entry_t *entry)
 {
     kvr_grpc_t *g = (kvr_grpc_t *)((char *)entry - offsetof(kvr_grpc_t, kick_entry));
-    g->last_kick_ms = kvr_grpc_now_ms();
+    g->last_kick_ms = kvr_clock_ms();
     kick_streams(g);
     kvr_uring_flush(&g->uring);
 }
@@ -595,7 +590,7 @@ static void on_kick_timeout(h2o_timeout_entry_t *entry)
 static void on_wake(h2o_socket_t *sock, const char *err)
 {
     kvr_grpc_t *g = sock->data;
-    uint64_t v, t = kvr_grpc_now_ms();
+    uint64_t v, t = kvr_clock_ms();
 
     (void)!read(g->wake_fd, &v, sizeof(v));
     if (h2o_timeout_is_linked(&g->kick_entry))
@@ -616,7 +611,7 @@ void kvr_grpc_flush(kvr_grpc_t *g)
 
 void kvr_grpc_tick(kvr_grpc_t *g)
 {
-    uint64_t t = kvr_grpc_now_ms();
+    uint64_t t = kvr_clock_ms();
 
     for (gconn_t *c = g->conns.next, *cn; c != &g->conns; c = cn) {
         cn = c->next;

@@ -123,7 +123,6 @@ struct kvr_grpc_s {
 };
 
 /* What grpc_conn.c offers the services. */
-uint64_t kvr_grpc_now_ms(void);
 /* Room for `add` more bytes of output (KVR_OK or KVR_ERR: out of memory). */
 int kvr_grpc_out_reserve(gstream_t *s, size_t add);
 /* Queues one message with its prefix. */

@@ -1,6 +1,7 @@
 /*
  * grpc_relay.c — dynamo.kvrelay.v1.KvEventRelay (docs/relay-contract.md) as a table of RPCs,
- * one entry per method at the end of this file. Every call is validated (§2.5), streams are
+ * one entry per method at the end of this file. Every call is validated (marker, protocol
+ * version, subscriber id: docs/relay-contract.md, "Transport and service"), streams are
  * admitted against --max-streams, then each method answers (GetRelayInfo) or streams:
  *   WatchKvPoolCatalog         the one pool, at once and on every revision change
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
@@ -12,6 +13,8 @@
  */
 #include "io/grpc_int.h"
 
+#include "base/clock.h"
+
 #include "shm/stats.h"
 #include "wire/cbi1.h"
 #include "wire/relay_validate.h"
@@ -19,7 +22,7 @@
 #include <stdio.h>
 
 #define DELTA_BATCH_MAX (64u << 10) /* delta bytes taken from the ring per refill, at most */
-#define LOAD_LAG_MAX    (16u * 4096u) /* queued load windows at which a subscriber lags (§1.7) */
+#define LOAD_LAG_MAX    (16u * 4096u) /* queued load-window bytes at which a subscriber lags */
 
 static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
 {
@@ -95,24 +98,35 @@ static void emit_catalog(gstream_t *s)
     kvr_grpc_out_message(s, &up.base);
 }
 
+/* Sends a load window: KvPoolLoadUpdate and ServingLoadUpdate have the same header and pool
+ * fields, set alike here (a macro: they are two message types); pools_[0] is the pool, or
+ * NULL before the first generation. */
+#define SEND_WINDOW(up, s, rel, pools_)                         \
+    do {                                                        \
+        (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION;     \
+        (up).relay = (rel);                                     \
+        (up).window_sequence = (s)->window_seq++;               \
+        (up).observed_ms = kvr_relay_wall_us() / 1000;          \
+        (up).window_ms = (s)->conn->g->cfg->load_window_ms;     \
+        (up).contract_marker = KVR_RELAY_CONTRACT_MARKER;       \
+        (up).n_pools = (pools_)[0] != NULL;                     \
+        (up).pools = (pools_);                                  \
+        kvr_grpc_out_message((s), &(up).base);                  \
+        relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1);       \
+    } while (0)
+
 static void emit_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1];
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1] = {NULL};
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     kvr_relay_ident_t id;
     kvr_store_stats_t st;
     kvr_seg_status_t ss;
 
     relay_identity(g, &rel);
-    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
-    up.relay = &rel;
-    up.window_sequence = s->window_seq++;
-    up.observed_ms = kvr_relay_wall_us() / 1000;
-    up.window_ms = g->cfg->load_window_ms;
-    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
     if (gen != 0) {
         kvr_store_stats(g->store, &st);
         kvr_relay_ident(g->relay, gen, &id);
@@ -123,11 +137,8 @@ static void emit_load(gstream_t *s)
         e.kv_observed_ranks = 1;
         e.kv_expected_ranks = 1;
         es[0] = &e;
-        up.n_pools = 1;
-        up.pools = es;
     }
-    kvr_grpc_out_message(s, &up.base);
-    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+    SEND_WINDOW(up, s, &rel, es);
 }
 
 static void emit_serving_load(gstream_t *s)
@@ -135,7 +146,7 @@ static void emit_serving_load(gstream_t *s)
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1];
+    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1] = {NULL};
     Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
     Dynamo__Kvrelay__V1__TokenLoadStats tok = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
     Dynamo__Kvrelay__V1__PoolDeploymentStatus dep = DYNAMO__KVRELAY__V1__POOL_DEPLOYMENT_STATUS__INIT;
@@ -143,12 +154,6 @@ static void emit_serving_load(gstream_t *s)
     kvr_relay_ident_t id;
 
     relay_identity(g, &rel);
-    up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
-    up.relay = &rel;
-    up.window_sequence = s->window_seq++;
-    up.observed_ms = kvr_relay_wall_us() / 1000;
-    up.window_ms = g->cfg->load_window_ms;
-    up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
     if (gen != 0) {
         kvr_relay_ident(g->relay, gen, &id);
         lv.tokens = &tok; /* no gauges: UNAVAILABLE */
@@ -157,11 +162,8 @@ static void emit_serving_load(gstream_t *s)
         p.load = &lv;
         p.deployment = &dep;
         ps[0] = &p;
-        up.n_pools = 1;
-        up.pools = ps;
     }
-    kvr_grpc_out_message(s, &up.base);
-    relay_stat(g, KVR_RC_LOAD_WINDOWS, 1);
+    SEND_WINDOW(up, s, &rel, ps);
 }
 
 static void emit_readiness(gstream_t *s)
@@ -188,7 +190,7 @@ static void emit_heartbeat(gstream_t *s)
         return;
     memcpy(s->out + s->out_len, buf, len);
     s->out_len += len;
-    s->last_send_ms = kvr_grpc_now_ms();
+    s->last_send_ms = kvr_clock_ms();
     relay_stat(s->conn->g, KVR_RC_HEARTBEATS, 1);
 }
 
@@ -231,7 +233,7 @@ static void pool_snapshot_chunk(gstream_t *s)
         s->phase = PH_DELTAS;
         s->last_seq = s->snap_seq;
     }
-    s->last_send_ms = kvr_grpc_now_ms();
+    s->last_send_ms = kvr_clock_ms();
 }
 
 /* Published frames from the ring into the stream's output, up to `budget` queued bytes. */
@@ -256,7 +258,7 @@ static void pool_deltas(gstream_t *s, size_t budget)
         }
         s->out_len += (size_t)n;
         s->last_seq = seq;
-        s->last_send_ms = kvr_grpc_now_ms();
+        s->last_send_ms = kvr_clock_ms();
         relay_stat(g, KVR_RC_FRAMES, 1);
         relay_stat(g, KVR_RC_BYTES, (uint64_t)n);
     }
@@ -266,7 +268,8 @@ static void pool_deltas(gstream_t *s, size_t budget)
  * Moves a pool stream forward: admission, snapshot chunks, deltas. Deltas leave the shared
  * ring only as far as `budget` (what HTTP/2 flow control lets us send right now): frames a
  * subscriber has not taken stay in the ring, where the publisher counts them against the
- * 16-frame / 16 MiB bound (§1.7) — a buffer here would hide a slow reader from that count.
+ * 16-frame / 16 MiB bound (docs/relay-contract.md, "A pool stream") — a buffer here would
+ * hide a slow reader from that count.
  * budget 0 only checks the subscription's state.
  */
 static void pool_refill(gstream_t *s, size_t budget)
@@ -298,7 +301,7 @@ static void pool_refill(gstream_t *s, size_t budget)
         s->chunk_count = v.chunk_count;
         s->next_chunk = 0;
         s->phase = PH_SNAPSHOT;
-        s->progress_ms = kvr_grpc_now_ms();
+        s->progress_ms = kvr_clock_ms();
     }
     if (s->phase == PH_SNAPSHOT)
         pool_snapshot_chunk(s);
@@ -308,7 +311,7 @@ static void pool_refill(gstream_t *s, size_t budget)
 
 /* ------------------------------------------------------------------ calls */
 
-/* Validation (§2.5) and, for a stream, its admission permit. 0: the call has ended; else
+/* Validation (docs/relay-contract.md, "Transport and service") and, for a stream, its admission permit. 0: the call has ended; else
  * *req is the decoded request (the caller frees it). */
 static int relay_begin(gstream_t *s, const uint8_t *msg, size_t len, int stream_type, ProtobufCMessage **req)
 {
@@ -365,7 +368,7 @@ static void start_periodic(gstream_t *s, const uint8_t *msg, size_t len, int str
         return;
     emit(s);
     s->phase = PH_PERIODIC;
-    s->next_emit_ms = kvr_grpc_now_ms() + interval_ms;
+    s->next_emit_ms = kvr_clock_ms() + interval_ms;
     kvr_grpc_send_headers(s);
     protobuf_c_message_free_unpacked(req, NULL);
 }
@@ -421,7 +424,7 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
         return;
     }
     s->phase = PH_WAIT_ADMIT;
-    s->progress_ms = kvr_grpc_now_ms();
+    s->progress_ms = kvr_clock_ms();
     /* Headers go out once the first chunk is ready (a refusal stays Trailers-Only). */
 }
 
@@ -495,7 +498,8 @@ static void tick_load(gstream_t *s, uint64_t t)
 
     if (t < s->next_emit_ms)
         return;
-    /* a subscriber that does not drain its windows lags (§1.7) */
+    /* a subscriber that does not drain its windows lags: the stream ends SUBSCRIBER_LAGGED, as a
+     * pool stream does past its bound (docs/relay-contract.md, "A pool stream") */
     if (s->out_len - s->out_off > LOAD_LAG_MAX) {
         relay_stat(g, KVR_RC_LAGGED, 1);
         kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_SUBSCRIBER_LAGGED,
@@ -520,41 +524,21 @@ static void relay_done(gstream_t *s)
     }
 }
 
-#define RELAY_PATH(m) "/dynamo.kvrelay.v1.KvEventRelay/" m
+/* One entry of the table: the method's path, its kvr_relay_rpc_t and the handlers beyond the
+ * ones every relay method has. */
+#define RELAY_METHOD(id, name, ...)                                                                  \
+    [KVR_RELAY_RPC_##id] = {.path = "/dynamo.kvrelay.v1.KvEventRelay/" name, .rpc = KVR_RELAY_RPC_##id, \
+                            .done = relay_done, __VA_ARGS__}
 
 /* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_frame.c checks it against wire/). */
 const kvr_grpc_method_t kvr_grpc_relay_methods[] = {
-    [KVR_RELAY_RPC_GET_RELAY_INFO] = {.path = RELAY_PATH("GetRelayInfo"),
-                                      .rpc = KVR_RELAY_RPC_GET_RELAY_INFO,
-                                      .call = call_relay_info,
-                                      .done = relay_done},
-    [KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG] = {.path = RELAY_PATH("WatchKvPoolCatalog"),
-                                             .rpc = KVR_RELAY_RPC_WATCH_KV_POOL_CATALOG,
-                                             .call = call_catalog,
-                                             .tick = tick_catalog,
-                                             .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL] = {.path = RELAY_PATH("SubscribeKvPool"),
-                                         .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL,
-                                         .call = call_pool,
-                                         .tick = tick_pool,
-                                         .refill = pool_refill,
-                                         .wake = wake_pool,
-                                         .cancel = pool_release,
-                                         .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS] = {.path = RELAY_PATH("SubscribeServingReadiness"),
-                                                   .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_READINESS,
-                                                   .call = call_readiness,
-                                                   .tick = tick_readiness,
-                                                   .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD] = {.path = RELAY_PATH("SubscribeKvPoolLoad"),
-                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_KV_POOL_LOAD,
-                                              .call = call_load,
-                                              .tick = tick_load,
-                                              .done = relay_done},
-    [KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD] = {.path = RELAY_PATH("SubscribeServingLoad"),
-                                              .rpc = KVR_RELAY_RPC_SUBSCRIBE_SERVING_LOAD,
-                                              .call = call_serving_load,
-                                              .tick = tick_load,
-                                              .done = relay_done},
+    RELAY_METHOD(GET_RELAY_INFO, "GetRelayInfo", .call = call_relay_info),
+    RELAY_METHOD(WATCH_KV_POOL_CATALOG, "WatchKvPoolCatalog", .call = call_catalog, .tick = tick_catalog),
+    RELAY_METHOD(SUBSCRIBE_KV_POOL, "SubscribeKvPool", .call = call_pool, .tick = tick_pool, .refill = pool_refill,
+                 .wake = wake_pool, .cancel = pool_release),
+    RELAY_METHOD(SUBSCRIBE_SERVING_READINESS, "SubscribeServingReadiness", .call = call_readiness,
+                 .tick = tick_readiness),
+    RELAY_METHOD(SUBSCRIBE_KV_POOL_LOAD, "SubscribeKvPoolLoad", .call = call_load, .tick = tick_load),
+    RELAY_METHOD(SUBSCRIBE_SERVING_LOAD, "SubscribeServingLoad", .call = call_serving_load, .tick = tick_load),
 };
 const size_t kvr_grpc_relay_nmethods = KVR_ARRAY_SIZE(kvr_grpc_relay_methods);

@@ -40,7 +40,7 @@ typedef struct kvr_h1_s kvr_h1_t;
 
 /* Serves listen_fd, which every worker shares, on a ring of its own whose completions join
  * the h2o loop of http. accept_fds holds every worker's turn eventfd by process slot (ours at
- * api->seg->slot): see accept_turn in h1.c. */
+ * api->seg->slot): see kvr_h1_accept_turn in h1_accept.c. */
 kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
                         const int *accept_fds);
 

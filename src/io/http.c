@@ -2,6 +2,7 @@
 #define H2O_USE_LIBUV 0
 #include "io/http.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 
 #include <dlfcn.h>
@@ -15,7 +16,6 @@
 #include <openssl/ssl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #define IOV_BATCH    64  /* arena spans handed to h2o per send */
 #define KVR_HTTP_TURN_US 200000 /* the budget's reading connection keeps its turn while it moves */
@@ -60,11 +60,6 @@ struct kvr_http_s {
     size_t kept_read;    /* kept->sock->bytes_read at the last check */
     uint64_t kept_moved_us;
 };
-
-static uint64_t now_ms(void)
-{
-    return kvr_api_now_us() / 1000;
-}
 
 /* ------------------------------------------------------------------ per-request record */
 
@@ -167,7 +162,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     kvr_api_res_reset(&r->res);
     r->http = h;
     r->req = req;
-    r->start_us = kvr_api_now_us();
+    r->start_us = kvr_clock_us();
     r->method = kvr_api_method(req->method.base, req->method.len);
     r->conn = sock != NULL && sock->on_close.data != NULL ? sock->on_close.data : NULL;
     if (r->conn != NULL)
@@ -234,7 +229,7 @@ int kvr_http_adopt(kvr_http_t *h, int fd)
     }
     c->sock = sock;
     c->http = h;
-    c->last_progress_ms = now_ms();
+    c->last_progress_ms = kvr_clock_ms();
     c->next = h->conns.next;
     c->prev = &h->conns;
     h->conns.next->prev = c;
@@ -261,7 +256,7 @@ static void conn_cut(conn_t *c)
  */
 static void sweep(kvr_http_t *h)
 {
-    uint64_t t = now_ms();
+    uint64_t t = kvr_clock_ms();
 
     for (conn_t *c = h->conns.next, *next; c != &h->conns; c = next) {
         next = c->next;
@@ -477,7 +472,7 @@ kvr_http_t *kvr_http_create(const kvr_config_t *cfg, kvr_api_t *api)
             goto fail;
         h->accept_ctx.ssl_ctx = h->ssl;
     }
-    h->last_sweep_ms = now_ms();
+    h->last_sweep_ms = kvr_clock_ms();
     return h;
 
 fail:
@@ -523,13 +518,13 @@ void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms)
     /* -1 on EINTR (signals, io_uring task work): the caller's loop decides what to do. */
     (void)h2o_evloop_run(h->loop, max_wait_ms);
     if (h->nconns > 0 || h->over_budget) {
-        uint64_t us = kvr_api_now_us();
+        uint64_t us = kvr_clock_us();
         if (us - h->last_budget_us >= 5000) {
             h->last_budget_us = us;
             budget(h);
         }
     }
-    t = now_ms();
+    t = kvr_clock_ms();
     if (t - h->last_sweep_ms >= 250) {
         h->last_sweep_ms = t;
         sweep(h);

@@ -1,0 +1,251 @@
+/*
+ * api_batch.c — the batch endpoints (docs/http-contract.md, "Batches"): POST /batch/exists,
+ * /batch/delete and /batch/get, one key per line of a body of at most 1 MiB. routing in api.c
+ * decides a batch from its head; the transport collects the body and calls kvr_api_batch.
+ */
+#include "io/api_int.h"
+
+#include "wire/json.h"
+#include "wire/keys.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ batch keys */
+
+/* Splits the body into keys; on a bad line answers 400 naming it and returns -1. */
+static int batch_keys(kvr_api_res_t *res, const char *body, size_t len, size_t *starts, size_t *lens, size_t *count)
+{
+    char msg[96];
+    size_t n = 0, i = 0;
+
+    while (i < len) {
+        const char *nl = memchr(body + i, '\n', len - i);
+        size_t end = nl != NULL ? (size_t)(nl - body) : len, l = end - i;
+        if (l > 0 && body[end - 1] == '\r')
+            l--;
+        if (n == KVR_API_BATCH_MAX_KEYS) {
+            kvr_api_error(res, 413, "EntityTooLarge", "a batch holds at most 4096 keys");
+            return -1;
+        }
+        if (l == 0) {
+            snprintf(msg, sizeof(msg), "line %zu: empty key", n + 1);
+            kvr_api_error(res, 400, "InvalidRequest", msg);
+            return -1;
+        }
+        starts[n] = i;
+        lens[n] = l;
+        n++;
+        i = end + 1;
+    }
+    *count = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ batch GET */
+
+/* The framing (docs/http-contract.md, "Batches"): "KVRB", u32 LE key count, then per key in
+ * the request's order a 16-byte record — u8 status (1 found, 0 not), 7 zero bytes, u64 LE
+ * length — followed by the block's bytes when found. The records live here; the bytes are
+ * the pinned blocks' spans in the segment, never copied. */
+#define MULTI_PRE 8
+#define MULTI_REC 16
+
+struct kvr_api_multi_s {
+    size_t count;
+    uint32_t pins; /* counted in kvr_api_t.batch_pins */
+    uint8_t pre[MULTI_PRE];
+    struct {
+        uint8_t rec[MULTI_REC];
+        int hit;
+        kvr_block_ref_t ref;
+    } k[];
+};
+
+void kvr_api_multi_release(kvr_api_t *a, kvr_api_res_t *res)
+{
+    struct kvr_api_multi_s *m = res->multi;
+
+    for (size_t i = 0; i < m->count; i++)
+        if (m->k[i].hit)
+            kvr_store_unpin_later(a->store, &m->k[i].ref);
+    a->batch_pins -= m->pins;
+    free(m);
+    res->multi = NULL;
+}
+
+/* A batch GET that cannot be answered: its pins go at once, the error is sent instead. */
+static void multi_fail(kvr_api_t *a, kvr_api_res_t *res, int status, const char *code, const char *msg)
+{
+    kvr_api_multi_release(a, res);
+    kvr_api_error(res, status, code, msg);
+    if (status == 503) {
+        res->hdr_name = "retry-after";
+        res->hdr_value = "1";
+    }
+}
+
+/* The part of [*pos, *pos + len) from off on, as one iovec; advances *pos. */
+static size_t multi_bytes(const uint8_t *p, uint64_t len, uint64_t *pos, uint64_t off, struct iovec *iov)
+{
+    uint64_t start = *pos, skip;
+
+    *pos += len;
+    if (off >= *pos)
+        return 0;
+    skip = off > start ? off - start : 0;
+    iov->iov_base = (void *)(p + skip);
+    iov->iov_len = len - skip;
+    return 1;
+}
+
+/* The spans of the framed body from off on; stops at max (the transport asks again). */
+size_t kvr_api_multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t off, struct iovec *iov, size_t max)
+{
+    uint64_t pos = 0;
+    size_t n = 0;
+
+    if (max == 0)
+        return 0;
+    n += multi_bytes(m->pre, MULTI_PRE, &pos, off, iov + n);
+    for (size_t i = 0; i < m->count && n < max; i++) {
+        uint64_t start, len = m->k[i].hit ? m->k[i].ref.length : 0;
+        n += multi_bytes(m->k[i].rec, MULTI_REC, &pos, off, iov + n);
+        start = pos;
+        pos += len;
+        if (len == 0 || off >= pos)
+            continue;
+        if (n == max)
+            break;
+        n += kvr_store_ref_iov(a->store, &m->k[i].ref, off > start ? off - start : 0, iov + n, max - n);
+    }
+    return n;
+}
+
+/* Pins every found key and frames the answer; any failure releases them all. */
+static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, const size_t *lens, size_t count,
+                      kvr_api_res_t *res)
+{
+    struct kvr_api_multi_s *m;
+    uint8_t key[KVR_KEY_MAX];
+    uint64_t total = 0;
+    char msg[96];
+
+    if (count > KVR_API_BATCH_GET_MAX_KEYS) {
+        kvr_api_error(res, 413, "EntityTooLarge", "a batch get holds at most 128 keys");
+        return;
+    }
+    if (a->batch_pins + count > KVR_API_BATCH_GET_MAX_PINS) {
+        kvr_api_error(res, 503, "Busy", "too many batch get blocks in flight in this worker; retry");
+        res->hdr_name = "retry-after";
+        res->hdr_value = "1";
+        return;
+    }
+    m = calloc(1, sizeof(*m) + count * sizeof(m->k[0]));
+    if (m == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    res->multi = m;
+    m->count = count;
+    memcpy(m->pre, "KVRB", 4);
+    kvr_put_le32(m->pre + 4, (uint32_t)count);
+    for (size_t i = 0; i < count; i++) {
+        size_t klen = 0;
+        int rc = kvr_key_decode(body + starts[i], lens[i], key, sizeof(key), &klen);
+        if (rc != KVR_KEY_OK) {
+            snprintf(msg, sizeof(msg), "line %zu: %s", i + 1, kvr_key_error(rc));
+            multi_fail(a, res, 400, "InvalidRequest", msg);
+            return;
+        }
+        rc = kvr_store_get(a->store, key, klen, &m->k[i].ref);
+        if (rc == KVR_ENOTFOUND)
+            continue; /* the record stays all zero: not found */
+        if (rc != KVR_OK) {
+            multi_fail(a, res, rc == KVR_EBUSY ? 503 : 500, rc == KVR_EBUSY ? "Busy" : "Internal",
+                       rc == KVR_EBUSY ? "too many blocks in flight in this worker" : "store error");
+            return;
+        }
+        m->k[i].hit = 1;
+        m->pins++;
+        a->batch_pins++;
+        total += m->k[i].ref.length;
+        m->k[i].rec[0] = 1;
+        kvr_put_le64(m->k[i].rec + 8, m->k[i].ref.length);
+        if (total > a->cfg->max_block_size) {
+            multi_fail(a, res, 413, "EntityTooLarge", "a batch get's blocks total more than --max-block-size");
+            return;
+        }
+    }
+    res->body = KVR_API_BODY_BLOCK;
+    res->length = MULTI_PRE + count * MULTI_REC + total;
+    res->ctype = "application/x-kvrelay-batch";
+    kvr_api_set_status(res, 200);
+}
+
+/* ------------------------------------------------------------------ batch answers */
+
+/* exists: {"count":N,"prefix":P,"exists":[...]} — prefix is the number of consecutive hits
+ * from the first key, what a prefix-cache lookup wants. delete: {"count":N,"refs":[...]} with
+ * the references left, null for a key that was not there. */
+void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size_t len, kvr_api_res_t *res)
+{
+    static size_t starts[KVR_API_BATCH_MAX_KEYS], lens[KVR_API_BATCH_MAX_KEYS];
+    int is_delete = rq->path_len > 7 && memcmp(rq->path + rq->path_len - 7, "/delete", 7) == 0;
+    int is_get = rq->path_len > 4 && memcmp(rq->path + rq->path_len - 4, "/get", 4) == 0;
+    size_t count = 0, prefix = 0, cap;
+    uint8_t key[KVR_KEY_MAX];
+    char *out, msg[96];
+    kvr_json_t j;
+
+    res->put = KVR_API_PUT_NONE;
+    if (batch_keys(res, body, len, starts, lens, &count) < 0)
+        return;
+    if (is_get) {
+        batch_get(a, body, starts, lens, count, res);
+        return;
+    }
+    cap = 64 + count * 12;
+    out = malloc(cap);
+    if (out == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    kvr_json_init(&j, out, cap);
+    kvr_json_raw(&j, "{");
+    api_json_field(&j, "count", count, 1);
+    kvr_json_raw(&j, is_delete ? ",\"refs\":[" : ",\"exists\":[");
+    for (size_t k = 0; k < count; k++) {
+        size_t klen = 0;
+        int rc = kvr_key_decode(body + starts[k], lens[k], key, sizeof(key), &klen);
+        if (rc != KVR_KEY_OK) {
+            free(out);
+            snprintf(msg, sizeof(msg), "line %zu: %s", k + 1, kvr_key_error(rc));
+            kvr_api_error(res, 400, "InvalidRequest", msg);
+            return;
+        }
+        if (k > 0)
+            kvr_json_raw(&j, ",");
+        if (is_delete) {
+            uint32_t left = 0;
+            if (kvr_store_release(a->store, key, klen, &left) == KVR_OK)
+                kvr_json_u64(&j, left);
+            else
+                kvr_json_raw(&j, "null");
+        } else {
+            int e = kvr_store_exists(a->store, key, klen, NULL);
+            prefix += e && prefix == k;
+            kvr_json_raw(&j, e ? "true" : "false");
+        }
+    }
+    kvr_json_raw(&j, "]");
+    if (!is_delete)
+        api_json_field(&j, "prefix", prefix, 0);
+    kvr_json_raw(&j, "}");
+    if (j.overflow) {
+        free(out);
+        kvr_api_error(res, 500, "Internal", "response too large");
+        return;
+    }
+    kvr_api_send_heap(res, out, j.len, "application/json");
+}

@@ -1,0 +1,30 @@
+/*
+ * api_int.h — what api.c (routing, single-block handlers, accounting) and api_batch.c (the
+ * batch endpoints) share; nothing else includes it (api.h is the request layer's API).
+ */
+#ifndef KVR_IO_API_INT_H
+#define KVR_IO_API_INT_H
+
+#include "io/api.h"
+
+#include "wire/json.h"
+
+/* Sets the status and its reason phrase. */
+void kvr_api_set_status(kvr_api_res_t *res, int status);
+
+/* A 200 with a body on the heap, buf, which kvr_api_done frees. */
+void kvr_api_send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ctype);
+
+/* A batch GET's answer (api_batch.c): the spans of its framed body from off on, at most max;
+ * and the release of its pins, once it is sent or abandoned. */
+size_t kvr_api_multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t off, struct iovec *iov, size_t max);
+void kvr_api_multi_release(kvr_api_t *a, kvr_api_res_t *res);
+
+/* "name":v, after a comma unless first. */
+static inline void api_json_field(kvr_json_t *j, const char *name, uint64_t v, int first)
+{
+    kvr_json_key(j, name, first);
+    kvr_json_u64(j, v);
+}
+
+#endif
