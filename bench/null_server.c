@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include "../tools/kvrelay-bench/block.h"
+#include "core/config.h"
 
 #define HEAD_CAP    (16u << 10)
 #define SCRATCH_CAP (256u << 10)
@@ -106,21 +107,11 @@ static void on_stop(int sig)
 
 /* ---------------------------------------------------------------- options */
 
+/* The server's own size parser (core/config.h), capped at 16 GiB for this tool. */
 static int parse_size(const char *s, uint64_t *out)
 {
-    char *end;
-    unsigned long long v;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return -1;
-    switch (*end) {
-    case 'K': case 'k': v <<= 10; end++; break;
-    case 'M': case 'm': v <<= 20; end++; break;
-    case 'G': case 'g': v <<= 30; end++; break;
-    default: break;
-    }
-    if (*end || v > (16ull << 30))
+    uint64_t v;
+    if (kvr_config_parse_size(s, &v) != KVR_OK || v > (16ull << 30))
         return -1;
     *out = v;
     return 0;

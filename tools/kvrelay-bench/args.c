@@ -5,6 +5,8 @@
 #include "args.h"
 #include "relay.h"
 
+#include "core/config.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
@@ -119,38 +121,10 @@ static int parse_u64(const char *s, uint64_t *out)
     return 0;
 }
 
+/* Sizes are read by the server's own parser (core/config.h), so "64M" means one thing to both. */
 static int parse_size(const char *s, uint64_t *out)
 {
-    char *end;
-    double v;
-    uint64_t mul = 1;
-    if (s == NULL || !isdigit((unsigned char)*s))
-        return -1;
-    v = strtod(s, &end);
-    switch (toupper((unsigned char)*end)) {
-    case 'K':
-        mul = 1ull << 10;
-        end++;
-        break;
-    case 'M':
-        mul = 1ull << 20;
-        end++;
-        break;
-    case 'G':
-        mul = 1ull << 30;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end == 'i' || *end == 'I')
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end || v < 0)
-        return -1;
-    *out = (uint64_t)llround(v * (double)mul);
-    return 0;
+    return s != NULL && kvr_config_parse_size(s, out) == KVR_OK ? 0 : -1;
 }
 
 static int parse_secs(const char *s, double *out)
