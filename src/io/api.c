@@ -15,12 +15,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
-const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
 /* 0 is "any other status"; -1 ends the list. */
-const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 411,
-                                                      413, 431, 500, 501, 503, 507, 0,   -1};
-const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                          0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 
 void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
 {

@@ -28,19 +28,10 @@
 #include "core/config.h"
 #include "core/relay.h"
 #include "core/store.h"
+#include "io/metrics.h"
 #include "shm/stats.h"
 
 #include <sys/uio.h>
-
-/* Metric dimensions: method index order and status list (metrics.c renders them). */
-#define KVR_HTTP_METHODS  5 /* GET PUT HEAD DELETE other */
-#define KVR_HTTP_STATUSES 16
-#define KVR_HTTP_BUCKETS  16
-static_assert(KVR_ST_HTTP_REQ + KVR_HTTP_METHODS * KVR_HTTP_STATUSES <= KVR_ST_HTTP_HIST, "HTTP counters");
-static_assert(KVR_ST_HTTP_HIST + KVR_HTTP_METHODS * (KVR_HTTP_BUCKETS + 2) <= KVR_ST_RELAY, "HTTP histograms");
-extern const char *const kvr_http_method_names[KVR_HTTP_METHODS];
-extern const int kvr_http_status_codes[KVR_HTTP_STATUSES];
-extern const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS];
 
 /* POST is counted as "other" in the metrics (kvr_api_done). */
 enum { KVR_M_GET, KVR_M_PUT, KVR_M_HEAD, KVR_M_DELETE, KVR_M_OTHER, KVR_M_POST };
