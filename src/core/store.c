@@ -52,7 +52,7 @@ static inline void store_unlock(kvr_store_t *st)
 /* Appends to the change log and remembers to wake its consumer after unlocking. Locked. */
 static void log_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
 {
-    if (kvr_log_append_locked(st->log, op, canon, entry, gen) == 1)
+    if (kvr_chlog_append_locked(st->log, op, canon, entry, gen) == 1)
         st->log_wakeup = 1;
 }
 
@@ -99,7 +99,7 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     st.sh->no_evict = no_evict ? 1 : 0;
     kvr_index_format(&st.ix);
     kvr_arena_format(&st.arena);
-    kvr_log_format(st.log, h->log_capacity);
+    kvr_chlog_format(st.log, h->log_capacity);
     pins = st.pins_all;
     for (uint64_t i = 0; i < (uint64_t)KVR_MAX_PROCS * h->pin_slots; i++) {
         pins[i].entry = KVR_NIL;

@@ -70,7 +70,7 @@ struct kvr_store_s {
     kvr_store_sh_t *sh;
     kvr_index_t ix;
     kvr_arena_t arena;
-    kvr_log_sh_t *log;
+    kvr_chlog_sh_t *log;
     kvr_pin_t *pins_all;
     uint32_t pin_slots;
     uint32_t page_size;

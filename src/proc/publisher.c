@@ -560,7 +560,7 @@ static void scan_slots(pub_t *p)
 /* Events queued in the change log; notes when the log was first seen non-empty. */
 static uint64_t log_queued(pub_t *p, uint64_t now)
 {
-    uint64_t queued = kvr_log_count(p->store.log);
+    uint64_t queued = kvr_chlog_count(p->store.log);
 
     if (queued > 0 && p->log_seen_ns == 0)
         p->log_seen_ns = p->unwoken_ns ? p->unwoken_ns : now;
@@ -571,7 +571,7 @@ static uint64_t log_queued(pub_t *p, uint64_t now)
  * of the linger on queued events, a delta's worth queued (at once), a due slot scan, and
  * while busy (the last turn consumed events) one delay from now.
  *
- * A sleep that ends within a delay is timed (kvr_log_set_timed): the workers' appends to the
+ * A sleep that ends within a delay is timed (kvr_chlog_set_timed): the workers' appends to the
  * empty log then write no eventfd, and the events wait for the timer, no longer than a delay
  * since they may have come (unwoken_ns, which log_seen_ns takes). Under a steady load that is
  * one wake-up per delay, each consuming and publishing what came, instead of one for the first
@@ -602,14 +602,14 @@ static void wait_for_work(pub_t *p)
             timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     }
     timed = ns <= p->delay_ns;
-    kvr_log_set_timed(p->store.log, timed);
+    kvr_chlog_set_timed(p->store.log, timed);
     if (timed) {
         if (p->unwoken_ns == 0)
             p->unwoken_ns = now;
     } else {
         uint64_t since = p->unwoken_ns;
         p->unwoken_ns = 0;
-        if (queued == 0 && kvr_log_count(p->store.log) > 0) {
+        if (queued == 0 && kvr_chlog_count(p->store.log) > 0) {
             p->unwoken_ns = since; /* appended while the flag was up: no wake-up is coming for */
             return;                /* it, and it may have come as early as that */
         }
@@ -625,21 +625,21 @@ static void wait_for_work(pub_t *p)
  * --publication-threshold events, whatever the batch the log handed over. Latency counts from
  * log_seen_ns: when we first saw the log non-empty after a wake-up, or, for events that came
  * unannounced during a timed sleep, when that sleep began (before any of them came). */
-static void consume_log(pub_t *p, kvr_log_event_t *ev)
+static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
 {
     size_t n;
 
     p->busy = 0;
-    while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+    while ((n = kvr_chlog_consume(p->store.log, ev, LOG_BATCH)) > 0) {
         p->busy = 1;
         kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
         for (size_t i = 0; i < n; i++) {
             if (p->pending == 0)
                 p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_relay_mono_ns();
-            if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
-                apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
+            if (kvr_chlog_op(&ev[i]) == KVR_EV_INSERT)
+                apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon);
             else
-                apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
+                apply_remove(p, ev[i].entry, kvr_chlog_gen(&ev[i]));
             if (++p->pending >= p->cfg->publication_threshold)
                 publish(p);
         }
@@ -651,10 +651,10 @@ static void consume_log(pub_t *p, kvr_log_event_t *ev)
 
 /* One turn of the main loop. Appends wake us when the log goes from empty to one event while
  * we are not in a timed sleep (wait_for_work), or when it reaches a delta's worth
- * (kvr_log_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
+ * (kvr_chlog_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
  * the log stays non-empty and the workers' appends write no eventfd: one wake-up for every few
  * PUTs instead of one per PUT. */
-static void publisher_turn(pub_t *p, kvr_log_event_t *ev)
+static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
 {
     uint64_t now, queued;
 
@@ -685,7 +685,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
 {
     static pub_t pub;
     pub_t *p = &pub;
-    kvr_log_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
+    kvr_chlog_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
     struct sigaction sa;
     sigset_t none;
 
@@ -726,8 +726,8 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
      * generation's bump (a worker that sent that revision without the pool sends again) */
     atomic_fetch_add(&p->relay.sh->catalog_revision, 1);
 
-    kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
-    kvr_log_set_timed(p->store.log, 0); /* a dead predecessor's flag */
+    kvr_chlog_set_wake_batch(p->store.log, cfg->publication_threshold);
+    kvr_chlog_set_timed(p->store.log, 0); /* a dead predecessor's flag */
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");

@@ -1,7 +1,7 @@
 /* changelog.c — see changelog.h. */
 #include "shm/changelog.h"
 
-void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity)
+void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity)
 {
     atomic_store_explicit(&log->head, 0, memory_order_relaxed);
     atomic_store_explicit(&log->tail, 0, memory_order_relaxed);
@@ -13,11 +13,11 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity)
     atomic_store_explicit(&log->timed, 0, memory_order_relaxed);
 }
 
-int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
+int kvr_chlog_append_locked(kvr_chlog_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
 {
     uint64_t h = atomic_load_explicit(&log->head, memory_order_relaxed);
     uint64_t t = atomic_load_explicit(&log->tail, memory_order_acquire);
-    kvr_log_event_t *e;
+    kvr_chlog_event_t *e;
 
     if (h - t >= log->capacity) {
         atomic_store_explicit(&log->overflow, 1, memory_order_release);
@@ -36,22 +36,22 @@ int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32
     return t == h && !atomic_load_explicit(&log->timed, memory_order_seq_cst) ? 1 : KVR_OK;
 }
 
-void kvr_log_set_timed(kvr_log_sh_t *log, int timed)
+void kvr_chlog_set_timed(kvr_chlog_sh_t *log, int timed)
 {
     atomic_store_explicit(&log->timed, timed ? 1u : 0u, memory_order_seq_cst);
 }
 
-void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n)
+void kvr_chlog_set_wake_batch(kvr_chlog_sh_t *log, uint32_t n)
 {
     atomic_store_explicit(&log->wake_batch, n, memory_order_relaxed);
 }
 
-uint64_t kvr_log_count(kvr_log_sh_t *log)
+uint64_t kvr_chlog_count(kvr_chlog_sh_t *log)
 {
     return atomic_load_explicit(&log->head, memory_order_seq_cst) - atomic_load_explicit(&log->tail, memory_order_relaxed);
 }
 
-size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max)
+size_t kvr_chlog_consume(kvr_chlog_sh_t *log, kvr_chlog_event_t *out, size_t max)
 {
     uint64_t t = atomic_load_explicit(&log->tail, memory_order_relaxed);
     uint64_t h = atomic_load_explicit(&log->head, memory_order_seq_cst);

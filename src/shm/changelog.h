@@ -31,8 +31,8 @@ typedef struct {
     uint64_t canon;
     uint32_t entry;
     uint32_t gen_op; /* gen << 2 | op */
-} kvr_log_event_t;
-static_assert(sizeof(kvr_log_event_t) == 16, "log event layout");
+} kvr_chlog_event_t;
+static_assert(sizeof(kvr_chlog_event_t) == 16, "log event layout");
 
 typedef struct {
     _Atomic uint64_t head; /* producers, under the store lock */
@@ -47,15 +47,15 @@ typedef struct {
     _Atomic uint32_t timed;    /* the consumer: my sleep ends within a --publication-delay */
     uint32_t pad2_;
     uint64_t pad3_[3];
-    kvr_log_event_t ev[];
-} kvr_log_sh_t;
-static_assert(offsetof(kvr_log_sh_t, tail) == 64, "head and tail on separate lines");
-static_assert(sizeof(kvr_log_sh_t) == 192, "log header layout");
+    kvr_chlog_event_t ev[];
+} kvr_chlog_sh_t;
+static_assert(offsetof(kvr_chlog_sh_t, tail) == 64, "head and tail on separate lines");
+static_assert(sizeof(kvr_chlog_sh_t) == 192, "log header layout");
 
-static inline uint32_t kvr_log_op(const kvr_log_event_t *e) { return e->gen_op & 3u; }
-static inline uint32_t kvr_log_gen(const kvr_log_event_t *e) { return e->gen_op >> 2; }
+static inline uint32_t kvr_chlog_op(const kvr_chlog_event_t *e) { return e->gen_op & 3u; }
+static inline uint32_t kvr_chlog_gen(const kvr_chlog_event_t *e) { return e->gen_op >> 2; }
 
-void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
+void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity);
 
 /*
  * Appends one event; on a full ring sets overflow and returns KVR_ENOSPACE. Returns 1 when
@@ -65,25 +65,25 @@ void kvr_log_format(kvr_log_sh_t *log, uint64_t capacity);
  * consistent, as are the consumer's stores of tail and timed and its head load, so an append
  * is either seen by the consumer's last check or reported here as "wake". Store lock held.
  */
-int kvr_log_append_locked(kvr_log_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
+int kvr_chlog_append_locked(kvr_chlog_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
 
 /* The consumer: appends also report "wake" when the ring reaches n events (0: only when it
  * was empty), so a consumer may leave events queued for a while without being woken by each. */
-void kvr_log_set_wake_batch(kvr_log_sh_t *log, uint32_t n);
+void kvr_chlog_set_wake_batch(kvr_chlog_sh_t *log, uint32_t n);
 
 /* The consumer, before it sleeps: timed 1 says the sleep ends within a publication delay, so
  * an append to the empty ring need not wake it (it looks by itself); 0 asks for that wake-up.
- * After lowering it the consumer must check kvr_log_count once more before sleeping: an append
+ * After lowering it the consumer must check kvr_chlog_count once more before sleeping: an append
  * that saw it raised wrote no wake-up, and that check sees the append. */
-void kvr_log_set_timed(kvr_log_sh_t *log, int timed);
+void kvr_chlog_set_timed(kvr_chlog_sh_t *log, int timed);
 
 /* The consumer: events queued now. */
-uint64_t kvr_log_count(kvr_log_sh_t *log);
+uint64_t kvr_chlog_count(kvr_chlog_sh_t *log);
 
 /*
  * Consumer: copies up to max events into out and advances the tail. Returns the count.
  * Only one process may consume.
  */
-size_t kvr_log_consume(kvr_log_sh_t *log, kvr_log_event_t *out, size_t max);
+size_t kvr_chlog_consume(kvr_chlog_sh_t *log, kvr_chlog_event_t *out, size_t max);
 
 #endif

@@ -91,7 +91,7 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     h->off_pins = off;
     off += KVR_ALIGN_UP((uint64_t)KVR_MAX_PROCS * h->pin_slots * sizeof(kvr_pin_t), 64);
     h->off_log = off;
-    off += KVR_ALIGN_UP(sizeof(kvr_log_sh_t) + h->log_capacity * sizeof(kvr_log_event_t), 64);
+    off += KVR_ALIGN_UP(sizeof(kvr_chlog_sh_t) + h->log_capacity * sizeof(kvr_chlog_event_t), 64);
     if (cfg.ckf_buckets != 0) {
         if (cfg.ckf_buckets < 2 || cfg.ckf_buckets > (1u << 24) || (cfg.ckf_buckets & (cfg.ckf_buckets - 1)))
             return KVR_EINVAL;
@@ -156,7 +156,7 @@ uint64_t kvr_seg_struct_sig(void)
         KVR_SEG_LAYOUT_VERSION,        sizeof(kvr_seg_hdr_t),   offsetof(kvr_seg_hdr_t, ctl),
         sizeof(kvr_ctl_sh_t),          sizeof(kvr_proc_sh_t),   sizeof(kvr_store_sh_t),
         sizeof(kvr_entry_t),           sizeof(kvr_page_t),      sizeof(kvr_pin_t),
-        sizeof(kvr_log_sh_t),          sizeof(kvr_log_event_t), sizeof(kvr_relay_sh_t),
+        sizeof(kvr_chlog_sh_t),          sizeof(kvr_chlog_event_t), sizeof(kvr_relay_sh_t),
         sizeof(kvr_stats_block_t),     sizeof(pthread_mutex_t), KVR_MAX_PROCS,
         KVR_KEY_MAX,                   KVR_RELAY_RING_BYTES,    KVR_RELAY_SNAPSHOTS,
     };
