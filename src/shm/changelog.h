@@ -2,8 +2,10 @@
  * changelog.h — the change log: a bounded multi-producer, single-consumer ring of
  * (insert | remove, canonical hash) events, from the store to the publisher.
  *
- * Producers append under the store lock (so the producer side needs no lock of its own);
- * the one consumer (the publisher) reads without any lock. Ordering:
+ * Producers append under the store lock (so the producer side needs no lock of its own; the
+ * append asserts it); the one consumer (the publisher) reads without any lock. The layout
+ * records no consumer: the publisher asserts its own role before it consumes
+ * (proc/publisher.c). The whole protocol is in docs/concurrency.md, "Change log". Ordering:
  *   head  stored by a producer after the event is written (seq_cst, so it also orders
  *         before the producer's load of tail below), loaded by the consumer (seq_cst);
  *   tail  stored by the consumer after it has copied the events (seq_cst), loaded by
@@ -22,6 +24,7 @@
 #define KVR_SHM_CHANGELOG_H
 
 #include "common.h"
+#include "shm/shlock.h"
 
 #include <stdatomic.h>
 
@@ -55,6 +58,7 @@ static_assert(sizeof(kvr_chlog_sh_t) == 192, "log header layout");
 static inline uint32_t kvr_chlog_op(const kvr_chlog_event_t *e) { return e->gen_op & 3u; }
 static inline uint32_t kvr_chlog_gen(const kvr_chlog_event_t *e) { return e->gen_op >> 2; }
 
+/* Formats an empty log: before any other process maps the segment. */
 void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity);
 
 /*
@@ -63,9 +67,11 @@ void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity);
  * it), or when the ring now holds wake_batch events (a consumer that waits wants them now),
  * KVR_OK otherwise. The head store and the loads of tail and timed are sequentially
  * consistent, as are the consumer's stores of tail and timed and its head load, so an append
- * is either seen by the consumer's last check or reported here as "wake". Store lock held.
+ * is either seen by the consumer's last check or reported here as "wake". `lock` is the store
+ * lock, which the caller holds (asserted).
  */
-int kvr_chlog_append_locked(kvr_chlog_sh_t *log, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen);
+int kvr_chlog_append_locked(kvr_chlog_sh_t *log, const kvr_shlock_t *lock, uint32_t op, uint64_t canon,
+                            uint32_t entry, uint32_t gen);
 
 /* The consumer: appends also report "wake" when the ring reaches n events (0: only when it
  * was empty), so a consumer may leave events queued for a while without being woken by each. */

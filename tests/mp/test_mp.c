@@ -238,7 +238,9 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 120)
     replica_drain(&rep_state, &st, max_blocks, &resyncs);
 
     cr_assert_eq(atomic_load(&rep->corrupt), 0, "%s", rep->detail);
-    cr_assert_gt(atomic_load(&rep->verified), 1000, "too few verified reads to mean anything");
+    cr_assert_gt(atomic_load(&rep->verified), 1000, "too few verified reads to mean anything (%llu of %llu ops, %llu kills)",
+                 (unsigned long long)atomic_load(&rep->verified), (unsigned long long)atomic_load(&rep->ops),
+                 (unsigned long long)kills);
     cr_assert_eq(kvr_store_check(&st, &scan), KVR_OK, "structures inconsistent after the run");
     kvr_store_stats(&st, &s);
     cr_assert_eq(s.pinned_blocks, 0, "leaked pins");
