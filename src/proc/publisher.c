@@ -445,7 +445,6 @@ static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
     /* Pairs with the worker's acquire load of published_seq: the frame and its index entry are
      * visible to a worker that sees seq published. */
     kvr_atomic_store_release(&sh->published_seq, seq);
-    kvr_atomic_store_seq_cst(&sh->publish_ns, kvr_relay_mono_ns()); /* read by nobody */
 }
 
 /*
