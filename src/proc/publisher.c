@@ -65,7 +65,7 @@ typedef struct {
     uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;
     int resync;            /* owner counting failed (out of memory): the filter is not exact */
-    /* the main loop (docs/concurrency.md, change log) */
+    /* the main loop (docs/concurrency.md, "Change log") */
     uint64_t delay_ns;     /* --publication-delay */
     uint64_t linger_ns;    /* how long queued events may wait unconsumed */
     uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
@@ -606,7 +606,7 @@ static void new_generation(pub_t *p, const char *why)
     p->seq = 0;
     p->pending = 0;
     p->retry_at_ns = 0;
-    /* The catalog rule (docs/concurrency.md, "Relay status"): generation first, the revision
+    /* The catalog rule (docs/concurrency.md, the relay status row): generation first, the revision
      * after, so a worker that loads the revision and then the generation (emit_catalog) never
      * sends a catalog older than its revision. seq_cst stores and RMW, as ever. */
     kvr_atomic_store_seq_cst(&sh->generation, p->generation);
@@ -657,7 +657,7 @@ static uint64_t log_queued(pub_t *p, uint64_t now)
  * since they may have come (unwoken_ns, which log_seen_ns takes). Under a steady load that is
  * one wake-up per delay, each consuming and publishing what came, instead of one for the first
  * append after every consume plus the timers: on a small VM a wake-up costs 100-150 us of CPU
- * when the cores are busy (docs/concurrency.md, change log). */
+ * when the cores are busy (docs/concurrency.md, "Change log"). */
 static void wait_for_work(pub_t *p)
 {
     struct pollfd pfd = {p->wake_fd, POLLIN, 0};

@@ -27,7 +27,7 @@
  * under the lock; so a walker that keeps the chain from being freed, by a pin on its block or
  * by owning its reservation, may walk it without the lock. kvr_arena_next_span asserts that
  * each run it reads is in use (a free one means that promise was broken); the store asserts
- * the pin or the reservation (docs/concurrency.md, "Arena").
+ * the pin or the reservation (docs/concurrency.md, "Reading a block without the lock").
  */
 #ifndef KVR_SHM_ARENA_H
 #define KVR_SHM_ARENA_H

@@ -12,7 +12,7 @@
  *         producers: with acquire to detect a full ring, then with seq_cst after the head
  *         store to decide whether to wake the consumer. With both sides seq_cst, an append
  *         is either seen by the consumer's last head load or sees the tail that emptied
- *         the ring and reports "wake" (the Dekker pattern; docs/concurrency.md).
+ *         the ring and reports "wake" (the Dekker pattern; docs/concurrency.md, "Change log").
  * head and tail sit on separate cache lines. When the ring is full the event is dropped and
  * the sticky `overflow` flag is set: the consumer must then rebuild from a scan of the
  * index (kvr_store_resync) instead of guessing; nothing is lost silently.

@@ -51,7 +51,8 @@ Test(store, block_max_fits_an_empty_arena_under_any_key)
     fx_close(&f);
 }
 
-/* The §1 example: two PUTs of the same 100-byte block under key "dup". */
+/* Dedup accounting (docs/http-contract.md, "Operations"): two PUTs of the same 100-byte block
+ * under key "dup" store it once with two references. */
 Test(store, dedup_accounting_matches_reference_example)
 {
     fx_t f;
