@@ -401,8 +401,8 @@ static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *txn)
 {
     const kvr_entry_t *e = &st->ix.ent[txn->entry];
 
-    return store_mine(st) && kvr_atomic_load_relaxed(&e->state) == KVR_ENT_RESERVED && (int)KVR_ENT_OWNER(e) == st->slot &&
-           kvr_atomic_load_relaxed(&e->gen) == txn->gen;
+    return store_mine(st) && kvr_atomic_load_relaxed(&e->state) == KVR_ENT_RESERVED &&
+           (int)KVR_ENT_OWNER(e) == st->slot && kvr_atomic_load_relaxed(&e->gen) == txn->gen;
 }
 
 /* ------------------------------------------------------------------ put */

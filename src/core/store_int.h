@@ -63,7 +63,8 @@ static inline void store_unlock(kvr_store_t *st)
 }
 
 /* Appends to the change log and remembers to wake its consumer after unlocking. */
-static inline void chlog_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
+static inline void chlog_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry,
+                                      uint32_t gen)
 {
     if (kvr_chlog_append_locked(st->log, &st->sh->lock, op, canon, entry, gen) == 1)
         st->chlog_wakeup = 1;

@@ -437,8 +437,8 @@ static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
     kvr_atomic_fence_release();
     f->cum_off = off;
     f->len = (uint32_t)len;
-    f->queue_cum = (seq > 1 && kvr_atomic_load_seq_cst(&prev->seq) == seq - 1 ? prev->queue_cum : 0) + payload_len +
-                   KVR_RELAY_FRAME_OVERHEAD;
+    f->queue_cum = (seq > 1 && kvr_atomic_load_seq_cst(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
+                   payload_len + KVR_RELAY_FRAME_OVERHEAD;
     /* Pairs with the worker's acquire load of f->seq: the fields above are visible. */
     kvr_atomic_store_release(&f->seq, seq);
     p->seq = seq;
