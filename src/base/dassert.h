@@ -22,6 +22,10 @@
 
 __attribute__((noreturn, cold)) void kvr_dassert_fail(const char *file, int line, const char *expr);
 
+/* Marks a helper that exists for assertions: a release build references it only inside
+ * sizeof, where compilers (clang) would otherwise call it unneeded. */
+#define KVR_DASSERT_FN __attribute__((unused))
+
 #ifdef KVR_DEBUG_ASSERTS
 #define KVR_DASSERTS_ON 1
 #define KVR_DASSERT(expr)                                                                          \

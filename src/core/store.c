@@ -227,7 +227,7 @@ static int pin_del_locked(kvr_store_t *st, uint32_t entry)
 
 /* How many pins of entry this process's table holds. Its only writer is this process, so
  * it may read the table without the lock (the debug check of a pinned read). */
-static uint32_t pin_count_mine(const kvr_store_t *st, uint32_t entry)
+KVR_DASSERT_FN static uint32_t pin_count_mine(const kvr_store_t *st, uint32_t entry)
 {
     const kvr_pin_t *t = pin_table(st, st->slot);
     uint32_t mask = st->pin_slots - 1, i = pin_hash(entry, mask);
@@ -397,7 +397,7 @@ static size_t block_iov(kvr_store_t *st, const kvr_entry_t *e, uint64_t off, uin
 }
 
 /* The calling process owns txn's reservation: only it writes the chain (see span_walk). */
-static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *txn)
+KVR_DASSERT_FN static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *txn)
 {
     const kvr_entry_t *e = &st->ix.ent[txn->entry];
 

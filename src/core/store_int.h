@@ -16,14 +16,14 @@
 #include <unistd.h>
 
 /* 1 when this process holds the store lock (only tracked in asserting builds: dassert.h). */
-static inline int store_locked(const kvr_store_t *st)
+KVR_DASSERT_FN static inline int store_locked(const kvr_store_t *st)
 {
     return kvr_shlock_held(&st->sh->lock);
 }
 
 /* 1 when st is this process's own handle: its process slot is claimed by this pid, so the pin
  * table and stats block it writes are its own (docs/concurrency.md: one writer each). */
-static inline int store_mine(const kvr_store_t *st)
+KVR_DASSERT_FN static inline int store_mine(const kvr_store_t *st)
 {
     return st->slot >= 0 && st->slot < KVR_MAX_PROCS &&
            kvr_atomic_load_relaxed(&st->seg->procs[st->slot].pid) == (int32_t)getpid();

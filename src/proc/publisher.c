@@ -98,7 +98,7 @@ static void *pub_realloc(void *old, size_t n)
  * records pid and role). pub_owns_relay: besides, it is the publisher the relay state names
  * (publisher_pid, stored at the end of the first new_generation).
  */
-static int pub_is_me(const pub_t *p)
+KVR_DASSERT_FN static int pub_is_me(const pub_t *p)
 {
     const kvr_proc_sh_t *me;
 
@@ -108,7 +108,7 @@ static int pub_is_me(const pub_t *p)
     return me->role == KVR_ROLE_PUBLISHER && kvr_atomic_load_relaxed(&me->pid) == (int32_t)getpid();
 }
 
-static int pub_owns_relay(const pub_t *p)
+KVR_DASSERT_FN static int pub_owns_relay(const pub_t *p)
 {
     return pub_is_me(p) && kvr_atomic_load_relaxed(&p->relay.sh->publisher_pid) == (uint32_t)getpid();
 }

@@ -10,7 +10,7 @@
 #define BIT_CLR(bm, i)  ((bm)[(i) >> 3] &= (uint8_t)~(1u << ((i) & 7)))
 
 /* The store lock is held by this process, or the arena is private (arena.h, "Locking"). */
-static inline int arena_locked(const kvr_arena_t *a)
+KVR_DASSERT_FN static inline int arena_locked(const kvr_arena_t *a)
 {
     return a->lock == NULL || kvr_shlock_held(a->lock);
 }

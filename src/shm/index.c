@@ -16,7 +16,7 @@ static inline uint32_t bucket_of(const kvr_index_t *ix, uint64_t khash)
 }
 
 /* This process holds the store lock. */
-static inline int index_locked(const kvr_index_t *ix)
+KVR_DASSERT_FN static inline int index_locked(const kvr_index_t *ix)
 {
     return kvr_shlock_held(ix->lock);
 }
