@@ -6,8 +6,14 @@ CC      ?= gcc
 OPT     ?= -O2
 BUILD   ?= build
 
+# Debug assertions (src/base/dassert.h: lock-held and owner preconditions) are on in every
+# build made to find bugs, DEBUG=1, ASAN=1 and UBSAN=1, and off in release. DEBUG=1 gets its own
+# build directory like the sanitizers, so that asserting objects never mix with release ones.
+DASSERT :=
 ifeq ($(DEBUG),1)
 OPT      = -O0
+DASSERT  = -DKVR_DEBUG_ASSERTS
+BUILD   := $(BUILD)-debug
 endif
 
 CFLAGS_BASE = -std=gnu11 -g $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
@@ -18,10 +24,12 @@ LDFLAGS_BASE = -pthread -Wl,--export-dynamic-symbol=h2o_socket_read_start
 SAN :=
 ifeq ($(ASAN),1)
 SAN += -fsanitize=address -fno-omit-frame-pointer
+DASSERT = -DKVR_DEBUG_ASSERTS
 BUILD := $(BUILD)-asan
 endif
 ifeq ($(UBSAN),1)
 SAN += -fsanitize=undefined -fno-sanitize-recover=undefined
+DASSERT = -DKVR_DEBUG_ASSERTS
 BUILD := $(BUILD)-ubsan
 endif
 
@@ -35,7 +43,7 @@ $(error pkg-config found none of: $(PKGS); run scripts/install-deps.sh)
 endif
 LIBS    = $(PKG_LIBS) -lm
 # h2o's pkg-config file does not set H2O_USE_LIBUV=0; http.c defines it itself.
-CFLAGS  = $(CFLAGS_BASE) $(SAN) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS  = $(CFLAGS_BASE) $(DASSERT) $(SAN) $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS = $(LDFLAGS_BASE) $(SAN)
 
 # The library: every module under src/ except the program entry points in src/main/.
@@ -170,6 +178,6 @@ check-format:
 	echo "check-format: $(words $(FORMAT_SRCS)) files ok"
 
 clean:
-	rm -rf build build-asan build-ubsan build-asan-ubsan build-fuzz
+	rm -rf build build-debug build-asan build-ubsan build-asan-ubsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,7 +1,16 @@
-/* store.c — see store.h for the semantics and the recovery model. */
+/*
+ * store.c — the store's operations: setup, put, get, exists, release, stats and the
+ * publisher's resync. store.h has the semantics and the recovery model; the crash repair and
+ * the debug check are in store_repair.c, what both share in store_int.h.
+ *
+ * Every function that touches shared state either takes the store lock (store_lock) or says
+ * why it needs none: a GET's bytes are read under the caller's pin, a PUT's bytes are written
+ * into a reservation only its owner writes, and exists() reads under the index's seqlock.
+ */
 #include "core/store.h"
 
 #include "base/log.h"
+#include "core/store_int.h"
 #include "wire/keys.h"
 
 #include <signal.h>
@@ -9,53 +18,12 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i) & 7)))
-
-static void repair_locked(kvr_store_t *st, int dead_slot);
-
 void (*kvr_store_fault_hook)(int point);
 #define FAULT_POINT(p)                                                                             \
     do {                                                                                           \
         if (KVR_UNLIKELY(kvr_store_fault_hook != NULL))                                            \
             kvr_store_fault_hook(p);                                                               \
     } while (0)
-
-/* ------------------------------------------------------------------ locking */
-
-static int store_lock(kvr_store_t *st)
-{
-    int dead = -1;
-    int rc = kvr_shlock_lock(&st->sh->lock, st->slot, &dead);
-
-    if (KVR_LIKELY(rc == KVR_OK))
-        return KVR_OK;
-    if (rc == KVR_SHLOCK_RECOVERED) {
-        st->sh->lock_recoveries++;
-        repair_locked(st, dead);
-        kvr_shlock_consistent(&st->sh->lock);
-        return KVR_OK;
-    }
-    return KVR_ERR;
-}
-
-static inline void store_unlock(kvr_store_t *st)
-{
-    int wake = st->log_wakeup;
-
-    st->log_wakeup = 0;
-    kvr_shlock_unlock(&st->sh->lock);
-    if (wake && st->notify_fd >= 0) {
-        uint64_t one = 1;
-        (void)!write(st->notify_fd, &one, sizeof(one));
-    }
-}
-
-/* Appends to the change log and remembers to wake its consumer after unlocking. Locked. */
-static void log_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry, uint32_t gen)
-{
-    if (kvr_log_append_locked(st->log, op, canon, entry, gen) == 1)
-        st->log_wakeup = 1;
-}
 
 /* ------------------------------------------------------------------ setup */
 
@@ -70,10 +38,12 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->arena.pages = kvr_seg_at(seg, h->off_pages);
     st->arena.data = kvr_seg_at(seg, h->off_arena);
     st->arena.page_shift = h->page_shift;
+    st->arena.lock = &st->sh->lock;
     st->ix.sh = &st->sh->index;
     st->ix.ent = kvr_seg_at(seg, h->off_entries);
     st->ix.buckets = kvr_seg_at(seg, h->off_buckets);
     st->ix.arena = &st->arena;
+    st->ix.lock = &st->sh->lock;
     st->log = kvr_seg_at(seg, h->off_log);
     st->pins_all = kvr_seg_at(seg, h->off_pins);
     st->pin_slots = h->pin_slots;
@@ -100,7 +70,7 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     st.sh->no_evict = no_evict ? 1 : 0;
     kvr_index_format(&st.ix);
     kvr_arena_format(&st.arena);
-    kvr_log_format(st.log, h->log_capacity);
+    kvr_chlog_format(st.log, h->log_capacity);
     pins = st.pins_all;
     for (uint64_t i = 0; i < (uint64_t)KVR_MAX_PROCS * h->pin_slots; i++) {
         pins[i].entry = KVR_NIL;
@@ -133,7 +103,7 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
         kvr_stats_retire(&st.sh->stats[KVR_STATS_RETIRED], &st.sh->stats[s]);
     if (store_lock(&st) != KVR_OK)
         return KVR_ERR;
-    repair_locked(&st, -1);
+    kvr_store_repair_locked(&st, -1);
     store_unlock(&st);
     return KVR_OK;
 }
@@ -166,11 +136,6 @@ uint64_t kvr_store_default_canon(const void *key, size_t klen)
     return kvr_key_canon(key, klen);
 }
 
-static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t len)
-{
-    return (klen + len + st->page_size - 1) >> st->arena.page_shift;
-}
-
 uint64_t kvr_store_block_max(const kvr_store_t *st)
 {
     uint64_t bytes = st->sh->arena.npages << st->arena.page_shift;
@@ -180,11 +145,6 @@ uint64_t kvr_store_block_max(const kvr_store_t *st)
 }
 
 /* ------------------------------------------------------------------ pin tables */
-
-static inline kvr_pin_t *pin_table(const kvr_store_t *st, int slot)
-{
-    return st->pins_all + (uint64_t)slot * st->pin_slots;
-}
 
 static inline uint32_t pin_hash(uint32_t entry, uint32_t mask)
 {
@@ -197,6 +157,7 @@ static int pin_add_locked(kvr_store_t *st, uint32_t entry)
     kvr_pin_t *t = pin_table(st, st->slot);
     uint32_t mask = st->pin_slots - 1, i = pin_hash(entry, mask);
 
+    KVR_DASSERT(store_locked(st) && store_mine(st));
     for (uint32_t n = 0; n < st->pin_slots; n++, i = (i + 1) & mask) {
         if (t[i].entry == entry) {
             t[i].count++;
@@ -219,6 +180,7 @@ static int pin_del_locked(kvr_store_t *st, uint32_t entry)
     kvr_pin_t *t = pin_table(st, st->slot);
     uint32_t mask = st->pin_slots - 1, i = pin_hash(entry, mask), j;
 
+    KVR_DASSERT(store_locked(st) && store_mine(st));
     for (uint32_t n = 0;; n++, i = (i + 1) & mask) {
         if (n >= st->pin_slots || t[i].entry == KVR_NIL)
             return KVR_ENOTFOUND;
@@ -246,12 +208,26 @@ static int pin_del_locked(kvr_store_t *st, uint32_t entry)
     return KVR_OK;
 }
 
+/* How many pins of entry this process's table holds. Its only writer is this process, so
+ * it may read the table without the lock (the debug check of a pinned read). */
+KVR_DASSERT_FN static uint32_t pin_count_mine(const kvr_store_t *st, uint32_t entry)
+{
+    const kvr_pin_t *t = pin_table(st, st->slot);
+    uint32_t mask = st->pin_slots - 1, i = pin_hash(entry, mask);
+
+    for (uint32_t n = 0; n < st->pin_slots && t[i].entry != KVR_NIL; n++, i = (i + 1) & mask)
+        if (t[i].entry == entry)
+            return t[i].count;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ removal and eviction */
 
 static void free_entry_locked(kvr_store_t *st, uint32_t i)
 {
     kvr_entry_t *e = &st->ix.ent[i];
 
+    KVR_DASSERT(store_locked(st));
     if (e->first_page != KVR_NIL)
         kvr_arena_free_locked(&st->arena, e->first_page);
     kvr_index_entry_free_locked(&st->ix, i);
@@ -266,8 +242,10 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     kvr_store_sh_t *sh = st->sh;
     kvr_entry_t *e = &st->ix.ent[i];
 
-    /* DYING is the roll-forward point: a repair completes what follows. */
-    __atomic_store_n(&e->state, KVR_ENT_DYING, __ATOMIC_RELAXED);
+    KVR_DASSERT(store_locked(st));
+    /* DYING is the roll-forward point: a repair completes what follows. Relaxed: the seqlock
+     * readers of kvr_index_lookup_lockfree load it relaxed and validate by seq (index.c). */
+    kvr_atomic_store_relaxed(&e->state, KVR_ENT_DYING);
     kvr_index_unlink_locked(&st->ix, i);
     FAULT_POINT(KVR_FAULT_REMOVE_UNLINKED);
     sh->unique_blocks--;
@@ -275,7 +253,7 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     sh->resident_bytes -= e->length;
     sh->logical_bytes -= e->length * e->refs;
     if (e->meta & KVR_ENT_ANNOUNCED) {
-        log_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
+        chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
         e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
     }
     if (e->pins > 0) {
@@ -297,6 +275,7 @@ static int make_room_locked(kvr_store_t *st, uint64_t pages)
     uint64_t have_pages = sh->arena.free_pages, have_entries = sh->index.nfree;
     uint32_t i;
 
+    KVR_DASSERT(store_locked(st));
     if (have_pages >= pages && have_entries >= 1)
         return KVR_OK;
     if (sh->no_evict || pages > sh->arena.npages)
@@ -327,24 +306,89 @@ static int make_room_locked(kvr_store_t *st, uint64_t pages)
     return KVR_OK;
 }
 
-/* ------------------------------------------------------------------ put */
+/* ------------------------------------------------------------------ a block's bytes */
 
-static void copy_into_chain(kvr_store_t *st, uint32_t head, uint64_t off, const uint8_t *src, uint64_t n)
+/*
+ * The one walk over a block's bytes in its arena chain: `left` bytes from byte `skip` of the
+ * chain (the key comes first, so a payload offset is skipped by key_len + off), handed out
+ * one span (part of a run) at a time. Every reader and writer of block bytes goes through it.
+ *
+ * No lock: the caller owns the chain for the walk's duration, either by a pin (a pinned
+ * block's chain is never freed, split or relinked) or as the owner of a reservation (no other
+ * process touches a RESERVED entry's chain). kvr_arena_next_span asserts the run it reads is
+ * in use; the callers assert the pin or the reservation.
+ */
+typedef struct {
+    uint32_t run;
+    uint64_t skip, left;
+} span_walk_t;
+
+static inline span_walk_t span_walk(const kvr_store_t *st, const kvr_entry_t *e, uint64_t off, uint64_t n)
 {
-    uint32_t run = head;
-    uint64_t skip = off;
-    uint8_t *p;
+    return (span_walk_t){e->first_page, e->key_len + off, n};
+}
+
+/* The next span: 1 with *p and *k (k >= 1), or 0 when the bytes asked for are done. */
+static inline int span_next(const kvr_store_t *st, span_walk_t *w, uint8_t **p, uint64_t *k)
+{
     uint64_t len;
 
-    while (n > 0 && kvr_arena_next_span(&st->arena, &run, &skip, &p, &len)) {
-        uint64_t k = len < n ? len : n;
-        if (k == 0)
-            continue;
-        memcpy(p, src, k);
-        src += k;
-        n -= k;
+    while (w->left > 0 && kvr_arena_next_span(&st->arena, &w->run, &w->skip, p, &len)) {
+        if (len == 0)
+            continue; /* a run wholly inside the skipped key bytes */
+        *k = len < w->left ? len : w->left;
+        w->left -= *k;
+        return 1;
     }
+    return 0;
 }
+
+/* Copies n bytes between buf and a block's payload at off (to_block: into the block).
+ * Returns the bytes not copied: 0 unless the chain is shorter than its entry says. */
+static uint64_t copy_block(kvr_store_t *st, const kvr_entry_t *e, uint64_t off, uint8_t *buf, uint64_t n,
+                           int to_block)
+{
+    span_walk_t w = span_walk(st, e, off, n);
+    uint8_t *p;
+    uint64_t k;
+
+    while (span_next(st, &w, &p, &k)) {
+        if (to_block)
+            memcpy(p, buf, k);
+        else
+            memcpy(buf, p, k);
+        buf += k;
+    }
+    return w.left;
+}
+
+/* Fills iov with the spans of n payload bytes at off; returns the count (<= max). */
+static size_t block_iov(kvr_store_t *st, const kvr_entry_t *e, uint64_t off, uint64_t n, struct iovec *iov,
+                        size_t max)
+{
+    span_walk_t w = span_walk(st, e, off, n);
+    size_t cnt = 0;
+    uint8_t *p;
+    uint64_t k;
+
+    while (cnt < max && span_next(st, &w, &p, &k)) {
+        iov[cnt].iov_base = p;
+        iov[cnt].iov_len = k;
+        cnt++;
+    }
+    return cnt;
+}
+
+/* The calling process owns txn's reservation: only it writes the chain (see span_walk). */
+KVR_DASSERT_FN static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *txn)
+{
+    const kvr_entry_t *e = &st->ix.ent[txn->entry];
+
+    return store_mine(st) && kvr_atomic_load_relaxed(&e->state) == KVR_ENT_RESERVED &&
+           (int)KVR_ENT_OWNER(e) == st->slot && kvr_atomic_load_relaxed(&e->gen) == txn->gen;
+}
+
+/* ------------------------------------------------------------------ put */
 
 int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t len, uint64_t canon,
                         kvr_put_txn_t *txn)
@@ -355,6 +399,7 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
     kvr_entry_t *e;
     int rc;
 
+    KVR_DASSERT(store_mine(st));
     if (!kvr_store_key_valid(key, klen))
         return KVR_EINVAL;
     khash = XXH3_64bits(key, klen);
@@ -395,8 +440,11 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
     e->first_page = head;
     e->gen++;
     e->meta = (uint8_t)st->slot;
-    /* State last: a crash before this leaves a FREE entry and unowned pages (reclaimed). */
-    __atomic_store_n(&e->state, KVR_ENT_RESERVED, __ATOMIC_RELEASE);
+    /* State last: a crash before this leaves a FREE entry and unowned pages (reclaimed).
+     * Release pairs with nothing lock-free (a RESERVED entry is on no chain, so no seqlock
+     * reader reaches it); the next locker sees it through the lock, and the repair orders
+     * after the mutex's own release. Kept release so that the state is the last store. */
+    kvr_atomic_store_release(&e->state, KVR_ENT_RESERVED);
     store_unlock(st);
 
     memcpy(kvr_arena_page(&st->arena, head), key, klen);
@@ -409,16 +457,17 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
 
 int kvr_store_put_write(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, const void *src, uint64_t n)
 {
+    KVR_DASSERT(txn_mine(st, txn));
     if (off > txn->length || n > txn->length - off)
         return KVR_EINVAL;
-    copy_into_chain(st, st->ix.ent[txn->entry].first_page, txn->key_len + off, src, n);
+    copy_block(st, &st->ix.ent[txn->entry], off, (uint8_t *)(uintptr_t)src, n, 1);
     return KVR_OK;
 }
 
 size_t kvr_store_txn_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, struct iovec *iov, size_t max)
 {
-    kvr_block_ref_t ref = {txn->entry, txn->gen, txn->length, 0};
-    return kvr_store_ref_iov(st, &ref, off, iov, max);
+    KVR_DASSERT(txn_mine(st, txn));
+    return block_iov(st, &st->ix.ent[txn->entry], off, off < txn->length ? txn->length - off : 0, iov, max);
 }
 
 int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
@@ -428,6 +477,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     uint32_t other;
     int rc;
 
+    KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return KVR_ERR;
     if (e->state != KVR_ENT_RESERVED || e->gen != txn->gen) {
@@ -461,7 +511,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     sh->total_refs++;
     sh->resident_bytes += e->length;
     sh->logical_bytes += e->length;
-    log_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
+    chlog_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
     e->meta |= KVR_ENT_ANNOUNCED;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
@@ -472,6 +522,7 @@ void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn)
 {
     kvr_entry_t *e = &st->ix.ent[txn->entry];
 
+    KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return;
     if (e->state == KVR_ENT_RESERVED && e->gen == txn->gen)
@@ -498,6 +549,7 @@ static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t
 {
     uint64_t khash;
 
+    KVR_DASSERT(store_mine(st));
     if (!kvr_store_key_valid(key, klen))
         return KVR_EINVAL;
     khash = XXH3_64bits(key, klen);
@@ -539,52 +591,26 @@ int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t
     return KVR_OK;
 }
 
+/* A pinned block's bytes are read without the lock: the pin (asserted) keeps its chain. */
 size_t kvr_store_ref_iov(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, struct iovec *iov, size_t max)
 {
-    const kvr_entry_t *e = &st->ix.ent[ref->entry];
-    uint32_t run = e->first_page;
-    uint64_t skip = e->key_len + off, left = off < ref->length ? ref->length - off : 0;
-    uint8_t *p;
-    uint64_t len;
-    size_t n = 0;
-
-    while (left > 0 && n < max && kvr_arena_next_span(&st->arena, &run, &skip, &p, &len)) {
-        uint64_t k = len < left ? len : left;
-        if (k == 0)
-            continue;
-        iov[n].iov_base = p;
-        iov[n].iov_len = k;
-        n++;
-        left -= k;
-    }
-    return n;
+    KVR_DASSERT(store_mine(st) && pin_count_mine(st, ref->entry) > 0);
+    return block_iov(st, &st->ix.ent[ref->entry], off, off < ref->length ? ref->length - off : 0, iov, max);
 }
 
 int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, void *dst, uint64_t n)
 {
-    const kvr_entry_t *e = &st->ix.ent[ref->entry];
-    uint32_t run = e->first_page;
-    uint64_t skip = e->key_len + off;
-    uint8_t *out = dst, *p;
-    uint64_t len;
-
+    KVR_DASSERT(store_mine(st) && pin_count_mine(st, ref->entry) > 0);
     if (off > ref->length || n > ref->length - off)
         return KVR_EINVAL;
-    while (n > 0 && kvr_arena_next_span(&st->arena, &run, &skip, &p, &len)) {
-        uint64_t k = len < n ? len : n;
-        if (k == 0)
-            continue;
-        memcpy(out, p, k);
-        out += k;
-        n -= k;
-    }
-    return n == 0 ? KVR_OK : KVR_ERR;
+    return copy_block(st, &st->ix.ent[ref->entry], off, dst, n, 0) == 0 ? KVR_OK : KVR_ERR;
 }
 
 static void unpin_locked(kvr_store_t *st, uint32_t entry)
 {
     kvr_entry_t *e = &st->ix.ent[entry];
 
+    KVR_DASSERT(store_locked(st));
     if (pin_del_locked(st, entry) == KVR_OK && e->pins > 0) {
         if (--e->pins == 0) {
             st->sh->pinned_entries--;
@@ -598,6 +624,7 @@ static void unpin_locked(kvr_store_t *st, uint32_t entry)
 
 void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref)
 {
+    KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return;
     unpin_locked(st, ref->entry);
@@ -607,6 +634,7 @@ void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref)
 
 void kvr_store_unpin_flush(kvr_store_t *st)
 {
+    KVR_DASSERT(store_mine(st));
     if (st->unpin_n == 0 || store_lock(st) != KVR_OK)
         return;
     for (unsigned k = 0; k < st->unpin_n; k++)
@@ -633,6 +661,7 @@ int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *le
     uint32_t i;
     int rc;
 
+    KVR_DASSERT(store_mine(st));
     if (!kvr_store_key_valid(key, klen))
         return 0;
     khash = XXH3_64bits(key, klen);
@@ -681,10 +710,12 @@ uint64_t kvr_store_counter(const kvr_store_t *st, unsigned i)
     return kvr_stats_sum(st->sh->stats, KVR_MAX_PROCS + 1, i);
 }
 
+/* Status only (/debug/relay): the two loads need not be one moment, so nothing pairs with
+ * them; seq_cst as they always were. */
 void kvr_store_log_positions(const kvr_store_t *st, uint64_t *head, uint64_t *tail)
 {
-    *head = atomic_load(&st->log->head);
-    *tail = atomic_load(&st->log->tail);
+    *head = kvr_atomic_load_seq_cst(&st->log->head);
+    *tail = kvr_atomic_load_seq_cst(&st->log->tail);
 }
 
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)
@@ -718,222 +749,12 @@ void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)
     o->put_conflicts = kvr_stats_sum(b, n, KVR_ST_PUT_CONFLICT);
     o->put_nospace = kvr_stats_sum(b, n, KVR_ST_PUT_NOSPACE);
     o->deletes = kvr_stats_sum(b, n, KVR_ST_DELETES);
-    o->log_appended = atomic_load_explicit(&st->log->appended, memory_order_relaxed);
-    o->log_dropped = atomic_load_explicit(&st->log->dropped, memory_order_relaxed);
+    /* Counters, relaxed: their producers' relaxed adds (changelog.c) order nothing either. */
+    o->log_appended = kvr_atomic_load_relaxed(&st->log->appended);
+    o->log_dropped = kvr_atomic_load_relaxed(&st->log->dropped);
 }
 
-/* ------------------------------------------------------------------ repair */
-
-typedef struct {
-    kvr_store_t *st;
-} dup_ctx_t;
-
-/* A second LIVE entry with an already-linked key (only after a torn relink): retire it. */
-static void drop_duplicate(void *ctx, uint32_t i)
-{
-    kvr_store_t *st = ((dup_ctx_t *)ctx)->st;
-    kvr_entry_t *e = &st->ix.ent[i];
-
-    if (e->meta & KVR_ENT_ANNOUNCED)
-        log_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
-    e->meta = 0;
-    e->state = KVR_ENT_FREE;
-}
-
-static int proc_alive(const kvr_store_t *st, int slot, int dead_slot)
-{
-    return slot != dead_slot && atomic_load(&st->seg->procs[slot].state) == KVR_PROC_ACTIVE;
-}
-
-/* A writer that died inside a seqlock section left it odd: close it. */
-static void close_seqlock_locked(kvr_store_sh_t *sh)
-{
-    uint64_t seq = atomic_load(&sh->index.seq);
-
-    if (seq & 1)
-        atomic_store(&sh->index.seq, seq + 1);
-}
-
-/* The dead process's pins die with it; they are recounted from the live tables below. */
-static void clear_dead_pins_locked(kvr_store_t *st, int dead_slot)
-{
-    kvr_pin_t *t;
-
-    if (dead_slot < 0 || dead_slot >= KVR_MAX_PROCS)
-        return;
-    t = pin_table(st, dead_slot);
-    for (uint32_t k = 0; k < st->pin_slots; k++) {
-        t[k].entry = KVR_NIL;
-        t[k].count = 0;
-    }
-}
-
-/* Step 1: pins zeroed, unknown states and dead reservations freed, DYING rolled forward. */
-static void settle_entries_locked(kvr_store_t *st, int dead_slot)
-{
-    kvr_entry_t *ent = st->ix.ent;
-
-    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
-        kvr_entry_t *e = &ent[i];
-        e->pins = 0;
-        if (e->state > KVR_ENT_DYING) {
-            e->state = KVR_ENT_FREE;
-        } else if (e->state == KVR_ENT_RESERVED && !proc_alive(st, KVR_ENT_OWNER(e), dead_slot)) {
-            e->state = KVR_ENT_FREE;
-        } else if (e->state == KVR_ENT_DYING) {
-            if (e->meta & KVR_ENT_ANNOUNCED)
-                log_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
-            e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
-            e->state = KVR_ENT_ZOMBIE;
-        }
-    }
-}
-
-/* Step 2: each LIVE or ZOMBIE entry's pins are the sum over the live processes' tables. */
-static void recount_pins_locked(kvr_store_t *st, int dead_slot)
-{
-    kvr_seg_hdr_t *h = st->seg->hdr;
-    kvr_entry_t *ent = st->ix.ent;
-
-    for (int s = 0; s < KVR_MAX_PROCS; s++) {
-        kvr_pin_t *t = pin_table(st, s);
-        if (!proc_alive(st, s, dead_slot))
-            continue;
-        for (uint32_t k = 0; k < st->pin_slots; k++) {
-            uint32_t i = t[k].entry;
-            if (i == KVR_NIL)
-                continue;
-            if (i < h->max_blocks && (ent[i].state == KVR_ENT_LIVE || ent[i].state == KVR_ENT_ZOMBIE))
-                ent[i].pins += t[k].count;
-        }
-    }
-}
-
-/* Step 3: zombies nobody pins are freed; LIVE entries not yet announced are announced. */
-static void free_zombies_announce_live_locked(kvr_store_t *st)
-{
-    kvr_entry_t *ent = st->ix.ent;
-
-    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
-        kvr_entry_t *e = &ent[i];
-        if (e->state == KVR_ENT_ZOMBIE && e->pins == 0)
-            e->state = KVR_ENT_FREE;
-        else if (e->state == KVR_ENT_LIVE && !(e->meta & KVR_ENT_ANNOUNCED)) {
-            log_event_locked(st, KVR_EV_INSERT, e->canon, (uint32_t)i, e->gen);
-            e->meta |= KVR_ENT_ANNOUNCED;
-        }
-    }
-}
-
-/* Step 4, first half: validate chains into the used-page bitmap bm (cleared by the caller);
- * an entry with a broken chain is dropped. */
-static void drop_broken_chains_locked(kvr_store_t *st, uint8_t *bm)
-{
-    kvr_entry_t *ent = st->ix.ent;
-
-    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
-        kvr_entry_t *e = &ent[i];
-        if (e->state == KVR_ENT_FREE)
-            continue;
-        if (e->first_page == KVR_NIL ||
-            !kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm)) {
-            kvr_warn("store repair: entry %llu has a broken chain; dropped", (unsigned long long)i);
-            if (e->state == KVR_ENT_LIVE && (e->meta & KVR_ENT_ANNOUNCED))
-                log_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
-            e->meta = 0;
-            e->state = KVR_ENT_FREE;
-        }
-    }
-}
-
-/* Step 5, first half: claims the surviving chains into bm (cleared by the caller) and
- * recomputes the aggregates from the entries. */
-static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
-{
-    kvr_store_sh_t *sh = st->sh;
-    kvr_entry_t *ent = st->ix.ent;
-
-    sh->unique_blocks = sh->total_refs = sh->resident_bytes = sh->logical_bytes = 0;
-    sh->pinned_entries = sh->zombies = 0;
-    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
-        kvr_entry_t *e = &ent[i];
-        if (e->state == KVR_ENT_FREE)
-            continue;
-        kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm);
-        if (e->pins > 0)
-            sh->pinned_entries++;
-        if (e->state == KVR_ENT_ZOMBIE)
-            sh->zombies++;
-        if (e->state == KVR_ENT_LIVE) {
-            sh->unique_blocks++;
-            sh->total_refs += e->refs;
-            sh->resident_bytes += e->length;
-            sh->logical_bytes += e->length * e->refs;
-        }
-    }
-}
-
-/*
- * Full repair, lock held. Ground truth: each entry's state/fields, each chain in the page
- * map, and the pin tables of live processes. Everything else is rebuilt:
- *  1. reservations of dead processes are dropped; interrupted removals (DYING) roll forward;
- *  2. pins are recounted from live processes' pin tables (the dead one's is cleared);
- *  3. zombies nobody pins are freed; LIVE blocks whose insert event may be missing are
- *     announced again (the consumer de-duplicates by entry and generation);
- *  4. chains, LRU and the free list are rebuilt; chains are validated, invalid ones dropped;
- *  5. the arena's free lists are rebuilt from the used-page bitmap; aggregates recomputed.
- * The steps run in this order, each over the result of the one before.
- */
-static void repair_locked(kvr_store_t *st, int dead_slot)
-{
-    kvr_store_sh_t *sh = st->sh;
-    kvr_seg_hdr_t *h = st->seg->hdr;
-    uint8_t *bm = st->scratch;
-    dup_ctx_t dctx = {st};
-
-    close_seqlock_locked(sh);
-    clear_dead_pins_locked(st, dead_slot);
-    settle_entries_locked(st, dead_slot);
-    recount_pins_locked(st, dead_slot);
-    free_zombies_announce_live_locked(st);
-
-    memset(bm, 0, (h->npages + 7) / 8);
-    drop_broken_chains_locked(st, bm);
-    kvr_index_rebuild_locked(&st->ix, drop_duplicate, &dctx);
-    /* Duplicates were freed after their chains were claimed: claim again from scratch. */
-    memset(bm, 0, (h->npages + 7) / 8);
-    reclaim_and_count_locked(st, bm);
-    kvr_arena_rebuild_locked(&st->arena, bm);
-
-    sh->repairs++;
-    kvr_stat_add(st->my_stats, KVR_ST_REPAIRS, 1);
-    kvr_info("store repair done (dead slot %d): %llu blocks resident, %llu pages free", dead_slot,
-             (unsigned long long)sh->unique_blocks, (unsigned long long)sh->arena.free_pages);
-}
-
-int kvr_store_reap_slot(kvr_store_t *st, int slot)
-{
-    kvr_proc_sh_t *p;
-
-    if (slot < 0 || slot >= KVR_MAX_PROCS || slot == st->slot)
-        return KVR_ENOTFOUND;
-    p = &st->seg->procs[slot];
-    atomic_store(&p->state, KVR_PROC_DEAD);
-    if (store_lock(st) != KVR_OK)
-        return KVR_ERR;
-    repair_locked(st, slot);
-    store_unlock(st);
-    kvr_stats_retire(&st->sh->stats[KVR_STATS_RETIRED], &st->sh->stats[slot]);
-    atomic_store(&p->pid, 0);
-    atomic_store(&p->state, KVR_PROC_FREE);
-    return KVR_OK;
-}
-
-int kvr_store_reap(kvr_store_t *st, pid_t pid)
-{
-    int slot = kvr_seg_proc_find(st->seg, pid);
-    return slot < 0 ? KVR_ENOTFOUND : kvr_store_reap_slot(st, slot);
-}
+/* ------------------------------------------------------------------ the publisher's resync */
 
 void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx)
 {
@@ -944,130 +765,13 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx)
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++)
         if (ent[i].state == KVR_ENT_LIVE)
             cb(ctx, (uint32_t)i, ent[i].gen, ent[i].canon);
-    atomic_store_explicit(&st->log->tail, atomic_load(&st->log->head), memory_order_release);
-    atomic_store_explicit(&st->log->overflow, 0, memory_order_release);
+    /* The consumer's side of the change log, taken under the lock so that no append comes
+     * between the scan and the new tail: every event up to head is in the scan. head is only
+     * stored under the lock we hold (a plain value here); the release store of tail pairs with
+     * the producers' acquire load of tail in kvr_chlog_append_locked (room in the ring). */
+    kvr_atomic_store_release(&st->log->tail, kvr_atomic_load_relaxed(&st->log->head));
+    /* Pairs with the consumer's acquire load of overflow (publisher.c): the tail store
+     * above is visible once overflow reads 0. */
+    kvr_atomic_store_release(&st->log->overflow, 0);
     store_unlock(st);
-}
-
-/* ------------------------------------------------------------------ debug view */
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            kvr_error("store check: " __VA_ARGS__);                                                \
-            rc = KVR_ERR;                                                                          \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-/* Sums the pin tables into pins[] (one count per entry); only active slots may hold pins. */
-static int check_pin_tables_locked(kvr_store_t *st, uint32_t *pins)
-{
-    kvr_seg_hdr_t *h = st->seg->hdr;
-    int rc = KVR_OK;
-
-    for (int s = 0; s < KVR_MAX_PROCS; s++) {
-        kvr_pin_t *t = pin_table(st, s);
-        int alive = atomic_load(&st->seg->procs[s].state) == KVR_PROC_ACTIVE;
-        for (uint32_t k = 0; k < st->pin_slots; k++) {
-            if (t[k].entry == KVR_NIL)
-                continue;
-            CHECK(alive, "slot %d is not active but holds pins", s);
-            CHECK(t[k].entry < h->max_blocks && t[k].count > 0, "bad pin record in slot %d", s);
-            pins[t[k].entry] += t[k].count;
-        }
-    }
-done:
-    return rc;
-}
-
-/* One entry against the pin tables' count for it, its chain (claimed into bm, so overlaps
- * show) and its state's invariants; counted into c as far as it got. */
-static int check_entry_locked(kvr_store_t *st, uint64_t i, uint32_t pins, uint8_t *bm, kvr_store_stats_t *c)
-{
-    kvr_entry_t *e = &st->ix.ent[i];
-    int rc = KVR_OK;
-
-    CHECK(e->pins == pins, "entry %llu pins %u, pin tables say %u", (unsigned long long)i, e->pins, pins);
-    if (e->state == KVR_ENT_FREE) {
-        CHECK(e->pins == 0, "free entry %llu pinned", (unsigned long long)i);
-        return KVR_OK;
-    }
-    CHECK(e->state != KVR_ENT_DYING, "entry %llu left DYING", (unsigned long long)i);
-    CHECK(kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm),
-          "entry %llu chain invalid or overlapping", (unsigned long long)i);
-    if (e->pins)
-        c->pinned_blocks++;
-    if (e->state == KVR_ENT_ZOMBIE) {
-        CHECK(e->pins > 0, "unpinned zombie %llu", (unsigned long long)i);
-        c->zombie_blocks++;
-    }
-    if (e->state == KVR_ENT_LIVE) {
-        CHECK(e->refs > 0, "live entry %llu with zero refs", (unsigned long long)i);
-        CHECK(e->meta & KVR_ENT_ANNOUNCED, "live entry %llu not announced", (unsigned long long)i);
-        c->unique_blocks++;
-        c->total_refs += e->refs;
-        c->resident_bytes += e->length;
-        c->logical_bytes += e->length * e->refs;
-    }
-    c->reserved_blocks += e->state == KVR_ENT_RESERVED;
-    if (e->state == KVR_ENT_RESERVED)
-        CHECK(atomic_load(&st->seg->procs[KVR_ENT_OWNER(e)].state) == KVR_PROC_ACTIVE,
-              "reservation %llu owned by a dead slot", (unsigned long long)i);
-done:
-    return rc;
-}
-
-/* The whole scan, lock held: index, pin tables, every entry, the arena, then the
- * aggregates against what the scan counted into c. */
-static int check_locked(kvr_store_t *st, uint32_t *pins, uint8_t *bm, kvr_store_stats_t *c)
-{
-    kvr_store_sh_t *sh = st->sh;
-    int rc = KVR_OK;
-
-    CHECK(kvr_index_check_locked(&st->ix) == KVR_OK, "index chains/LRU/free list inconsistent");
-    if (check_pin_tables_locked(st, pins) != KVR_OK)
-        return KVR_ERR;
-    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++)
-        if (check_entry_locked(st, i, pins[i], bm, c) != KVR_OK)
-            return KVR_ERR;
-    CHECK(kvr_arena_check_locked(&st->arena, bm) == KVR_OK, "arena free lists inconsistent");
-    CHECK(c->unique_blocks == sh->unique_blocks && c->total_refs == sh->total_refs &&
-              c->resident_bytes == sh->resident_bytes && c->logical_bytes == sh->logical_bytes,
-          "aggregates differ from the scan (blocks %llu/%llu refs %llu/%llu bytes %llu/%llu)",
-          (unsigned long long)c->unique_blocks, (unsigned long long)sh->unique_blocks,
-          (unsigned long long)c->total_refs, (unsigned long long)sh->total_refs,
-          (unsigned long long)c->resident_bytes, (unsigned long long)sh->resident_bytes);
-    CHECK(c->pinned_blocks == sh->pinned_entries && c->zombie_blocks == sh->zombies, "pinned/zombie counts differ");
-done:
-    return rc;
-}
-
-int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out)
-{
-    kvr_seg_hdr_t *h = st->seg->hdr;
-    uint32_t *pins = calloc(h->max_blocks, sizeof(uint32_t));
-    uint8_t *bm = calloc((h->npages + 7) / 8 + 1, 1);
-    kvr_store_stats_t c;
-    int rc;
-
-    /* Only the scan's own counts are filled in; every other field of out stays zero. */
-    memset(&c, 0, sizeof(c));
-    if (pins == NULL || bm == NULL) {
-        free(pins);
-        free(bm);
-        return KVR_ERR;
-    }
-    if (store_lock(st) != KVR_OK) {
-        free(pins);
-        free(bm);
-        return KVR_ERR;
-    }
-    rc = check_locked(st, pins, bm, &c);
-    store_unlock(st);
-    if (out != NULL)
-        *out = c;
-    free(pins);
-    free(bm);
-    return rc;
 }

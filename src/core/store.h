@@ -19,7 +19,7 @@
  *    its bytes are in the arena, and a visible block's bytes are never written again.
  *
  * Crash recovery: all mutations hold the one store lock. If a process dies holding it, the
- * next locker runs a full repair (repair_locked in store.c) that rebuilds every derived
+ * next locker runs a full repair (kvr_store_repair_locked in store_repair.c) that rebuilds every derived
  * structure from the entries' states and the per-process pin tables, rolls interrupted
  * removals forward and drops interrupted inserts. The supervisor calls kvr_store_reap with
  * each dead child's pid, which does the same and frees the child's pins and reservations.
@@ -70,7 +70,7 @@ struct kvr_store_s {
     kvr_store_sh_t *sh;
     kvr_index_t ix;
     kvr_arena_t arena;
-    kvr_log_sh_t *log;
+    kvr_chlog_sh_t *log;
     kvr_pin_t *pins_all;
     uint32_t pin_slots;
     uint32_t page_size;
@@ -78,7 +78,7 @@ struct kvr_store_s {
     kvr_stats_block_t *my_stats;
     uint8_t *scratch;
     int notify_fd;   /* eventfd of the change log's consumer, or -1 */
-    int log_wakeup;  /* set under the lock when an append found the log empty */
+    int chlog_wakeup; /* set under the lock when an append asked to wake the consumer */
     /* kvr_store_unpin_later: pins to release at the next kvr_store_unpin_flush, in one lock */
     uint32_t unpin_q[KVR_STORE_UNPIN_BATCH];
     unsigned unpin_n;

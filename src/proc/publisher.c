@@ -24,6 +24,8 @@
 #include "proc/publisher.h"
 
 #include "wire/ckf.h"
+#include "base/barrier.h"
+#include "base/dassert.h"
 #include "base/log.h"
 #include "core/owners.h"
 #include "core/relay_int.h"
@@ -64,7 +66,7 @@ typedef struct {
     uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;
     int resync;            /* owner counting failed (out of memory): the filter is not exact */
-    /* the main loop (docs/concurrency.md, change log) */
+    /* the main loop (docs/concurrency.md, "Change log") */
     uint64_t delay_ns;     /* --publication-delay */
     uint64_t linger_ns;    /* how long queued events may wait unconsumed */
     uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
@@ -88,6 +90,28 @@ static void *pub_realloc(void *old, size_t n)
     if (kvr_pub_fail_alloc_at != 0 && ++pub_allocs == kvr_pub_fail_alloc_at)
         return NULL;
     return realloc(old, n);
+}
+
+/*
+ * Owner checks (KVR_DASSERT, base/dassert.h). The publisher is the single writer of the relay's
+ * frames, ring, snapshot copies and of its side of the subscriber slots, and the change log's
+ * only consumer. pub_is_me: this process holds the publisher's process slot (the process table
+ * records pid and role). pub_owns_relay: besides, it is the publisher the relay state names
+ * (publisher_pid, stored at the end of the first new_generation).
+ */
+KVR_DASSERT_FN static int pub_is_me(const pub_t *p)
+{
+    const kvr_proc_sh_t *me;
+
+    if (p->seg->slot < 0)
+        return 0;
+    me = &p->seg->procs[p->seg->slot];
+    return me->role == KVR_ROLE_PUBLISHER && kvr_atomic_load_relaxed(&me->pid) == (int32_t)getpid();
+}
+
+KVR_DASSERT_FN static int pub_owns_relay(const pub_t *p)
+{
+    return pub_is_me(p) && kvr_atomic_load_relaxed(&p->relay.sh->publisher_pid) == (uint32_t)getpid();
 }
 
 static volatile sig_atomic_t pub_term;
@@ -146,7 +170,10 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
  */
 static int sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
 {
-    return atomic_compare_exchange_strong(&s->state, &from, to);
+    /* seq_cst CAS: pairs with the workers' CASes and loads of state (core/relay.c). Our
+     * stores of a slot's fields before it (snap_*, cursor, close_reason) are visible to a
+     * worker that sees the new state. */
+    return kvr_atomic_cas_seq_cst(&s->state, &from, to);
 }
 
 static void wake_owner(pub_t *p, uint64_t owner)
@@ -176,17 +203,22 @@ static void drop_ref(pub_t *p, int i)
 static void close_sub(pub_t *p, int i, int reason)
 {
     kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-    uint32_t st = atomic_load(&s->state);
+    /* seq_cst loads of state: pair with the workers' state CASes (core/relay.c). */
+    uint32_t st = kvr_atomic_load_seq_cst(&s->state);
 
+    KVR_DASSERT(pub_is_me(p));
     /* The reference stays held until the worker releases the slot: it may be reading the
      * copy right now. */
     while (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
-        atomic_store(&s->close_reason, (uint32_t)reason);
+        /* Before the CAS to CLOSED, which publishes it: the worker reads it after it sees
+         * CLOSED (core/relay.c). */
+        kvr_atomic_store_seq_cst(&s->close_reason, (uint32_t)reason);
         if (sub_cas(s, st, KVR_SUB_CLOSED)) {
-            wake_owner(p, atomic_load(&s->owner));
+            /* owner: pairs with the worker's claim CAS of it, made before its state CAS */
+            wake_owner(p, kvr_atomic_load_seq_cst(&s->owner));
             return;
         }
-        st = atomic_load(&s->state);
+        st = kvr_atomic_load_seq_cst(&s->state);
     }
 }
 
@@ -197,7 +229,10 @@ static int owner_alive(pub_t *p, uint64_t owner)
     if (slot < 0 || slot >= KVR_MAX_PROCS)
         return 0;
     pr = &p->seg->procs[slot];
-    return atomic_load(&pr->state) == KVR_PROC_ACTIVE && atomic_load(&pr->pid) == KVR_SUB_OWNER_PID(owner);
+    /* seq_cst: state pairs with a claim's CAS and the reap's seq_cst stores (pid cleared
+     * before FREE, kvr_store_reap_slot); pid with the claim's release store of it. */
+    return kvr_atomic_load_seq_cst(&pr->state) == KVR_PROC_ACTIVE &&
+           kvr_atomic_load_seq_cst(&pr->pid) == KVR_SUB_OWNER_PID(owner);
 }
 
 /* RELEASING -> FREE: nobody reads the slot's copy any more. `owner` is cleared last, so
@@ -206,19 +241,24 @@ static void free_sub(pub_t *p, int i)
 {
     kvr_relay_sub_t *s = &p->relay.sh->sub[i];
 
+    KVR_DASSERT(pub_is_me(p));
     drop_ref(p, i);
+    /* owner cleared after the state CAS: pairs with the worker's claim, a CAS of owner from
+     * 0, which then finds the slot FREE. */
     if (sub_cas(s, KVR_SUB_RELEASING, KVR_SUB_FREE))
-        atomic_store(&s->owner, 0);
+        kvr_atomic_store_seq_cst(&s->owner, 0);
 }
 
 /* Frees released slots, takes back the slots of dead workers, and drops the reference of
  * a subscriber that has sent its whole snapshot. */
 static void reclaim_subscribers(pub_t *p)
 {
+    KVR_DASSERT(pub_is_me(p));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-        uint32_t st = atomic_load(&s->state);
-        uint64_t owner = atomic_load(&s->owner);
+        /* seq_cst, as every slot access: pair with the workers' CASes of state and owner */
+        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
+        uint64_t owner = kvr_atomic_load_seq_cst(&s->owner);
 
         if (st == KVR_SUB_RELEASING) {
             free_sub(p, i);
@@ -226,8 +266,9 @@ static void reclaim_subscribers(pub_t *p)
             if (sub_cas(s, st, KVR_SUB_RELEASING)) /* its worker died: the slot is ours */
                 free_sub(p, i);
         } else if (st == KVR_SUB_FREE && owner != 0 && !owner_alive(p, owner)) {
-            atomic_compare_exchange_strong(&s->owner, &owner, 0); /* died between its two CASes */
-        } else if (st == KVR_SUB_LIVE && p->held[i] >= 0 && atomic_load(&s->snap_done)) {
+            kvr_atomic_cas_seq_cst(&s->owner, &owner, 0); /* died between its two CASes */
+        } else if (st == KVR_SUB_LIVE && p->held[i] >= 0 && kvr_atomic_load_seq_cst(&s->snap_done)) {
+            /* snap_done pairs with the worker's store of it once its snapshot is sent */
             drop_ref(p, i);
         }
     }
@@ -241,15 +282,18 @@ static void rebuild_refs(pub_t *p)
     memset(p->refs, 0, sizeof(p->refs));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-        uint32_t st = atomic_load(&s->state);
-        int k = atomic_load(&s->snap_index);
+        /* seq_cst: state pairs with the workers' CASes; snap_index was stored by our
+         * predecessor before its CAS to LIVE; snap_done pairs with the worker's store */
+        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
+        int k = kvr_atomic_load_seq_cst(&s->snap_index);
         if ((st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) && k >= 0 && k < KVR_RELAY_SNAPSHOTS &&
-            !atomic_load(&s->snap_done))
+            !kvr_atomic_load_seq_cst(&s->snap_done))
             take_ref(p, i, k);
     }
 }
 
-/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued (§1.7), or
+/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued
+ * (docs/relay-contract.md, "A pool stream", step 5), or
  * UINT64_MAX when the frame before its cursor is no longer indexed (far behind). */
 static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
 {
@@ -263,7 +307,7 @@ static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
     if (cursor <= 1)
         return top;
     b = &sh->frame[(cursor - 1) % KVR_RELAY_FRAMES];
-    if (atomic_load(&b->seq) != cursor - 1)
+    if (kvr_atomic_load_seq_cst(&b->seq) != cursor - 1) /* our own store (the only writer) */
         return UINT64_MAX;
     return top - b->queue_cum;
 }
@@ -272,12 +316,16 @@ static void check_lag(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
 
+    KVR_DASSERT(pub_owns_relay(p));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
         uint64_t cursor, frames;
-        if (atomic_load_explicit(&s->state, memory_order_acquire) != KVR_SUB_LIVE)
+        /* acquire: pairs with the workers' seq_cst state CASes (a slot seen LIVE is ours to
+         * judge) */
+        if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE)
             continue;
-        cursor = atomic_load_explicit(&s->cursor, memory_order_acquire);
+        /* acquire: pairs with the worker's release store of cursor after it sent a frame */
+        cursor = kvr_atomic_load_acquire(&s->cursor);
         frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
         if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
             kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
@@ -294,8 +342,9 @@ static void wake_live_workers(pub_t *p)
     static_assert(KVR_MAX_PROCS <= 64, "one mask bit per process slot");
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
-        int w = KVR_SUB_OWNER_SLOT(atomic_load(&s->owner));
-        if (atomic_load(&s->state) == KVR_SUB_LIVE && w >= 0 && w < KVR_MAX_PROCS)
+        /* seq_cst as every slot access; a wake-up sent to a worker that just left is harmless */
+        int w = KVR_SUB_OWNER_SLOT(kvr_atomic_load_seq_cst(&s->owner));
+        if (kvr_atomic_load_seq_cst(&s->state) == KVR_SUB_LIVE && w >= 0 && w < KVR_MAX_PROCS)
             mask |= 1ull << w;
     }
     for (int w = 0; w < KVR_MAX_PROCS; w++)
@@ -309,15 +358,24 @@ static void wake_live_workers(pub_t *p)
 static uint64_t ring_reserve(pub_t *p, size_t len)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t head = atomic_load(&sh->ring_head), pos = head % KVR_RELAY_RING_BYTES;
+    uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
 
+    KVR_DASSERT(pub_owns_relay(p));
+    pos = head % KVR_RELAY_RING_BYTES;
     if (pos + len > KVR_RELAY_RING_BYTES)
         head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
-    /* Everything below head + len - RING was overwritten: readers must see that first. */
+    /* Everything below head + len - RING is about to be overwritten: readers must see that
+     * first. The release store publishes the new tail; it pairs with the workers' acquire
+     * load of ring_tail after they copied a frame (core/relay.c, kvr_relay_read_frame). */
     if (head + len > KVR_RELAY_RING_BYTES)
-        atomic_store_explicit(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    atomic_store(&sh->ring_head, head + len);
+        kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
+    /* The full fence orders that tail store before every later store of ours: the frame's
+     * bytes (memcpy into the ring in put_frame) and ring_head. A release store alone orders
+     * only what comes before it, so without the fence the new bytes could be visible before
+     * the tail that says the old ones are gone. A reader that copied an overwritten byte and
+     * then (after an acquire fence) loads ring_tail sees the new tail and drops its copy. */
+    kvr_atomic_fence_seq_cst();
+    kvr_atomic_store_seq_cst(&sh->ring_head, head + len); /* read only by us: pairs with nothing */
     return head;
 }
 
@@ -369,16 +427,25 @@ static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
     uint64_t off = ring_reserve(p, len);
     kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
 
+    KVR_DASSERT(pub_owns_relay(p));
     memcpy(p->relay.ring + off % KVR_RELAY_RING_BYTES, p->msg, len);
-    atomic_store_explicit(&f->seq, 0, memory_order_release); /* the old occupant is gone */
+    /* The old occupant is gone: seq 0 first. Release as before; the reader's re-check of
+     * f->seq after its copy (core/relay.c) pairs with it. */
+    kvr_atomic_store_release(&f->seq, 0);
+    /* Orders that 0 before the plain stores of the entry's fields below (a release store
+     * orders only what precedes it): a reader that saw a new field value then sees seq moved
+     * when it re-checks (it needs an acquire fence before that re-check). */
+    kvr_atomic_fence_release();
     f->cum_off = off;
     f->len = (uint32_t)len;
-    f->queue_cum = (seq > 1 && atomic_load(&prev->seq) == seq - 1 ? prev->queue_cum : 0) + payload_len +
-                   KVR_RELAY_FRAME_OVERHEAD;
-    atomic_store_explicit(&f->seq, seq, memory_order_release);
+    f->queue_cum = (seq > 1 && kvr_atomic_load_seq_cst(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
+                   payload_len + KVR_RELAY_FRAME_OVERHEAD;
+    /* Pairs with the worker's acquire load of f->seq: the fields above are visible. */
+    kvr_atomic_store_release(&f->seq, seq);
     p->seq = seq;
-    atomic_store_explicit(&sh->published_seq, seq, memory_order_release);
-    atomic_store(&sh->publish_ns, kvr_relay_mono_ns());
+    /* Pairs with the worker's acquire load of published_seq: the frame and its index entry are
+     * visible to a worker that sees seq published. */
+    kvr_atomic_store_release(&sh->published_seq, seq);
 }
 
 /*
@@ -417,7 +484,7 @@ static int publish(pub_t *p)
         for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
             close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
         for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-            atomic_store(&sh->snap[k].valid, 0);
+            kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0); /* see snapshot_copy */
         return KVR_OK;
     }
     plen = kvr_cbi1_delta_size(n);
@@ -444,17 +511,23 @@ static int snapshot_copy(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
 
+    KVR_DASSERT(pub_owns_relay(p));
+    /* Our own stores (the only writer of the copies' headers): seq_cst as ever. */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-        if (atomic_load(&sh->snap[k].valid) && atomic_load(&sh->snap[k].generation) == p->generation &&
-            atomic_load(&sh->snap[k].seq) == p->seq)
+        if (kvr_atomic_load_seq_cst(&sh->snap[k].valid) &&
+            kvr_atomic_load_seq_cst(&sh->snap[k].generation) == p->generation &&
+            kvr_atomic_load_seq_cst(&sh->snap[k].seq) == p->seq)
             return k;
+    /* A copy nobody holds (refs counted here, privately) is read by no worker: the stores
+     * below race with no reader. valid 1 last, release: pairs with a reader's acquire of it
+     * before it reads the copy (core/relay.c). */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
         if (p->refs[k] == 0) {
-            atomic_store(&sh->snap[k].valid, 0);
+            kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0);
             memcpy(p->relay.snap[k], p->relay.filter, sh->bucket_count * 8);
-            atomic_store(&sh->snap[k].seq, p->seq);
-            atomic_store(&sh->snap[k].generation, p->generation);
-            atomic_store_explicit(&sh->snap[k].valid, 1, memory_order_release);
+            kvr_atomic_store_seq_cst(&sh->snap[k].seq, p->seq);
+            kvr_atomic_store_seq_cst(&sh->snap[k].generation, p->generation);
+            kvr_atomic_store_release(&sh->snap[k].valid, 1);
             return k;
         }
     return -1;
@@ -466,12 +539,13 @@ static void admit_subscribers(pub_t *p)
     kvr_relay_sh_t *sh = p->relay.sh;
     int exact = -1; /* not yet known */
 
+    KVR_DASSERT(pub_owns_relay(p));
     reclaim_subscribers(p);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
         int use;
 
-        if (atomic_load(&s->state) != KVR_SUB_REQUESTED)
+        if (kvr_atomic_load_seq_cst(&s->state) != KVR_SUB_REQUESTED) /* pairs with the worker's CAS */
             continue;
         if (s->generation != p->generation) {
             close_sub(p, i, KVR_RELAY_REASON_PRODUCER_CHANGED);
@@ -481,12 +555,14 @@ static void admit_subscribers(pub_t *p)
             exact = p->pending == 0 && kvr_ckf_dirty_count(&p->ckf) == 0 ? 1 : publish(p) == KVR_OK;
         if (!exact || (use = snapshot_copy(p)) < 0)
             return; /* out of memory, or both copies are being streamed: wait */
-        atomic_store(&s->snap_index, use);
-        atomic_store(&s->snap_seq, p->seq);
-        atomic_store(&s->cursor, p->seq + 1);
+        /* Written before the CAS to LIVE, which publishes them to the worker (it reads them
+         * after it sees LIVE, core/relay.c). */
+        kvr_atomic_store_seq_cst(&s->snap_index, use);
+        kvr_atomic_store_seq_cst(&s->snap_seq, p->seq);
+        kvr_atomic_store_seq_cst(&s->cursor, p->seq + 1);
         if (sub_cas(s, KVR_SUB_REQUESTED, KVR_SUB_LIVE)) { /* else it was just released */
             take_ref(p, i, use);
-            wake_owner(p, atomic_load(&s->owner));
+            wake_owner(p, kvr_atomic_load_seq_cst(&s->owner)); /* pairs with the claim CAS */
         }
     }
 }
@@ -497,17 +573,22 @@ static void new_generation(pub_t *p, const char *why)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
 
-    p->generation = atomic_load(&sh->generation) + 1;
+    KVR_DASSERT(pub_is_me(p));
+    /* The relay's generation: stored by the publishers (one at a time) and by the supervisor
+     * before it forks the first; seq_cst as every store of the new generation below. */
+    p->generation = kvr_atomic_load_seq_cst(&sh->generation) + 1;
     /* Old-generation streams end; new subscribers must present the new producer. The
      * references of streams still sending an old snapshot stay until they release. */
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
         close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+    /* seq_cst, as ever: the workers read these with acquire (published_seq, frame seq: a
+     * reader of the old generation finds nothing to read) or seq_cst. */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-        atomic_store(&sh->snap[k].valid, 0);
-    atomic_store(&sh->published_seq, 0);
+        kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0);
+    kvr_atomic_store_seq_cst(&sh->published_seq, 0);
     for (int f = 0; f < KVR_RELAY_FRAMES; f++)
-        atomic_store(&sh->frame[f].seq, 0);
-    atomic_store(&sh->ring_tail, atomic_load(&sh->ring_head));
+        kvr_atomic_store_seq_cst(&sh->frame[f].seq, 0);
+    kvr_atomic_store_seq_cst(&sh->ring_tail, kvr_atomic_load_seq_cst(&sh->ring_head));
 
     kvr_ckf_clear(&p->ckf);
     kvr_owners_destroy(&p->owners);
@@ -526,9 +607,12 @@ static void new_generation(pub_t *p, const char *why)
     p->seq = 0;
     p->pending = 0;
     p->retry_at_ns = 0;
-    atomic_store(&sh->generation, p->generation);
-    atomic_fetch_add(&sh->catalog_revision, 1);
-    atomic_store(&sh->publisher_pid, (uint32_t)getpid());
+    /* The catalog rule (docs/concurrency.md, the relay status row): generation first, the revision
+     * after, so a worker that loads the revision and then the generation (emit_catalog) never
+     * sends a catalog older than its revision. seq_cst stores and RMW, as ever. */
+    kvr_atomic_store_seq_cst(&sh->generation, p->generation);
+    kvr_atomic_fetch_add_seq_cst(&sh->catalog_revision, 1);
+    kvr_atomic_store_seq_cst(&sh->publisher_pid, (uint32_t)getpid()); /* status, and the owner check */
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_GENERATIONS, 1);
     kvr_info("publisher: generation %llu (%s): %zu hashes in the filter", (unsigned long long)p->generation, why,
              p->owners.n);
@@ -558,7 +642,7 @@ static void scan_slots(pub_t *p)
 /* Events queued in the change log; notes when the log was first seen non-empty. */
 static uint64_t log_queued(pub_t *p, uint64_t now)
 {
-    uint64_t queued = kvr_log_count(p->store.log);
+    uint64_t queued = kvr_chlog_count(p->store.log);
 
     if (queued > 0 && p->log_seen_ns == 0)
         p->log_seen_ns = p->unwoken_ns ? p->unwoken_ns : now;
@@ -569,12 +653,12 @@ static uint64_t log_queued(pub_t *p, uint64_t now)
  * of the linger on queued events, a delta's worth queued (at once), a due slot scan, and
  * while busy (the last turn consumed events) one delay from now.
  *
- * A sleep that ends within a delay is timed (kvr_log_set_timed): the workers' appends to the
+ * A sleep that ends within a delay is timed (kvr_chlog_set_timed): the workers' appends to the
  * empty log then write no eventfd, and the events wait for the timer, no longer than a delay
  * since they may have come (unwoken_ns, which log_seen_ns takes). Under a steady load that is
  * one wake-up per delay, each consuming and publishing what came, instead of one for the first
  * append after every consume plus the timers: on a small VM a wake-up costs 100-150 us of CPU
- * when the cores are busy (docs/concurrency.md, change log). */
+ * when the cores are busy (docs/concurrency.md, "Change log"). */
 static void wait_for_work(pub_t *p)
 {
     struct pollfd pfd = {p->wake_fd, POLLIN, 0};
@@ -582,6 +666,7 @@ static void wait_for_work(pub_t *p)
     uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
     int timed;
 
+    KVR_DASSERT(pub_is_me(p)); /* the change log's only consumer */
     if (p->pending > 0)
         due = p->first_pending_ns + p->delay_ns;
     if (queued > 0 && p->log_seen_ns + p->linger_ns < due)
@@ -600,14 +685,14 @@ static void wait_for_work(pub_t *p)
             timeout = (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     }
     timed = ns <= p->delay_ns;
-    kvr_log_set_timed(p->store.log, timed);
+    kvr_chlog_set_timed(p->store.log, timed);
     if (timed) {
         if (p->unwoken_ns == 0)
             p->unwoken_ns = now;
     } else {
         uint64_t since = p->unwoken_ns;
         p->unwoken_ns = 0;
-        if (queued == 0 && kvr_log_count(p->store.log) > 0) {
+        if (queued == 0 && kvr_chlog_count(p->store.log) > 0) {
             p->unwoken_ns = since; /* appended while the flag was up: no wake-up is coming for */
             return;                /* it, and it may have come as early as that */
         }
@@ -623,21 +708,22 @@ static void wait_for_work(pub_t *p)
  * --publication-threshold events, whatever the batch the log handed over. Latency counts from
  * log_seen_ns: when we first saw the log non-empty after a wake-up, or, for events that came
  * unannounced during a timed sleep, when that sleep began (before any of them came). */
-static void consume_log(pub_t *p, kvr_log_event_t *ev)
+static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
 {
     size_t n;
 
+    KVR_DASSERT(pub_is_me(p)); /* the change log's only consumer */
     p->busy = 0;
-    while ((n = kvr_log_consume(p->store.log, ev, LOG_BATCH)) > 0) {
+    while ((n = kvr_chlog_consume(p->store.log, ev, LOG_BATCH)) > 0) {
         p->busy = 1;
         kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
         for (size_t i = 0; i < n; i++) {
             if (p->pending == 0)
                 p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_relay_mono_ns();
-            if (kvr_log_op(&ev[i]) == KVR_EV_INSERT)
-                apply_insert(p, ev[i].entry, kvr_log_gen(&ev[i]), ev[i].canon);
+            if (kvr_chlog_op(&ev[i]) == KVR_EV_INSERT)
+                apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon);
             else
-                apply_remove(p, ev[i].entry, kvr_log_gen(&ev[i]));
+                apply_remove(p, ev[i].entry, kvr_chlog_gen(&ev[i]));
             if (++p->pending >= p->cfg->publication_threshold)
                 publish(p);
         }
@@ -649,16 +735,17 @@ static void consume_log(pub_t *p, kvr_log_event_t *ev)
 
 /* One turn of the main loop. Appends wake us when the log goes from empty to one event while
  * we are not in a timed sleep (wait_for_work), or when it reaches a delta's worth
- * (kvr_log_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
+ * (kvr_chlog_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
  * the log stays non-empty and the workers' appends write no eventfd: one wake-up for every few
  * PUTs instead of one per PUT. */
-static void publisher_turn(pub_t *p, kvr_log_event_t *ev)
+static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
 {
     uint64_t now, queued;
 
     kvr_seg_heartbeat(p->seg); /* the supervisor's watchdog */
     wait_for_work(p);
-    if (atomic_load_explicit(&p->store.log->overflow, memory_order_acquire)) {
+    /* acquire: pairs with the producer's release store of overflow (kvr_chlog_append_locked) */
+    if (kvr_atomic_load_acquire(&p->store.log->overflow)) {
         kvr_warn("publisher: change log overflowed; rebuilding from the index");
         new_generation(p, "change-log overflow");
         p->log_seen_ns = 0;
@@ -683,7 +770,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
 {
     static pub_t pub;
     pub_t *p = &pub;
-    kvr_log_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
+    kvr_chlog_event_t *ev = malloc(sizeof(*ev) * LOG_BATCH);
     struct sigaction sa;
     sigset_t none;
 
@@ -718,14 +805,17 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         _exit(70);
     rebuild_refs(p);
     new_generation(p, "start");
-    atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
-    atomic_store(&seg->hdr->ctl.publisher_running, 1);
+    /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
+     * kvr_seg_worker_load's (role was written before, at the claim) */
+    kvr_atomic_store_release(&seg->procs[slot].ready, 1);
+    /* seq_cst, as ever: read by the workers (kvr_seg_publisher_up) and the supervisor */
+    kvr_atomic_store_seq_cst(&seg->hdr->ctl.publisher_running, 1);
     /* the catalog lists the pool only while a publisher runs: that changed too, after the
      * generation's bump (a worker that sent that revision without the pool sends again) */
-    atomic_fetch_add(&p->relay.sh->catalog_revision, 1);
+    kvr_atomic_fetch_add_seq_cst(&p->relay.sh->catalog_revision, 1);
 
-    kvr_log_set_wake_batch(p->store.log, cfg->publication_threshold);
-    kvr_log_set_timed(p->store.log, 0); /* a dead predecessor's flag */
+    kvr_chlog_set_wake_batch(p->store.log, cfg->publication_threshold);
+    kvr_chlog_set_timed(p->store.log, 0); /* a dead predecessor's flag */
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");

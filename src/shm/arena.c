@@ -1,12 +1,19 @@
 /* arena.c — see arena.h for the design. */
 #include "shm/arena.h"
 
+#include "base/dassert.h"
 #include "shm/segment.h"
 
 #define LEN(a, p)  ((a)->pages[p].len & ~KVR_PAGE_FREE)
 #define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i) & 7)))
 #define BIT_SET(bm, i)  ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
 #define BIT_CLR(bm, i)  ((bm)[(i) >> 3] &= (uint8_t)~(1u << ((i) & 7)))
+
+/* The store lock is held by this process, or the arena is private (arena.h, "Locking"). */
+KVR_DASSERT_FN static inline int arena_locked(const kvr_arena_t *a)
+{
+    return a->lock == NULL || kvr_shlock_held(a->lock);
+}
 
 static inline unsigned class_of(uint64_t len)
 {
@@ -79,6 +86,7 @@ uint32_t kvr_arena_alloc_locked(kvr_arena_t *a, uint64_t n)
     uint32_t head = KVR_NIL, last = KVR_NIL;
     uint64_t need = n;
 
+    KVR_DASSERT(arena_locked(a));
     if (n == 0 || sh->free_pages < n)
         return KVR_NIL;
     while (need > 0) {
@@ -140,6 +148,7 @@ void kvr_arena_free_locked(kvr_arena_t *a, uint32_t head)
     uint32_t r = head;
     uint64_t guard = a->sh->npages;
 
+    KVR_DASSERT(arena_locked(a));
     while (r != KVR_NIL && guard-- > 0) {
         uint32_t next = a->pages[r].next;
         free_run(a, r, LEN(a, r));
@@ -165,6 +174,7 @@ int kvr_arena_claim_chain(kvr_arena_t *a, uint32_t head, uint64_t expect, uint8_
     uint64_t total = 0, npages = a->sh->npages;
     uint32_t r = head, bad = 0;
 
+    KVR_DASSERT(arena_locked(a));
     /* First walk: validate and mark; a cycle or overlap shows up as an already-set bit. */
     while (r != KVR_NIL) {
         uint32_t len;
@@ -212,6 +222,7 @@ void kvr_arena_rebuild_locked(kvr_arena_t *a, const uint8_t *bm)
     kvr_arena_sh_t *sh = a->sh;
     uint64_t p = 0;
 
+    KVR_DASSERT(arena_locked(a));
     for (unsigned c = 0; c < KVR_ARENA_CLASSES; c++)
         sh->class_head[c] = KVR_NIL;
     sh->class_bitmap = 0;
@@ -238,6 +249,8 @@ int kvr_arena_next_span(const kvr_arena_t *a, uint32_t *run, uint64_t *skip, uin
 
     if (r == KVR_NIL || r >= a->sh->npages)
         return 0;
+    /* Lock-free (arena.h, "Locking"): the caller keeps this chain, so its runs are in use. */
+    KVR_DASSERT(!(a->pages[r].len & KVR_PAGE_FREE) && LEN(a, r) > 0);
     bytes = (uint64_t)LEN(a, r) << a->page_shift;
     if (*skip >= bytes) { /* skip spans a whole run (keys are shorter than a page) */
         *skip -= bytes;
@@ -258,6 +271,7 @@ int kvr_arena_check_locked(const kvr_arena_t *a, const uint8_t *bm)
     const kvr_arena_sh_t *sh = a->sh;
     uint64_t free_total = 0, used = 0;
 
+    KVR_DASSERT(arena_locked(a));
     for (unsigned c = 0; c < KVR_ARENA_CLASSES; c++) {
         uint32_t prev = KVR_NIL;
         int nonempty = sh->class_head[c] != KVR_NIL;

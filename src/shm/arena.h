@@ -17,13 +17,23 @@
  *
  * Crash safety: the ground truth is the chains of live index entries. kvr_arena_rebuild_locked
  * throws away every free list and rebuilds them from a scan of the used-page bitmap that
- * the caller derives from those chains. Every function here is "_locked": the caller holds
- * the store lock.
+ * the caller derives from those chains.
+ *
+ * Locking: every function that reads or writes the free lists or the page map's tags needs
+ * the store lock, and asserts it (the handle's `lock`): the `_locked` ones and
+ * kvr_arena_claim_chain. Two need none. kvr_arena_format runs before any other process maps
+ * the segment. kvr_arena_next_span (and kvr_arena_chain_runs) only read a used chain's `len`
+ * and `next`, which change only when the chain is allocated, freed or claimed by a repair, all
+ * under the lock; so a walker that keeps the chain from being freed, by a pin on its block or
+ * by owning its reservation, may walk it without the lock. kvr_arena_next_span asserts that
+ * each run it reads is in use (a free one means that promise was broken); the store asserts
+ * the pin or the reservation (docs/concurrency.md, "Reading a block without the lock").
  */
 #ifndef KVR_SHM_ARENA_H
 #define KVR_SHM_ARENA_H
 
 #include "common.h"
+#include "shm/shlock.h"
 
 #define KVR_ARENA_CLASSES 32
 #define KVR_PAGE_FREE     0x80000000u /* in kvr_page_t.len (at heads) and .tail (at tails) */
@@ -53,6 +63,7 @@ typedef struct {
     kvr_page_t *pages;
     uint8_t *data;
     uint32_t page_shift;
+    const kvr_shlock_t *lock; /* the store lock; NULL: a private arena (tests), nothing to hold */
 } kvr_arena_t;
 
 /* Formats an empty arena: one free run of every page. */
@@ -67,13 +78,15 @@ uint32_t kvr_arena_alloc_locked(kvr_arena_t *a, uint64_t n);
 /* Frees every run of the chain starting at head. Caller holds the store lock. */
 void kvr_arena_free_locked(kvr_arena_t *a, uint32_t head);
 
-/* Number of runs in a chain (bounded walk; returns 0 on a malformed chain). */
+/* Number of runs in a chain (bounded walk; returns 0 on a malformed chain). The caller keeps
+ * the chain, as for kvr_arena_next_span. */
 uint32_t kvr_arena_chain_runs(const kvr_arena_t *a, uint32_t head);
 
 /*
  * Validates the chain at head (in range, no overlap with pages already set in used_bitmap,
  * exactly `expect_pages` pages) and, if valid, marks its pages in used_bitmap and rewrites
- * its boundary tags. Returns 1 if valid, 0 if not (bitmap then unchanged).
+ * its boundary tags. Returns 1 if valid, 0 if not (bitmap then unchanged). Caller holds the
+ * store lock (a repair, or the debug check).
  */
 int kvr_arena_claim_chain(kvr_arena_t *a, uint32_t head, uint64_t expect_pages, uint8_t *used_bitmap);
 
@@ -89,7 +102,8 @@ static inline uint8_t *kvr_arena_page(const kvr_arena_t *a, uint32_t p)
 /*
  * Iterates a chain as byte spans: *run is the current run head (start with the chain head),
  * *skip bytes of it already consumed. Returns the span's pointer and length via out args;
- * returns 0 when the chain ends.
+ * returns 0 when the chain ends. No lock: the caller keeps the chain from being freed (a pin
+ * or a reservation it owns; see "Locking" above), and each run read is asserted in use.
  */
 int kvr_arena_next_span(const kvr_arena_t *a, uint32_t *run, uint64_t *skip, uint8_t **ptr, uint64_t *len);
 

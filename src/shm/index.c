@@ -2,6 +2,8 @@
 #include "shm/index.h"
 
 #include "base/atomics.h"
+#include "base/barrier.h"
+#include "base/dassert.h"
 #include "shm/segment.h"
 
 #include <stdlib.h>
@@ -13,28 +15,40 @@ static inline uint32_t bucket_of(const kvr_index_t *ix, uint64_t khash)
     return (uint32_t)(khash & (ix->sh->nbuckets - 1));
 }
 
+/* This process holds the store lock. */
+KVR_DASSERT_FN static inline int index_locked(const kvr_index_t *ix)
+{
+    return kvr_shlock_held(ix->lock);
+}
+
 /* Seqlock writer side: the store lock is held, so plain increments are race-free among
- * writers; readers pair the release/acquire below. */
+ * writers (the relaxed loads of seq below read our own last store). */
 static inline void seq_begin(kvr_index_t *ix)
 {
-    uint64_t s = atomic_load_explicit(&ix->sh->seq, memory_order_relaxed);
-    atomic_store_explicit(&ix->sh->seq, s + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    uint64_t s = kvr_atomic_load_relaxed(&ix->sh->seq);
+    kvr_atomic_store_relaxed(&ix->sh->seq, s + 1);
+    /* Orders the odd seq before the chain stores that follow: pairs with the reader's acquire
+     * fence before its re-check of seq (kvr_index_lookup_lockfree), so a reader that saw any
+     * of those stores sees seq changed. */
+    kvr_atomic_fence_release();
 }
 
 static inline void seq_end(kvr_index_t *ix)
 {
-    uint64_t s = atomic_load_explicit(&ix->sh->seq, memory_order_relaxed);
-    atomic_store_explicit(&ix->sh->seq, s + 1, memory_order_release);
+    uint64_t s = kvr_atomic_load_relaxed(&ix->sh->seq);
+    /* Pairs with the reader's acquire load of seq at the start of a try: a reader that sees
+     * this even value sees every chain store of the section. */
+    kvr_atomic_store_release(&ix->sh->seq, s + 1);
 }
 
 void kvr_index_format(kvr_index_t *ix)
 {
     kvr_index_sh_t *sh = ix->sh;
 
-    atomic_store_explicit(&sh->seq, 0, memory_order_relaxed);
+    /* Before any other process maps the segment: fork publishes it, nothing pairs. */
+    kvr_atomic_store_relaxed(&sh->seq, 0);
     for (uint64_t b = 0; b < sh->nbuckets; b++)
-        atomic_store_explicit(&ix->buckets[b], KVR_NIL, memory_order_relaxed);
+        kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
     sh->lru_head = sh->lru_tail = KVR_NIL;
@@ -73,7 +87,8 @@ static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const v
     size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
     uint32_t fp;
 
-    if (__atomic_load_n(&e->key_len, __ATOMIC_RELAXED) != klen || memcmp(e->key_head, k, n1) != 0)
+    /* Relaxed: under the seqlock a torn value is discarded by the seq re-check. */
+    if (kvr_atomic_load_relaxed(&e->key_len) != klen || memcmp(e->key_head, k, n1) != 0)
         return 0;
     if (klen <= KVR_KEY_HEAD)
         return 1;
@@ -82,7 +97,7 @@ static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const v
         return 0;
     if (klen <= KVR_KEY_HEAD + KVR_KEY_TAIL)
         return 1;
-    fp = __atomic_load_n(&e->first_page, __ATOMIC_RELAXED);
+    fp = kvr_atomic_load_relaxed(&e->first_page); /* relaxed: validated by the seq re-check */
     return fp < ix->arena->sh->npages &&
            memcmp(kvr_arena_page(ix->arena, fp) + KVR_KEY_HEAD + KVR_KEY_TAIL, k + KVR_KEY_HEAD + KVR_KEY_TAIL,
                   klen - KVR_KEY_HEAD - KVR_KEY_TAIL) == 0;
@@ -90,8 +105,10 @@ static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const v
 
 uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash)
 {
-    uint32_t i = atomic_load_explicit(&ix->buckets[bucket_of(ix, khash)], memory_order_relaxed);
+    /* Under the lock: relaxed, the only writers are lock holders. */
+    uint32_t i = kvr_atomic_load_relaxed(&ix->buckets[bucket_of(ix, khash)]);
 
+    KVR_DASSERT(index_locked(ix));
     while (i != KVR_NIL) {
         const kvr_entry_t *e = &ix->ent[i];
         if (e->khash == khash && key_equal(ix, e, key, klen))
@@ -107,7 +124,9 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
     const uint64_t max = ix->sh->max_blocks;
 
     for (int attempt = 0; attempt < LOCKFREE_RETRIES; attempt++) {
-        uint64_t s1 = atomic_load_explicit(&ix->sh->seq, memory_order_acquire);
+        /* Pairs with seq_end's release store: the chains of the last finished section are
+         * visible to the loads below. */
+        uint64_t s1 = kvr_atomic_load_acquire(&ix->sh->seq);
         uint64_t steps = 0, len = 0;
         int found = 0;
         uint32_t i;
@@ -116,20 +135,22 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
             kvr_cpu_relax();
             continue;
         }
-        i = atomic_load_explicit(&ix->buckets[bucket_of(ix, khash)], memory_order_relaxed);
+        i = kvr_atomic_load_relaxed(&ix->buckets[bucket_of(ix, khash)]); /* validated by the re-check */
         while (i != KVR_NIL && i < max && steps++ < max) {
             const kvr_entry_t *e = &ix->ent[i];
             /* Relaxed reads of fields a writer may be changing; the seq check below
              * discards anything read during a change. key_len is bounded by the compare. */
-            if (__atomic_load_n(&e->khash, __ATOMIC_RELAXED) == khash && key_equal(ix, e, key, klen)) {
+            if (kvr_atomic_load_relaxed(&e->khash) == khash && key_equal(ix, e, key, klen)) {
                 found = 1;
-                len = __atomic_load_n(&e->length, __ATOMIC_RELAXED);
+                len = kvr_atomic_load_relaxed(&e->length);
                 break;
             }
-            i = __atomic_load_n(&e->chain_next, __ATOMIC_RELAXED);
+            i = kvr_atomic_load_relaxed(&e->chain_next);
         }
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&ix->sh->seq, memory_order_relaxed) == s1) {
+        /* Orders the loads above before the re-check of seq: pairs with seq_begin's release
+         * fence, so if any load saw a store of a section, the re-check sees seq moved. */
+        kvr_atomic_fence_acquire();
+        if (kvr_atomic_load_relaxed(&ix->sh->seq) == s1) {
             if (found && length != NULL)
                 *length = len;
             return found;
@@ -143,6 +164,7 @@ uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix)
     kvr_index_sh_t *sh = ix->sh;
     uint32_t i = sh->free_head;
 
+    KVR_DASSERT(index_locked(ix));
     if (i == KVR_NIL)
         return KVR_NIL;
     sh->free_head = ix->ent[i].chain_next;
@@ -156,6 +178,7 @@ void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i)
     kvr_index_sh_t *sh = ix->sh;
     kvr_entry_t *e = &ix->ent[i];
 
+    KVR_DASSERT(index_locked(ix));
     e->state = KVR_ENT_FREE;
     e->meta = 0;
     e->first_page = KVR_NIL;
@@ -201,13 +224,15 @@ void kvr_index_link_locked(kvr_index_t *ix, uint32_t i)
     kvr_entry_t *e = &ix->ent[i];
     uint32_t b = bucket_of(ix, e->khash);
 
+    KVR_DASSERT(index_locked(ix));
     e->atime = ++ix->sh->clock;
     lru_push_head(ix, i);
+    /* Relaxed stores inside the seqlock section: seq_begin's fence and seq_end's release
+     * order them for the lock-free readers. */
     seq_begin(ix);
-    __atomic_store_n(&e->chain_next, atomic_load_explicit(&ix->buckets[b], memory_order_relaxed),
-                     __ATOMIC_RELAXED);
-    __atomic_store_n(&e->state, KVR_ENT_LIVE, __ATOMIC_RELAXED);
-    atomic_store_explicit(&ix->buckets[b], i, memory_order_relaxed);
+    kvr_atomic_store_relaxed(&e->chain_next, kvr_atomic_load_relaxed(&ix->buckets[b]));
+    kvr_atomic_store_relaxed(&e->state, KVR_ENT_LIVE);
+    kvr_atomic_store_relaxed(&ix->buckets[b], i);
     seq_end(ix);
 }
 
@@ -215,26 +240,29 @@ void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i)
 {
     kvr_entry_t *e = &ix->ent[i];
     uint32_t b = bucket_of(ix, e->khash);
-    uint32_t cur = atomic_load_explicit(&ix->buckets[b], memory_order_relaxed), prev = KVR_NIL;
+    uint32_t cur = kvr_atomic_load_relaxed(&ix->buckets[b]), prev = KVR_NIL; /* lock held: relaxed */
 
+    KVR_DASSERT(index_locked(ix));
     while (cur != KVR_NIL && cur != i) {
         prev = cur;
         cur = ix->ent[cur].chain_next;
     }
+    /* Relaxed stores inside the seqlock section, ordered by seq_begin/seq_end as in link. */
     seq_begin(ix);
     if (cur == i) {
         if (prev == KVR_NIL)
-            atomic_store_explicit(&ix->buckets[b], e->chain_next, memory_order_relaxed);
+            kvr_atomic_store_relaxed(&ix->buckets[b], e->chain_next);
         else
-            __atomic_store_n(&ix->ent[prev].chain_next, e->chain_next, __ATOMIC_RELAXED);
+            kvr_atomic_store_relaxed(&ix->ent[prev].chain_next, e->chain_next);
     }
-    __atomic_store_n(&e->chain_next, KVR_NIL, __ATOMIC_RELAXED);
+    kvr_atomic_store_relaxed(&e->chain_next, KVR_NIL);
     seq_end(ix);
     lru_remove(ix, i);
 }
 
 void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i)
 {
+    KVR_DASSERT(index_locked(ix));
     ix->ent[i].atime = ++ix->sh->clock;
     if (ix->sh->lru_head == i)
         return;
@@ -255,9 +283,11 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
     uint32_t *live = malloc(sizeof(uint32_t) * (sh->max_blocks ? sh->max_blocks : 1));
     uint64_t nlive = 0, maxclock = 0;
 
+    KVR_DASSERT(index_locked(ix));
+    /* One seqlock section around the whole rebuild: lock-free readers retry, then lock. */
     seq_begin(ix);
     for (uint64_t b = 0; b < sh->nbuckets; b++)
-        atomic_store_explicit(&ix->buckets[b], KVR_NIL, memory_order_relaxed);
+        kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
     sh->lru_head = sh->lru_tail = KVR_NIL;
@@ -291,8 +321,8 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
                 dup(ctx, i);
                 continue;
             }
-            e->chain_next = atomic_load_explicit(&ix->buckets[b], memory_order_relaxed);
-            atomic_store_explicit(&ix->buckets[b], i, memory_order_relaxed);
+            e->chain_next = kvr_atomic_load_relaxed(&ix->buckets[b]);
+            kvr_atomic_store_relaxed(&ix->buckets[b], i);
             lru_push_head(ix, i);
         }
         free(live);
@@ -306,12 +336,14 @@ int kvr_index_check_locked(const kvr_index_t *ix)
     uint64_t live = 0, linked = 0, lru = 0, freecnt = 0;
     uint32_t prev = KVR_NIL;
 
-    if (atomic_load(&sh->seq) & 1)
+    KVR_DASSERT(index_locked(ix));
+    /* Lock held: no writer is inside a section; seq_cst as it always was, nothing pairs. */
+    if (kvr_atomic_load_seq_cst(&sh->seq) & 1)
         return KVR_ERR;
     for (uint64_t i = 0; i < sh->max_blocks; i++)
         live += ix->ent[i].state == KVR_ENT_LIVE;
     for (uint64_t b = 0; b < sh->nbuckets; b++) {
-        for (uint32_t i = atomic_load(&ix->buckets[b]); i != KVR_NIL; i = ix->ent[i].chain_next) {
+        for (uint32_t i = kvr_atomic_load_seq_cst(&ix->buckets[b]); i != KVR_NIL; i = ix->ent[i].chain_next) {
             if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || bucket_of(ix, ix->ent[i].khash) != b)
                 return KVR_ERR;
             if (++linked > live)

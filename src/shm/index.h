@@ -8,10 +8,13 @@
  * per-entry key buffer; the first 64 bytes are also kept inline in the entry, so a lookup of a
  * key of up to 64 bytes reads two adjacent cache lines and nothing else.
  *
- * Concurrency: every mutation happens under the store lock. Lookups that only need an
- * answer (exists, HEAD) run without the lock under a seqlock: writers bump `seq` to odd
- * before relinking a chain and back to even after; a reader retries when it saw an odd or
- * changed value, and after a bounded number of retries takes the lock.
+ * Concurrency: every mutation happens under the store lock, and every `_locked` function
+ * asserts it (the handle's `lock`). Lookups that only need an answer (exists, HEAD) run
+ * without the lock under a seqlock: writers bump `seq` to odd before relinking a chain and
+ * back to even after; a reader retries when it saw an odd or changed value, and after a
+ * bounded number of retries takes the lock. The fields such a reader loads (bucket heads, an
+ * entry's khash, chain_next, key_len, key bytes, length, first_page) are stored and loaded
+ * with relaxed atomics (base/barrier.h) wherever they can be read that way.
  *
  * Entry states:
  *   FREE      on the free list
@@ -87,8 +90,10 @@ typedef struct {
     kvr_entry_t *ent;
     _Atomic uint32_t *buckets;
     kvr_arena_t *arena;
+    const kvr_shlock_t *lock; /* the store lock (asserted held by the _locked functions) */
 } kvr_index_t;
 
+/* Formats an empty index: before any other process maps the segment, so no lock. */
 void kvr_index_format(kvr_index_t *ix);
 
 static inline const uint8_t *kvr_index_key(const kvr_index_t *ix, const kvr_entry_t *e)
@@ -96,7 +101,8 @@ static inline const uint8_t *kvr_index_key(const kvr_index_t *ix, const kvr_entr
     return kvr_arena_page(ix->arena, e->first_page);
 }
 
-/* Copies the inline parts of a key into a (reserved, not yet linked) entry. */
+/* Copies the inline parts of a key into a (reserved, not yet linked) entry; the store lock is
+ * held, as for every write of an entry. */
 void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen);
 
 /* Finds the LIVE entry for key (khash = XXH3 of it). Returns its index or KVR_NIL. Locked. */

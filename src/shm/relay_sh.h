@@ -42,7 +42,7 @@
 #define KVR_RELAY_QUEUE_BYTES  (16u << 20)
 #define KVR_RELAY_FRAME_OVERHEAD 256
 
-/* Stream types for admission counting (§2.8). */
+/* Stream types for admission counting: at most --max-streams streams of each type at once. */
 enum {
     KVR_STREAM_CATALOG = 0,
     KVR_STREAM_POOL = 1,
@@ -82,7 +82,8 @@ enum {
 typedef struct {
     _Atomic uint64_t seq;   /* the delta's sequence; 0 = empty */
     uint64_t cum_off;       /* start of its bytes in the ring's cumulative byte space */
-    uint64_t queue_cum;     /* sum over frames <= seq of (len + 256): the §1.7 accounting */
+    uint64_t queue_cum;     /* sum over frames <= seq of (len + 256): what a subscriber has
+                             * queued (docs/relay-contract.md, "A pool stream", step 5) */
     uint32_t len;
     uint32_t pad_;
 } kvr_relay_frame_t;
@@ -123,15 +124,14 @@ typedef struct {
     _Atomic uint64_t generation;       /* layout_generation being served; 0 = none */
     _Atomic uint64_t published_seq;    /* last published delta sequence of this generation */
     _Atomic uint64_t catalog_revision; /* +1 per catalog change */
-    _Atomic uint64_t publish_ns;       /* CLOCK_MONOTONIC of the last publication */
     _Atomic uint64_t ring_head;        /* cumulative bytes written into the ring */
     _Atomic uint64_t ring_tail;        /* cumulative offset below which bytes may be gone */
-    _Atomic uint32_t publisher_pid;
+    _Atomic uint32_t publisher_pid;    /* the publisher that started the current generation */
     uint32_t pad1_;
-    _Atomic uint64_t live_worker_mask; /* worker slots with live pool streams: who to wake */
+    uint64_t pad3_[2];                 /* the publisher state fills one cache line */
 
-    /* admission (§2.8): global counts per stream type, and each process's share so that a
-     * dead worker's streams are released by the supervisor */
+    /* admission (--max-streams per stream type): global counts per stream type, and each
+     * process's share so that a dead worker's streams are released by the supervisor */
     _Atomic uint32_t active[KVR_STREAM_TYPES];
     uint32_t pad2_[11];
     _Atomic uint32_t per_proc[64][KVR_STREAM_TYPES];
@@ -141,6 +141,8 @@ typedef struct {
     kvr_relay_sub_t sub[KVR_RELAY_MAX_SUBS];
 } kvr_relay_sh_t;
 static_assert(offsetof(kvr_relay_sh_t, generation) % 64 == 0, "publisher state on its own line");
+static_assert(offsetof(kvr_relay_sh_t, active) - offsetof(kvr_relay_sh_t, generation) == 64,
+              "publisher state is one line");
 static_assert(offsetof(kvr_relay_sh_t, frame) % 64 == 0, "frame index aligned");
 static_assert(offsetof(kvr_relay_sh_t, sub) % 64 == 0, "subscriber slots aligned");
 

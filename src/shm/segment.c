@@ -1,7 +1,9 @@
 /* segment.c — see segment.h. */
 #include "shm/segment.h"
 
+#include "base/barrier.h"
 #include "base/clock.h"
+#include "base/dassert.h"
 #include "base/log.h"
 #include "shm/arena.h"
 #include "shm/changelog.h"
@@ -91,7 +93,7 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     h->off_pins = off;
     off += KVR_ALIGN_UP((uint64_t)KVR_MAX_PROCS * h->pin_slots * sizeof(kvr_pin_t), 64);
     h->off_log = off;
-    off += KVR_ALIGN_UP(sizeof(kvr_log_sh_t) + h->log_capacity * sizeof(kvr_log_event_t), 64);
+    off += KVR_ALIGN_UP(sizeof(kvr_chlog_sh_t) + h->log_capacity * sizeof(kvr_chlog_event_t), 64);
     if (cfg.ckf_buckets != 0) {
         if (cfg.ckf_buckets < 2 || cfg.ckf_buckets > (1u << 24) || (cfg.ckf_buckets & (cfg.ckf_buckets - 1)))
             return KVR_EINVAL;
@@ -156,14 +158,14 @@ uint64_t kvr_seg_struct_sig(void)
         KVR_SEG_LAYOUT_VERSION,        sizeof(kvr_seg_hdr_t),   offsetof(kvr_seg_hdr_t, ctl),
         sizeof(kvr_ctl_sh_t),          sizeof(kvr_proc_sh_t),   sizeof(kvr_store_sh_t),
         sizeof(kvr_entry_t),           sizeof(kvr_page_t),      sizeof(kvr_pin_t),
-        sizeof(kvr_log_sh_t),          sizeof(kvr_log_event_t), sizeof(kvr_relay_sh_t),
+        sizeof(kvr_chlog_sh_t),          sizeof(kvr_chlog_event_t), sizeof(kvr_relay_sh_t),
         sizeof(kvr_stats_block_t),     sizeof(pthread_mutex_t), KVR_MAX_PROCS,
         KVR_KEY_MAX,                   KVR_RELAY_RING_BYTES,    KVR_RELAY_SNAPSHOTS,
     };
     return XXH3_64bits(sizes, sizeof(sizes));
 }
 
-/* Checksum of the fields fixed at creation (not backing, generation, ctl or itself). */
+/* Checksum of the fields fixed at creation (not backing, run, ctl or itself). */
 static uint64_t hdr_checksum(const kvr_seg_hdr_t *h)
 {
     kvr_seg_hdr_t c;
@@ -171,7 +173,7 @@ static uint64_t hdr_checksum(const kvr_seg_hdr_t *h)
     memcpy(&c, h, offsetof(kvr_seg_hdr_t, ctl));
     c.magic = KVR_SEG_MAGIC; /* sealing writes it after the checksum */
     c.backing = 0;
-    atomic_store_explicit(&c.generation, 0, memory_order_relaxed);
+    c.run = 0;
     c.hdr_check = 0;
     return XXH3_64bits(&c, offsetof(kvr_seg_hdr_t, ctl));
 }
@@ -182,7 +184,10 @@ void kvr_seg_seal(kvr_seg_t *seg)
 
     h->struct_sig = kvr_seg_struct_sig();
     h->hdr_check = hdr_checksum(h);
-    __atomic_store_n(&h->magic, KVR_SEG_MAGIC, __ATOMIC_RELEASE);
+    /* Release: the magic is the seal, stored after everything it vouches for. What it pairs
+     * with is the next run's check_header, in another process after this one is gone (its
+     * mapping of the file is the hand-off): the order matters for a crash between the stores. */
+    kvr_atomic_store_release(&h->magic, KVR_SEG_MAGIC);
 }
 
 /* Appends "; what: file F, configured C (flag)" to buf when the two differ. */
@@ -212,6 +217,7 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
         return KVR_ERR;
     }
     if (h->layout_version != KVR_SEG_LAYOUT_VERSION) {
+        /* A file of another build (older or newer): its structures cannot be read in place. */
         kvr_error("segment file %s: layout version %u, this build reads version %u; refusing it "
                   "(--segment-reset starts empty)", path, h->layout_version, KVR_SEG_LAYOUT_VERSION);
         return KVR_ERR;
@@ -235,7 +241,7 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
     diff_field(d, sizeof(d), "pin slots", h->pin_slots, want->pin_slots);
     diff_field(d, sizeof(d), "relay filter buckets (--expected-unique-blocks)", h->ckf_buckets, want->ckf_buckets);
     if (d[0] == '\0' && memcmp(&h->off_procs, &want->off_procs,
-                               offsetof(kvr_seg_hdr_t, off_reserved_) - offsetof(kvr_seg_hdr_t, off_procs)) != 0)
+                               offsetof(kvr_seg_hdr_t, struct_sig) - offsetof(kvr_seg_hdr_t, off_procs)) != 0)
         snprintf(d, sizeof(d), "region offsets differ with equal sizes");
     diff_field(d, sizeof(d), "total bytes", h->total_size, want->total_size);
     if (d[0] != '\0') {
@@ -516,20 +522,20 @@ fail:
     return KVR_ERR;
 }
 
-/* Re-attach: every process of the previous run is gone (we hold the file lock). */
+/* Re-attach: every process of the previous run is gone (we hold the file lock), and none of
+ * this run is forked yet: relaxed stores that fork publishes, nothing pairs with them. */
 static void attach_reset(kvr_seg_t *seg, uint32_t backing)
 {
     kvr_seg_hdr_t *h = seg->hdr;
-    uint64_t run = atomic_load_explicit(&h->generation, memory_order_relaxed) + 1;
 
     h->backing = backing;
-    atomic_store_explicit(&h->generation, run, memory_order_relaxed);
+    h->run++;
     memset(&h->ctl, 0, sizeof(h->ctl));
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
-        atomic_store_explicit(&seg->procs[i].pid, 0, memory_order_relaxed);
-        atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
-        atomic_store_explicit(&seg->procs[i].conns, 0, memory_order_relaxed);
-        atomic_store_explicit(&seg->procs[i].state, KVR_PROC_FREE, memory_order_relaxed);
+        kvr_atomic_store_relaxed(&seg->procs[i].pid, 0);
+        kvr_atomic_store_relaxed(&seg->procs[i].ready, 0);
+        kvr_atomic_store_relaxed(&seg->procs[i].conns, 0);
+        kvr_atomic_store_relaxed(&seg->procs[i].state, KVR_PROC_FREE);
     }
 }
 
@@ -625,7 +631,7 @@ int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg)
         kvr_info("segment: re-attached %s (%llu bytes, arena %llu in %llu pages of %u, index %llu entries, run %llu) on %s",
                  c.path, (unsigned long long)layout.total_size, (unsigned long long)layout.arena_bytes,
                  (unsigned long long)layout.npages, layout.page_size, (unsigned long long)layout.max_blocks,
-                 (unsigned long long)atomic_load(&seg->hdr->generation), kvr_seg_backing_name(backing));
+                 (unsigned long long)seg->hdr->run, kvr_seg_backing_name(backing));
         return KVR_OK;
     }
     memcpy(seg->hdr, &layout, sizeof(layout));
@@ -633,10 +639,11 @@ int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg)
     if (c.path != NULL && c.path[0] != '\0')
         seg->hdr->magic = 0;
     seg->hdr->backing = backing;
-    atomic_store_explicit(&seg->hdr->generation, 1, memory_order_relaxed);
+    seg->hdr->run = 1;
+    /* Before any fork: relaxed, fork publishes them. */
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
-        atomic_store_explicit(&seg->procs[i].pid, 0, memory_order_relaxed);
-        atomic_store_explicit(&seg->procs[i].state, KVR_PROC_FREE, memory_order_relaxed);
+        kvr_atomic_store_relaxed(&seg->procs[i].pid, 0);
+        kvr_atomic_store_relaxed(&seg->procs[i].state, KVR_PROC_FREE);
     }
     kvr_info("segment: %llu bytes (arena %llu in %llu pages of %u, index %llu entries) on %s%s%s%s",
              (unsigned long long)layout.total_size, (unsigned long long)layout.arena_bytes,
@@ -660,17 +667,29 @@ void kvr_seg_destroy(kvr_seg_t *seg)
     seg->slot = -1;
 }
 
+/* A claimed slot's own fields, written by its new owner right after its CAS of state. */
+static void claim_fields(kvr_proc_sh_t *p, int32_t pid, uint32_t role)
+{
+    /* Release: pairs with the acquire/seq_cst loads of pid by whoever checks an owner
+     * (kvr_seg_proc_find, the publisher's owner_alive, debug owner checks). */
+    kvr_atomic_store_release(&p->pid, pid);
+    /* Relaxed: the slot's readers look at ready only once it is set again (acquire, after
+     * role below), and at conns only for a ready worker. */
+    kvr_atomic_store_relaxed(&p->ready, 0);
+    kvr_atomic_store_relaxed(&p->conns, 0);
+    p->role = role; /* plain: published by the owner's later release store of ready */
+}
+
 int kvr_seg_proc_claim(kvr_seg_t *seg, uint32_t role)
 {
     int32_t me = (int32_t)getpid();
 
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
         uint32_t expect = KVR_PROC_FREE;
-        if (atomic_compare_exchange_strong(&seg->procs[i].state, &expect, KVR_PROC_ACTIVE)) {
-            atomic_store_explicit(&seg->procs[i].pid, me, memory_order_release);
-            atomic_store_explicit(&seg->procs[i].ready, 0, memory_order_relaxed);
-            atomic_store_explicit(&seg->procs[i].conns, 0, memory_order_relaxed);
-            seg->procs[i].role = role;
+        /* The claim: a CAS from FREE, so two claimers never share a slot; pairs with the
+         * reap's seq_cst store of FREE (kvr_store_reap_slot), made after it cleared pid. */
+        if (kvr_atomic_cas_seq_cst(&seg->procs[i].state, &expect, KVR_PROC_ACTIVE)) {
+            claim_fields(&seg->procs[i], me, role);
             seg->slot = i;
             return i;
         }
@@ -683,24 +702,24 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role)
 {
     uint32_t expect = KVR_PROC_FREE;
 
+    /* The claim CAS, as in kvr_seg_proc_claim. */
     if (slot < 0 || slot >= KVR_MAX_PROCS ||
-        !atomic_compare_exchange_strong(&seg->procs[slot].state, &expect, KVR_PROC_ACTIVE)) {
+        !kvr_atomic_cas_seq_cst(&seg->procs[slot].state, &expect, KVR_PROC_ACTIVE)) {
         kvr_error("segment: process slot %d is not free", slot);
         return -1;
     }
-    atomic_store_explicit(&seg->procs[slot].pid, (int32_t)getpid(), memory_order_release);
-    atomic_store_explicit(&seg->procs[slot].ready, 0, memory_order_relaxed);
-    atomic_store_explicit(&seg->procs[slot].conns, 0, memory_order_relaxed);
-    seg->procs[slot].role = role;
+    claim_fields(&seg->procs[slot], (int32_t)getpid(), role);
     seg->slot = slot;
     return slot;
 }
 
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid)
 {
+    /* seq_cst as ever: pid pairs with the claim's release store of it, state with the claim
+     * CAS and the reap's stores (pid is cleared before state turns FREE). */
     for (int i = 0; i < KVR_MAX_PROCS; i++)
-        if (atomic_load(&seg->procs[i].pid) == pid &&
-            atomic_load(&seg->procs[i].state) != KVR_PROC_FREE)
+        if (kvr_atomic_load_seq_cst(&seg->procs[i].pid) == pid &&
+            kvr_atomic_load_seq_cst(&seg->procs[i].state) != KVR_PROC_FREE)
             return i;
     return -1;
 }
@@ -709,14 +728,16 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
 {
     const kvr_ctl_sh_t *c = &seg->hdr->ctl;
 
-    out->draining = atomic_load_explicit(&c->draining, memory_order_relaxed);
-    out->workers_expected = atomic_load_explicit(&c->workers_expected, memory_order_relaxed);
-    out->workers_running = atomic_load_explicit(&c->workers_running, memory_order_relaxed);
-    out->publisher_expected = atomic_load_explicit(&c->publisher_expected, memory_order_relaxed);
-    out->publisher_running = atomic_load_explicit(&c->publisher_running, memory_order_relaxed);
-    out->late = atomic_load_explicit(&c->late, memory_order_relaxed);
-    out->worker_restarts = atomic_load_explicit(&c->worker_restarts, memory_order_relaxed);
-    out->publisher_restarts = atomic_load_explicit(&c->publisher_restarts, memory_order_relaxed);
+    /* Status, each field on its own (segment.h, kvr_seg_status_t): relaxed, pairs with
+     * nothing; a probe may see a value one event late. */
+    out->draining = kvr_atomic_load_relaxed(&c->draining);
+    out->workers_expected = kvr_atomic_load_relaxed(&c->workers_expected);
+    out->workers_running = kvr_atomic_load_relaxed(&c->workers_running);
+    out->publisher_expected = kvr_atomic_load_relaxed(&c->publisher_expected);
+    out->publisher_running = kvr_atomic_load_relaxed(&c->publisher_running);
+    out->late = kvr_atomic_load_relaxed(&c->late);
+    out->worker_restarts = kvr_atomic_load_relaxed(&c->worker_restarts);
+    out->publisher_restarts = kvr_atomic_load_relaxed(&c->publisher_restarts);
     out->max_blocks = seg->hdr->max_blocks;
     out->ckf_buckets = seg->hdr->ckf_buckets;
     out->hugetlb = seg->hdr->backing == KVR_BACKING_HUGETLB;
@@ -724,13 +745,19 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
 
 int kvr_seg_publisher_up(const kvr_seg_t *seg)
 {
-    return atomic_load(&seg->hdr->ctl.publisher_running) != 0;
+    /* A status (seq_cst as ever): pairs with the publisher's and the supervisor's seq_cst
+     * stores of publisher_running; a request may see it one event late. */
+    return kvr_atomic_load_seq_cst(&seg->hdr->ctl.publisher_running) != 0;
 }
 
 void kvr_seg_set_conns(kvr_seg_t *seg, uint32_t n)
 {
-    if (seg->slot >= 0)
-        atomic_store_explicit(&seg->procs[seg->slot].conns, n, memory_order_relaxed);
+    if (seg->slot < 0)
+        return;
+    /* Only the slot's owner writes its count. */
+    KVR_DASSERT(kvr_atomic_load_relaxed(&seg->procs[seg->slot].pid) == (int32_t)getpid());
+    /* Relaxed: a hint for the next accept turn, read relaxed by kvr_seg_worker_load. */
+    kvr_atomic_store_relaxed(&seg->procs[seg->slot].conns, n);
 }
 
 int kvr_seg_worker_load(const kvr_seg_t *seg, int slot, uint32_t *conns, uint64_t *heartbeat)
@@ -738,11 +765,14 @@ int kvr_seg_worker_load(const kvr_seg_t *seg, int slot, uint32_t *conns, uint64_
     const kvr_proc_sh_t *p = &seg->procs[slot];
 
     /* role is written before ready is released (kvr_seg_proc_claim_at, then the worker's
-     * store of ready), so an acquired ready makes it safe to read */
-    if (!atomic_load_explicit(&p->ready, memory_order_acquire) || p->role != KVR_ROLE_WORKER)
+     * store of ready), so an acquired ready makes it safe to read: pairs with that release
+     * store (proc/worker.c once it serves; the supervisor's give_readiness stores it seq_cst) */
+    if (!kvr_atomic_load_acquire(&p->ready) || p->role != KVR_ROLE_WORKER)
         return 0;
-    *conns = atomic_load_explicit(&p->conns, memory_order_relaxed);
-    *heartbeat = atomic_load_explicit(&p->heartbeat, memory_order_relaxed);
+    /* Hints (relaxed, pair with nothing): a count one event late moves one turn, and only the
+     * heartbeat's movement is looked at. */
+    *conns = kvr_atomic_load_relaxed(&p->conns);
+    *heartbeat = kvr_atomic_load_relaxed(&p->heartbeat);
     return 1;
 }
 

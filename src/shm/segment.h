@@ -31,13 +31,20 @@
 #ifndef KVR_SHM_SEGMENT_H
 #define KVR_SHM_SEGMENT_H
 
+#include "base/barrier.h"
+#include "base/dassert.h"
 #include "common.h"
 
 #include <stdatomic.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #define KVR_SEG_MAGIC          0x314745535256564bULL /* "KVVRSEG1" little-endian */
-#define KVR_SEG_LAYOUT_VERSION 1u
+/* Bumped with every change of a shared structure: a segment file of another version is refused
+ * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
+ * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
+ * generation renamed run. */
+#define KVR_SEG_LAYOUT_VERSION 2u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_NIL                UINT32_MAX
@@ -66,8 +73,10 @@ enum { KVR_ROLE_SUPERVISOR = 0, KVR_ROLE_WORKER = 1, KVR_ROLE_PUBLISHER = 2 };
 
 /*
  * One process slot, one cache line. pid/state are written by the claiming process (CAS
- * from FREE) and by the supervisor's reap; role is informational. `ready` is set by the
- * process once it serves and cleared by the supervisor (reap, or a hang it detected).
+ * from FREE) and by the supervisor's reap; role is written by the claiming process before
+ * it sets `ready` (kvr_seg_worker_load reads it after an acquire of ready; debug assertions
+ * check owners by it). `ready` is set by the process once it serves and cleared by the
+ * supervisor (reap, or a hang it detected).
  * `heartbeat` is advanced by the process every loop iteration (kvr_seg_heartbeat) and
  * sampled by the supervisor's watchdog; relaxed: only its movement matters. `conns` is the
  * number of client connections a worker holds, stored by that worker alone (relaxed) and read
@@ -111,13 +120,20 @@ typedef struct {
 static_assert(sizeof(kvr_ctl_sh_t) == 72, "ctl layout");
 static_assert(KVR_MAX_PROCS <= 64, "ctl.late has one bit per process slot");
 
-/* The segment header. Written once by the creator, read-only afterwards except generation and ctl. */
+/*
+ * The segment header. Written by the supervisor before it forks (at creation, or at a warm
+ * re-attach: backing, run and ctl), read-only afterwards except ctl.
+ *
+ * `run` counts the runs that have served this segment: 1 when it is formatted, + 1 at every
+ * warm re-attach (attach_reset); it is logged at the re-attach. It is not the relay's
+ * generation (layout_generation, kvr_relay_sh_t.generation, which each new publisher bumps).
+ */
 typedef struct {
     uint64_t magic;
     uint32_t layout_version;
     uint32_t backing; /* enum kvr_backing */
     uint64_t total_size;
-    _Atomic uint64_t generation; /* producer generation; bumped by the supervisor */
+    uint64_t run; /* runs of this segment: 1 when formatted, + 1 per warm re-attach */
 
     uint32_t page_size;
     uint32_t page_shift;
@@ -143,14 +159,15 @@ typedef struct {
     uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
     uint64_t off_ring;    /* the delta frame ring */
     uint64_t ckf_buckets;
-    uint64_t off_reserved_[1]; /* regions added by later layout versions */
     uint64_t struct_sig;       /* sizes of the shared structures (kvr_seg_struct_sig) */
     uint64_t hdr_check;        /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
-    uint8_t pad_[4096 - 20 * 8 - 8 * 8 - sizeof(kvr_ctl_sh_t)];
+    uint8_t pad_[4096 - 27 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
 static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
-static_assert(offsetof(kvr_seg_hdr_t, generation) == 24, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, run) == 24, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, max_blocks) == 48, "header layout (tests/e2e poke it)");
+static_assert(offsetof(kvr_seg_hdr_t, ctl) == 27 * 8, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, off_procs) == 80, "header layout");
 
 /* A process's handle on the segment (process-local, never in shared memory). */
@@ -208,11 +225,15 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role);
 /* Finds the slot of pid (ACTIVE or DEAD), or -1. */
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid);
 
-/* The calling process is alive and looping: advance its heartbeat (workers, publisher). */
+/* The calling process is alive and looping: advance its heartbeat (workers, publisher).
+ * Relaxed: the supervisor's watchdog only compares samples (its relaxed loads pair with
+ * nothing); only the slot's owner adds. */
 static inline void kvr_seg_heartbeat(kvr_seg_t *seg)
 {
-    if (seg->slot >= 0)
-        atomic_fetch_add_explicit(&seg->procs[seg->slot].heartbeat, 1, memory_order_relaxed);
+    if (seg->slot < 0)
+        return;
+    KVR_DASSERT(kvr_atomic_load_relaxed(&seg->procs[seg->slot].pid) == (int32_t)getpid()); /* its owner */
+    kvr_atomic_fetch_add_relaxed(&seg->procs[seg->slot].heartbeat, 1);
 }
 
 static inline void *kvr_seg_at(const kvr_seg_t *seg, uint64_t off)

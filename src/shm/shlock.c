@@ -1,16 +1,51 @@
 /* shlock.c — see shlock.h. */
 #include "shm/shlock.h"
 
+#include "base/barrier.h"
+#include "base/dassert.h"
 #include "base/log.h"
 
 #include <errno.h>
 #include <string.h>
+
+#ifdef KVR_DEBUG_ASSERTS
+/* The lock this thread holds (processes are single-threaded and there is one shared lock;
+ * the store never nests it). Cleared in a forked child, which holds nothing of its parent's. */
+static _Thread_local const kvr_shlock_t *held_lock;
+
+static void forget_held_lock(void)
+{
+    held_lock = NULL;
+}
+
+__attribute__((constructor)) static void shlock_register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, forget_held_lock);
+}
+#define SET_HELD(l) (held_lock = (l))
+#else
+#define SET_HELD(l) ((void)0)
+#endif
+
+int kvr_shlock_held(const kvr_shlock_t *l)
+{
+#ifdef KVR_DEBUG_ASSERTS
+    return held_lock == l;
+#else
+    (void)l;
+    return 1;
+#endif
+}
 
 int kvr_shlock_init(kvr_shlock_t *l)
 {
     pthread_mutexattr_t a;
     int rc;
 
+#ifdef KVR_DEBUG_ASSERTS
+    if (held_lock == l)
+        held_lock = NULL;
+#endif
     memset(l, 0, sizeof(*l));
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -21,23 +56,33 @@ int kvr_shlock_init(kvr_shlock_t *l)
         kvr_error("pthread_mutex_init: %s", strerror(rc));
         return KVR_ERR;
     }
-    atomic_store_explicit(&l->holder, -1, memory_order_relaxed);
+    /* Before any other process maps it (format) or while none is alive (warm restart). */
+    kvr_atomic_store_relaxed(&l->holder, -1);
     return KVR_OK;
 }
 
+/*
+ * `holder` is written and read only by the mutex's holder (here, and by the next locker after
+ * EOWNERDEAD), so the mutex orders every access to it: relaxed. A holder killed between the
+ * mutex and its store leaves the previous value, -1 since the last unlock cleared it.
+ */
 int kvr_shlock_lock(kvr_shlock_t *l, int my_slot, int *dead_slot)
 {
-    int rc = pthread_mutex_lock(&l->mutex);
+    int rc;
 
+    KVR_DASSERT(!kvr_shlock_held(l));
+    rc = pthread_mutex_lock(&l->mutex);
     if (KVR_LIKELY(rc == 0)) {
-        atomic_store_explicit(&l->holder, my_slot, memory_order_relaxed);
+        kvr_atomic_store_relaxed(&l->holder, my_slot); /* ordered by the mutex (above) */
+        SET_HELD(l);
         return KVR_OK;
     }
     if (rc == EOWNERDEAD) {
         /* The holder field still names the dead holder, unless it died between taking the
          * mutex and recording itself (then it is -1, since unlock clears it). */
-        *dead_slot = atomic_load_explicit(&l->holder, memory_order_relaxed);
-        atomic_store_explicit(&l->holder, my_slot, memory_order_relaxed);
+        *dead_slot = kvr_atomic_load_relaxed(&l->holder); /* ordered by the mutex (above) */
+        kvr_atomic_store_relaxed(&l->holder, my_slot);
+        SET_HELD(l);
         kvr_warn("shared lock: previous holder (slot %d) died holding it; repairing", *dead_slot);
         return KVR_SHLOCK_RECOVERED;
     }
@@ -47,11 +92,14 @@ int kvr_shlock_lock(kvr_shlock_t *l, int my_slot, int *dead_slot)
 
 void kvr_shlock_consistent(kvr_shlock_t *l)
 {
+    KVR_DASSERT(kvr_shlock_held(l));
     pthread_mutex_consistent(&l->mutex);
 }
 
 void kvr_shlock_unlock(kvr_shlock_t *l)
 {
-    atomic_store_explicit(&l->holder, -1, memory_order_relaxed);
+    KVR_DASSERT(kvr_shlock_held(l));
+    kvr_atomic_store_relaxed(&l->holder, -1); /* ordered by the mutex's unlock (below) */
+    SET_HELD(NULL);
     pthread_mutex_unlock(&l->mutex);
 }

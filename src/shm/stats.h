@@ -10,6 +10,7 @@
 #ifndef KVR_SHM_STATS_H
 #define KVR_SHM_STATS_H
 
+#include "base/barrier.h"
 #include "common.h"
 
 /*
@@ -95,9 +96,11 @@ typedef struct {
 } kvr_stats_block_t;
 static_assert(sizeof(kvr_stats_block_t) == 2048, "stats block layout");
 
+/* Only the block's owner calls it: a relaxed load of its own last store, then a relaxed store
+ * that readers' relaxed loads (kvr_stats_sum) may see late; a counter pairs with nothing. */
 static inline void kvr_stat_add(kvr_stats_block_t *b, unsigned i, uint64_t v)
 {
-    __atomic_store_n(&b->c[i], __atomic_load_n(&b->c[i], __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+    kvr_atomic_store_relaxed(&b->c[i], kvr_atomic_load_relaxed(&b->c[i]) + v);
 }
 
 /* Sums counter i over n blocks. */

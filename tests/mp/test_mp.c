@@ -125,10 +125,10 @@ typedef struct {
     uint64_t anomalies;
 } replica_t;
 
-static void replica_apply(replica_t *r, const kvr_log_event_t *ev)
+static void replica_apply(replica_t *r, const kvr_chlog_event_t *ev)
 {
-    uint32_t e = ev->entry, g = kvr_log_gen(ev);
-    if (kvr_log_op(ev) == KVR_EV_INSERT) {
+    uint32_t e = ev->entry, g = kvr_chlog_gen(ev);
+    if (kvr_chlog_op(ev) == KVR_EV_INSERT) {
         if (r->live[e] && r->gen[e] == g)
             return; /* duplicate from a repair */
         if (r->live[e])
@@ -151,7 +151,7 @@ static void replica_scan_cb(void *ctx, uint32_t e, uint32_t g, uint64_t canon)
 
 static void replica_drain(replica_t *r, kvr_store_t *st, uint64_t max_blocks, uint64_t *resyncs)
 {
-    kvr_log_event_t ev[256];
+    kvr_chlog_event_t ev[256];
     size_t n;
 
     if (atomic_load(&st->log->overflow)) {
@@ -159,7 +159,7 @@ static void replica_drain(replica_t *r, kvr_store_t *st, uint64_t max_blocks, ui
         kvr_store_resync(st, replica_scan_cb, r);
         ++*resyncs;
     }
-    while ((n = kvr_log_consume(st->log, ev, 256)) > 0)
+    while ((n = kvr_chlog_consume(st->log, ev, 256)) > 0)
         for (size_t k = 0; k < n; k++)
             replica_apply(r, &ev[k]);
 }
@@ -238,7 +238,9 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 120)
     replica_drain(&rep_state, &st, max_blocks, &resyncs);
 
     cr_assert_eq(atomic_load(&rep->corrupt), 0, "%s", rep->detail);
-    cr_assert_gt(atomic_load(&rep->verified), 1000, "too few verified reads to mean anything");
+    cr_assert_gt(atomic_load(&rep->verified), 1000, "too few verified reads to mean anything (%llu of %llu ops, %llu kills)",
+                 (unsigned long long)atomic_load(&rep->verified), (unsigned long long)atomic_load(&rep->ops),
+                 (unsigned long long)kills);
     cr_assert_eq(kvr_store_check(&st, &scan), KVR_OK, "structures inconsistent after the run");
     kvr_store_stats(&st, &s);
     cr_assert_eq(s.pinned_blocks, 0, "leaked pins");

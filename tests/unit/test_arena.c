@@ -22,6 +22,7 @@ static void ta_init(ta_t *t, uint64_t npages)
     t->a.pages = calloc(npages, sizeof(kvr_page_t));
     t->a.data = NULL;
     t->a.page_shift = 12;
+    t->a.lock = NULL; /* a private arena: no store lock to hold */
     t->bm = calloc((npages + 7) / 8, 1);
     kvr_arena_format(&t->a);
 }

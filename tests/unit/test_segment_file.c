@@ -170,14 +170,14 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
     kvr_store_stats(&st, &s0);
     cr_assert_eq(s0.unique_blocks, 50);
     cr_assert_eq(s0.pinned_blocks, 1);
-    uint64_t run1 = atomic_load(&seg.hdr->generation);
+    uint64_t run1 = seg.hdr->run;
     kvr_seg_destroy(&seg); /* like SIGKILL of everything: nothing was cleaned up */
 
     c = cfg_of(8 << 20, 0);
     kvr_log_level = getenv("KVR_UNIT_LOG") ? KVR_LOG_DEBUG : KVR_LOG_OFF;
     cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
     cr_assert_eq(seg.attached, 1);
-    cr_assert_eq(atomic_load(&seg.hdr->generation), run1 + 1, "the run counter moves");
+    cr_assert_eq(seg.hdr->run, run1 + 1, "the run counter moves");
     for (int i = 0; i < KVR_MAX_PROCS; i++)
         cr_assert_eq(atomic_load(&seg.procs[i].state), KVR_PROC_FREE);
     cr_assert_eq(kvr_store_attach(&seg, 0), KVR_OK);
@@ -304,6 +304,52 @@ Test(segment_file, corrupted_header_version_signature_and_size_are_refused, .fin
     }
     poke(offsetof(kvr_seg_hdr_t, hdr_check), &zero, sizeof(zero));
     cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "an unsealed file starts empty");
+    unlink(path);
+}
+
+/* Like create_in_child, with the child's log lines (errors) in msg. */
+static int create_in_child_msg(kvr_seg_config_t c, char *msg, size_t n)
+{
+    char tmpl[] = "/tmp/kvr-unit-msg-XXXXXX";
+    int fd = mkstemp(tmpl), status;
+    pid_t pid;
+    ssize_t got;
+
+    cr_assert_geq(fd, 0);
+    unlink(tmpl);
+    pid = fork();
+    if (pid == 0) {
+        kvr_seg_t s;
+        dup2(fd, STDERR_FILENO);
+        kvr_log_level = KVR_LOG_ERROR;
+        _exit(kvr_seg_create(&s, &c) == KVR_OK ? 0 : 1);
+    }
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    got = pread(fd, msg, n - 1, 0);
+    msg[got > 0 ? got : 0] = '\0';
+    close(fd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+}
+
+/* A file written by a build of layout version 1 (before the dead shared fields were removed):
+ * refused at the warm restart, naming both versions; --segment-reset starts empty instead. */
+Test(segment_file, a_segment_of_the_old_layout_is_refused_naming_both_versions, .fini = rm_path)
+{
+    kvr_seg_t seg;
+    kvr_store_t st;
+    uint32_t v1 = 1;
+    char msg[2048], want[128];
+
+    cr_assert_eq(KVR_SEG_LAYOUT_VERSION, 2, "this test knows the step from version 1 to 2");
+    mkpath("oldlayout");
+    fresh(&seg, &st, 8 << 20, 5);
+    kvr_seg_destroy(&seg);
+    poke(offsetof(kvr_seg_hdr_t, layout_version), &v1, sizeof(v1));
+    cr_assert_eq(create_in_child_msg(cfg_of(8 << 20, 0), msg, sizeof(msg)), 1, "an old layout is refused");
+    snprintf(want, sizeof(want), "layout version 1, this build reads version %u; refusing it", KVR_SEG_LAYOUT_VERSION);
+    cr_assert(strstr(msg, want) != NULL, "the refusal names both versions: %s", msg);
+    cr_assert(strstr(msg, "--segment-reset starts empty") != NULL, "and the way out: %s", msg);
+    cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0, "--segment-reset starts over");
     unlink(path);
 }
 
