@@ -16,9 +16,8 @@ there is any; 0 when the graph is clean. io/ may not touch a shared struct's fie
 shared memory (sockets, mmap, the ring, h2o, nghttp2) either. Includes that name no file of src/ (system headers,
 generated headers outside wire/, blake3.h) are not layered.
 
-Circles: no module may depend on itself through others (refused in tools/ and bench/; in src/,
-whose layers already order its directories, the circles inside a layer are listed as notes until
-they are gone).
+Circles: no module may depend on itself through others (refused in src/, tools/ and bench/;
+src/'s layers order its directories, and --circles also refuses a circle inside one layer).
 A module is a .c file and the header of the same name (tools: also X_*.c that share the
 private header X_int.h: one module split over several files). Module A depends on module B when
 a file of A includes a header of B, or includes a header that declares a function or variable B
@@ -31,8 +30,6 @@ Usage: check-layers.py [SRC_DIR]                 the layers of SRC_DIR (default:
                                                  bench/); headers are looked up next to the
                                                  including file, then in SRC
        check-layers.py --circles-note [--src SRC] DIR...   the same, printed as notes, exit 0
-                                                 (src/: its module circles are listed, not yet
-                                                 refused; see the Makefile)
 """
 import os
 import re

@@ -4,8 +4,9 @@
 # each deliberately bad include: a lower layer including a higher one, wire and shm including
 # each other, an I/O header in wire/; on io/ touching a shared struct's field; and on a circle
 # planted in tools/ (a module including one that includes it) and in bench/-style headers (a
-# header declaring what another module defines, the bench tool's old main.c <-> relay.c).
-# Bounded: one copy of the three directories, ten runs of the checker.
+# header declaring what another module defines, the bench tool's old main.c <-> relay.c) and
+# inside one layer of src/. Then scripts/check-size.py: a long function without its reason and a
+# long file are refused. Bounded: one copy of the three directories, fourteen runs of checkers.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "${1:-$here/../src}/.." && pwd)
@@ -16,6 +17,7 @@ fail() { echo "test-check-layers: $*" >&2; exit 1; }
 for d in src tools bench; do cp -r "$root/$d" "$tmp/$d"; done
 layers() { "$here/check-layers.py" "$tmp/src"; }
 circles() { "$here/check-layers.py" --circles --src "$tmp/src" "$tmp/tools" "$tmp/bench"; }
+srccircles() { "$here/check-layers.py" --circles "$tmp/src"; }
 layers >/dev/null || fail "a copy of the clean src/ does not pass"
 circles >/dev/null || fail "a copy of the clean tools/ and bench/ does not pass"
 
@@ -45,6 +47,20 @@ expect_bad layers src/io/metrics.c 'static int f(kvr_seg_t *seg) { return seg->h
 expect_bad circles tools/kvrelay-bench/json.c '#include "relay.h"'
 # a circle through a declaration: hist.h promises a function of report.c, and report includes hist
 expect_bad circles tools/kvrelay-bench/hist.h 'void kvb_sum_totals(const struct kvb_stats *s, struct kvb_totals *t);'
+# a circle inside one layer of src/: stats.c calls into the segment, which includes stats.h
+expect_bad srccircles src/shm/stats.c '#include "shm/segment.h"'
+
+# check-size: a function of 131 lines with no comment saying why it is long is refused, and the
+# same function passes once its comment says so; a file of 801 lines is refused.
+{ echo "int f(void)"; echo "{"; i=0; while [ $i -lt 128 ]; do echo "    g();"; i=$((i+1)); done; echo "}"; } > "$tmp/long.c"
+out=$("$here/check-size.py" "$tmp/long.c" 2>&1) && fail "check-size passed a 131-line function: $out"
+case $out in *"long.c:1: f() is 131 lines"*) ;; *) fail "check-size said: $out" ;; esac
+{ echo "/* Long because it is a test. */"; cat "$tmp/long.c"; } > "$tmp/long2.c" && mv "$tmp/long2.c" "$tmp/long.c"
+"$here/check-size.py" "$tmp/long.c" >/dev/null || fail "check-size refused a long function with its reason"
+yes "int x;" | head -n 801 > "$tmp/big.h"
+"$here/check-size.py" "$tmp/big.h" >/dev/null && fail "check-size passed an 801-line file"
+echo "ok: check-size refuses a long function without a reason and a long file"
+
 layers >/dev/null || fail "the restored src/ does not pass"
 circles >/dev/null || fail "the restored tools/ and bench/ do not pass"
 echo "test-check-layers: ok"

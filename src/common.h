@@ -29,6 +29,7 @@
 #define KVR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define KVR_ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
 #define KVR_CACHELINE 64
+#define KVR_NIL       UINT32_MAX /* no entry, no page: the null index of every shared table */
 /* Longest key in bytes, decoded (wire/keys.h decodes to it, the store keeps up to it). */
 #define KVR_KEY_MAX   1024
 

@@ -2,7 +2,6 @@
 #include "shm/arena.h"
 
 #include "base/dassert.h"
-#include "shm/segment.h"
 
 #define LEN(a, p)  ((a)->pages[p].len & ~KVR_PAGE_FREE)
 #define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i) & 7)))

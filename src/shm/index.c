@@ -4,7 +4,6 @@
 #include "base/atomics.h"
 #include "base/barrier.h"
 #include "base/dassert.h"
-#include "shm/segment.h"
 
 #include <stdlib.h>
 

@@ -47,7 +47,6 @@
 #define KVR_SEG_LAYOUT_VERSION 2u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
-#define KVR_NIL                UINT32_MAX
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
 
 enum kvr_hugepage_mode { KVR_HUGEPAGES_AUTO = 0, KVR_HUGEPAGES_OFF = 1, KVR_HUGEPAGES_REQUIRE = 2 };

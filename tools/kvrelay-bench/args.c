@@ -237,7 +237,7 @@ static void parse_popularity(const char *a)
 }
 
 /* One option of the command line, as getopt_long returned it (see longopts); one case per
- * option, in the order of --help. Over the ~120 lines of a function because it is the
+ * option, in the order of --help. It is long (past the tree's ~120 lines) because it is the
  * table of options itself: each case is a few lines that check and store one value. */
 static void parse_option(int opt, const char *a, struct seen *have)
 {
