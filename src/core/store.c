@@ -544,7 +544,7 @@ int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *dat
 /* ------------------------------------------------------------------ get, exists, release */
 
 /* Validates the key, takes the lock and looks it up: KVR_OK with the lock held and *i the
- * LIVE entry or KVR_NIL; KVR_EINVAL or KVR_ERR without the lock. */
+ * LIVE entry; KVR_ENOTFOUND, KVR_EINVAL or KVR_ERR without the lock. */
 static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t *i)
 {
     uint64_t khash;
@@ -556,6 +556,10 @@ static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t
     if (store_lock(st) != KVR_OK)
         return KVR_ERR;
     *i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    if (*i == KVR_NIL) {
+        store_unlock(st);
+        return KVR_ENOTFOUND;
+    }
     return KVR_OK;
 }
 
@@ -565,13 +569,10 @@ int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t
     kvr_entry_t *e;
     int rc = lock_and_find(st, key, klen, &i);
 
+    if (rc == KVR_ENOTFOUND)
+        kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
     if (rc != KVR_OK)
         return rc;
-    if (i == KVR_NIL) {
-        store_unlock(st);
-        kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
-        return KVR_ENOTFOUND;
-    }
     if (pin_add_locked(st, i) != KVR_OK) {
         store_unlock(st);
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "store: pin table full (%u slots)", st->pin_slots);
@@ -686,10 +687,6 @@ int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *r
 
     if (rc != KVR_OK)
         return rc;
-    if (i == KVR_NIL) {
-        store_unlock(st);
-        return KVR_ENOTFOUND;
-    }
     e = &st->ix.ent[i];
     e->refs--;
     sh->total_refs--;
