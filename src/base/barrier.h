@@ -1,7 +1,7 @@
 /*
  * barrier.h — named accessors for every field that processes share without a lock.
  *
- * A lock-free access in src/shm, src/core/store*.c and src/proc/publisher.c goes through one
+ * A lock-free access in src/shm, src/core/store*.c and src/proc/publisher*.c goes through one
  * of these, so that its ordering is in its name and a grep finds every one of them; each call
  * site says in a comment what it pairs with (the store on the other side, or why none is
  * needed). docs/concurrency.md has the table of who writes what with which ordering.

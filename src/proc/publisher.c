@@ -22,6 +22,7 @@
  * A change-log overflow does the same without a restart.
  */
 #include "proc/publisher.h"
+#include "proc/publisher_int.h"
 
 #include "wire/ckf.h"
 #include "base/barrier.h"
@@ -45,41 +46,7 @@
 
 #define LOG_BATCH 4096
 
-typedef struct {
-    const kvr_config_t *cfg;
-    kvr_seg_t *seg;
-    kvr_store_t store;
-    kvr_relay_t relay;
-    kvr_ckf_t ckf;
-    kvr_owners_t owners;
-    uint32_t *ann_gen;  /* per index entry: the generation whose insert was applied */
-    uint8_t *ann_live;  /* per index entry: 1 while that insert is in effect */
-    uint64_t *ann_canon;
-    kvr_ckf_image_t *images;
-    size_t images_cap;
-    uint8_t *msg;       /* encode buffer for one delta message */
-    size_t msg_cap;
-    uint64_t generation;
-    uint64_t seq;
-    uint64_t pending;
-    uint64_t first_pending_ns;
-    uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
-    uint64_t max_blocks;
-    int resync;            /* owner counting failed (out of memory): the filter is not exact */
-    /* the main loop (docs/concurrency.md, "Change log") */
-    uint64_t delay_ns;     /* --publication-delay */
-    uint64_t linger_ns;    /* how long queued events may wait unconsumed */
-    uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
-    uint64_t unwoken_ns;   /* appends may have come unannounced since (timed sleeps), or 0 */
-    int busy;              /* the last turn consumed events: look again within a delay */
-    uint64_t scanned_ns;   /* the subscriber slots' last scan */
-    int scan_due;          /* a wake-up came since: perhaps a subscriber's request */
-    int wake_fd;
-    /* Snapshot references, private: which copy each subscriber slot holds (-1: none) and
-     * how many hold each copy. Only this process counts; a worker never writes a count. */
-    int8_t held[KVR_RELAY_MAX_SUBS];
-    uint32_t refs[KVR_RELAY_SNAPSHOTS];
-} pub_t;
+
 
 unsigned kvr_pub_fail_alloc_at;
 static unsigned pub_allocs;
@@ -90,28 +57,6 @@ static void *pub_realloc(void *old, size_t n)
     if (kvr_pub_fail_alloc_at != 0 && ++pub_allocs == kvr_pub_fail_alloc_at)
         return NULL;
     return realloc(old, n);
-}
-
-/*
- * Owner checks (KVR_DASSERT, base/dassert.h). The publisher is the single writer of the relay's
- * frames, ring, snapshot copies and of its side of the subscriber slots, and the change log's
- * only consumer. pub_is_me: this process holds the publisher's process slot (the process table
- * records pid and role). pub_owns_relay: besides, it is the publisher the relay state names
- * (publisher_pid, stored at the end of the first new_generation).
- */
-KVR_DASSERT_FN static int pub_is_me(const pub_t *p)
-{
-    const kvr_proc_sh_t *me;
-
-    if (p->seg->slot < 0)
-        return 0;
-    me = &p->seg->procs[p->seg->slot];
-    return me->role == KVR_ROLE_PUBLISHER && kvr_atomic_load_relaxed(&me->pid) == (int32_t)getpid();
-}
-
-KVR_DASSERT_FN static int pub_owns_relay(const pub_t *p)
-{
-    return pub_is_me(p) && kvr_atomic_load_relaxed(&p->relay.sh->publisher_pid) == (uint32_t)getpid();
 }
 
 static volatile sig_atomic_t pub_term;
@@ -158,198 +103,6 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
 static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
 {
     apply_insert(ctx, e, gen, canon);
-}
-
-/* ------------------------------------------------------------------ subscribers */
-
-/*
- * The publisher's side of the slot protocol (shm/relay_sh.h): REQUESTED -> LIVE,
- * REQUESTED|LIVE -> CLOSED, RELEASING -> FREE, and dead owners' slots -> RELEASING. Each
- * is a CAS from the state we saw; losing one means the worker moved first (always to
- * RELEASING), which the next scan handles.
- */
-static int sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
-{
-    /* seq_cst CAS: pairs with the workers' CASes and loads of state (core/relay.c). Our
-     * stores of a slot's fields before it (snap_*, cursor, close_reason) are visible to a
-     * worker that sees the new state. */
-    return kvr_atomic_cas_seq_cst(&s->state, &from, to);
-}
-
-static void wake_owner(pub_t *p, uint64_t owner)
-{
-    int slot = KVR_SUB_OWNER_SLOT(owner);
-    if (slot >= 0 && slot < KVR_MAX_PROCS)
-        kvr_relay_wake(p->relay.fds->worker[slot]);
-}
-
-static void take_ref(pub_t *p, int i, int k)
-{
-    p->held[i] = (int8_t)k;
-    p->refs[k]++;
-    p->relay.sh->snap[k].refs = p->refs[k];
-}
-
-static void drop_ref(pub_t *p, int i)
-{
-    int k = p->held[i];
-    if (k < 0)
-        return;
-    p->held[i] = -1;
-    p->refs[k]--;
-    p->relay.sh->snap[k].refs = p->refs[k];
-}
-
-static void close_sub(pub_t *p, int i, int reason)
-{
-    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-    /* seq_cst loads of state: pair with the workers' state CASes (core/relay.c). */
-    uint32_t st = kvr_atomic_load_seq_cst(&s->state);
-
-    KVR_DASSERT(pub_is_me(p));
-    /* The reference stays held until the worker releases the slot: it may be reading the
-     * copy right now. */
-    while (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
-        /* Before the CAS to CLOSED, which publishes it: the worker reads it after it sees
-         * CLOSED (core/relay.c). */
-        kvr_atomic_store_seq_cst(&s->close_reason, (uint32_t)reason);
-        if (sub_cas(s, st, KVR_SUB_CLOSED)) {
-            /* owner: pairs with the worker's claim CAS of it, made before its state CAS */
-            wake_owner(p, kvr_atomic_load_seq_cst(&s->owner));
-            return;
-        }
-        st = kvr_atomic_load_seq_cst(&s->state);
-    }
-}
-
-static int owner_alive(pub_t *p, uint64_t owner)
-{
-    const kvr_proc_sh_t *pr;
-    int slot = KVR_SUB_OWNER_SLOT(owner);
-    if (slot < 0 || slot >= KVR_MAX_PROCS)
-        return 0;
-    pr = &p->seg->procs[slot];
-    /* seq_cst: state pairs with a claim's CAS and the reap's seq_cst stores (pid cleared
-     * before FREE, kvr_store_reap_slot); pid with the claim's release store of it. */
-    return kvr_atomic_load_seq_cst(&pr->state) == KVR_PROC_ACTIVE &&
-           kvr_atomic_load_seq_cst(&pr->pid) == KVR_SUB_OWNER_PID(owner);
-}
-
-/* RELEASING -> FREE: nobody reads the slot's copy any more. `owner` is cleared last, so
- * a worker's claim (a CAS on owner) always finds the slot FREE. */
-static void free_sub(pub_t *p, int i)
-{
-    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-
-    KVR_DASSERT(pub_is_me(p));
-    drop_ref(p, i);
-    /* owner cleared after the state CAS: pairs with the worker's claim, a CAS of owner from
-     * 0, which then finds the slot FREE. */
-    if (sub_cas(s, KVR_SUB_RELEASING, KVR_SUB_FREE))
-        kvr_atomic_store_seq_cst(&s->owner, 0);
-}
-
-/* Frees released slots, takes back the slots of dead workers, and drops the reference of
- * a subscriber that has sent its whole snapshot. */
-static void reclaim_subscribers(pub_t *p)
-{
-    KVR_DASSERT(pub_is_me(p));
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
-        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-        /* seq_cst, as every slot access: pair with the workers' CASes of state and owner */
-        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
-        uint64_t owner = kvr_atomic_load_seq_cst(&s->owner);
-
-        if (st == KVR_SUB_RELEASING) {
-            free_sub(p, i);
-        } else if (st != KVR_SUB_FREE && !owner_alive(p, owner)) {
-            if (sub_cas(s, st, KVR_SUB_RELEASING)) /* its worker died: the slot is ours */
-                free_sub(p, i);
-        } else if (st == KVR_SUB_FREE && owner != 0 && !owner_alive(p, owner)) {
-            kvr_atomic_cas_seq_cst(&s->owner, &owner, 0); /* died between its two CASes */
-        } else if (st == KVR_SUB_LIVE && p->held[i] >= 0 && kvr_atomic_load_seq_cst(&s->snap_done)) {
-            /* snap_done pairs with the worker's store of it once its snapshot is sent */
-            drop_ref(p, i);
-        }
-    }
-}
-
-/* A new publisher process inherits the slots of the one before: a subscriber that is still
- * streaming its snapshot holds that copy. */
-static void rebuild_refs(pub_t *p)
-{
-    memset(p->held, -1, sizeof(p->held));
-    memset(p->refs, 0, sizeof(p->refs));
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
-        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
-        /* seq_cst: state pairs with the workers' CASes; snap_index was stored by our
-         * predecessor before its CAS to LIVE; snap_done pairs with the worker's store */
-        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
-        int k = kvr_atomic_load_seq_cst(&s->snap_index);
-        if ((st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) && k >= 0 && k < KVR_RELAY_SNAPSHOTS &&
-            !kvr_atomic_load_seq_cst(&s->snap_done))
-            take_ref(p, i, k);
-    }
-}
-
-/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued
- * (docs/relay-contract.md, "A pool stream", step 5), or
- * UINT64_MAX when the frame before its cursor is no longer indexed (far behind). */
-static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
-{
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t top;
-    const kvr_relay_frame_t *b;
-
-    if (cursor > p->seq)
-        return 0;
-    top = sh->frame[p->seq % KVR_RELAY_FRAMES].queue_cum;
-    if (cursor <= 1)
-        return top;
-    b = &sh->frame[(cursor - 1) % KVR_RELAY_FRAMES];
-    if (kvr_atomic_load_seq_cst(&b->seq) != cursor - 1) /* our own store (the only writer) */
-        return UINT64_MAX;
-    return top - b->queue_cum;
-}
-
-static void check_lag(pub_t *p)
-{
-    kvr_relay_sh_t *sh = p->relay.sh;
-
-    KVR_DASSERT(pub_owns_relay(p));
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
-        kvr_relay_sub_t *s = &sh->sub[i];
-        uint64_t cursor, frames;
-        /* acquire: pairs with the workers' seq_cst state CASes (a slot seen LIVE is ours to
-         * judge) */
-        if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE)
-            continue;
-        /* acquire: pairs with the worker's release store of cursor after it sent a frame */
-        cursor = kvr_atomic_load_acquire(&s->cursor);
-        frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
-        if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
-            kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
-            close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
-        }
-    }
-}
-
-static void wake_live_workers(pub_t *p)
-{
-    uint64_t mask = 0;
-    kvr_relay_sh_t *sh = p->relay.sh;
-
-    static_assert(KVR_MAX_PROCS <= 64, "one mask bit per process slot");
-    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
-        kvr_relay_sub_t *s = &sh->sub[i];
-        /* seq_cst as every slot access; a wake-up sent to a worker that just left is harmless */
-        int w = KVR_SUB_OWNER_SLOT(kvr_atomic_load_seq_cst(&s->owner));
-        if (kvr_atomic_load_seq_cst(&s->state) == KVR_SUB_LIVE && w >= 0 && w < KVR_MAX_PROCS)
-            mask |= 1ull << w;
-    }
-    for (int w = 0; w < KVR_MAX_PROCS; w++)
-        if (mask & (1ull << w))
-            kvr_relay_wake(p->relay.fds->worker[w]);
 }
 
 /* ------------------------------------------------------------------ publication */
@@ -482,7 +235,7 @@ static int publish(pub_t *p)
          * copies taken from the filter as it is now. */
         kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);
         for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-            close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+            pub_close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
         for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
             kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0); /* see snapshot_copy */
         return KVR_OK;
@@ -500,8 +253,8 @@ static int publish(pub_t *p)
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTAS, 1);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTA_BYTES, len);
     record_latency(p);
-    check_lag(p);
-    wake_live_workers(p);
+    pub_check_lag(p);
+    pub_wake_live_workers(p);
     return KVR_OK;
 }
 
@@ -540,7 +293,7 @@ static void admit_subscribers(pub_t *p)
     int exact = -1; /* not yet known */
 
     KVR_DASSERT(pub_owns_relay(p));
-    reclaim_subscribers(p);
+    pub_reclaim_subscribers(p);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
         int use;
@@ -548,7 +301,7 @@ static void admit_subscribers(pub_t *p)
         if (kvr_atomic_load_seq_cst(&s->state) != KVR_SUB_REQUESTED) /* pairs with the worker's CAS */
             continue;
         if (s->generation != p->generation) {
-            close_sub(p, i, KVR_RELAY_REASON_PRODUCER_CHANGED);
+            pub_close_sub(p, i, KVR_RELAY_REASON_PRODUCER_CHANGED);
             continue;
         }
         if (exact < 0) /* the copy must be exact at a published sequence */
@@ -560,9 +313,9 @@ static void admit_subscribers(pub_t *p)
         kvr_atomic_store_seq_cst(&s->snap_index, use);
         kvr_atomic_store_seq_cst(&s->snap_seq, p->seq);
         kvr_atomic_store_seq_cst(&s->cursor, p->seq + 1);
-        if (sub_cas(s, KVR_SUB_REQUESTED, KVR_SUB_LIVE)) { /* else it was just released */
-            take_ref(p, i, use);
-            wake_owner(p, kvr_atomic_load_seq_cst(&s->owner)); /* pairs with the claim CAS */
+        if (pub_sub_cas(s, KVR_SUB_REQUESTED, KVR_SUB_LIVE)) { /* else it was just released */
+            pub_take_ref(p, i, use);
+            pub_wake_owner(p, kvr_atomic_load_seq_cst(&s->owner)); /* pairs with the claim CAS */
         }
     }
 }
@@ -580,7 +333,7 @@ static void new_generation(pub_t *p, const char *why)
     /* Old-generation streams end; new subscribers must present the new producer. The
      * references of streams still sending an old snapshot stay until they release. */
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+        pub_close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
     /* seq_cst, as ever: the workers read these with acquire (published_seq, frame seq: a
      * reader of the old generation finds nothing to read) or seq_cst. */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
@@ -803,7 +556,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         kvr_ckf_init(&p->ckf, p->relay.filter, p->relay.sh->bucket_count, p->relay.sh->seed, 0, 1) != KVR_OK ||
         kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK)
         _exit(70);
-    rebuild_refs(p);
+    pub_rebuild_refs(p);
     new_generation(p, "start");
     /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
      * kvr_seg_worker_load's (role was written before, at the claim) */

@@ -2,7 +2,7 @@
  * relay_sh.h — the relay's shared state: what the publisher publishes and what workers
  * stream to gRPC subscribers (docs/relay-contract.md; the rules are in docs/concurrency.md).
  *
- * Only core/relay.c and proc/publisher.c touch these structs; everything else goes through
+ * Only core/relay.c and proc/publisher*.c touch these structs; everything else goes through
  * core/relay.h.
  *
  *   status      generation (layout_generation), published sequence, catalog revision,

@@ -1,0 +1,88 @@
+/*
+ * publisher_int.h — the publisher process's private state, shared by publisher.c (the change
+ * log, publication, generations) and publisher_subs.c (its side of the subscriber slots).
+ * Nothing outside src/proc/publisher*.c includes it.
+ */
+#ifndef KVR_PROC_PUBLISHER_INT_H
+#define KVR_PROC_PUBLISHER_INT_H
+
+#include "base/barrier.h"
+#include "core/config.h"
+#include "core/owners.h"
+#include "core/relay_int.h"
+#include "core/store.h"
+#include "shm/segment.h"
+#include "wire/ckf.h"
+
+#include <stdint.h>
+#include <unistd.h>
+
+typedef struct {
+    const kvr_config_t *cfg;
+    kvr_seg_t *seg;
+    kvr_store_t store;
+    kvr_relay_t relay;
+    kvr_ckf_t ckf;
+    kvr_owners_t owners;
+    uint32_t *ann_gen;  /* per index entry: the generation whose insert was applied */
+    uint8_t *ann_live;  /* per index entry: 1 while that insert is in effect */
+    uint64_t *ann_canon;
+    kvr_ckf_image_t *images;
+    size_t images_cap;
+    uint8_t *msg;       /* encode buffer for one delta message */
+    size_t msg_cap;
+    uint64_t generation;
+    uint64_t seq;
+    uint64_t pending;
+    uint64_t first_pending_ns;
+    uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
+    uint64_t max_blocks;
+    int resync;            /* owner counting failed (out of memory): the filter is not exact */
+    /* the main loop (docs/concurrency.md, "Change log") */
+    uint64_t delay_ns;     /* --publication-delay */
+    uint64_t linger_ns;    /* how long queued events may wait unconsumed */
+    uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
+    uint64_t unwoken_ns;   /* appends may have come unannounced since (timed sleeps), or 0 */
+    int busy;              /* the last turn consumed events: look again within a delay */
+    uint64_t scanned_ns;   /* the subscriber slots' last scan */
+    int scan_due;          /* a wake-up came since: perhaps a subscriber's request */
+    int wake_fd;
+    /* Snapshot references, private: which copy each subscriber slot holds (-1: none) and
+     * how many hold each copy. Only this process counts; a worker never writes a count. */
+    int8_t held[KVR_RELAY_MAX_SUBS];
+    uint32_t refs[KVR_RELAY_SNAPSHOTS];
+} pub_t;
+
+/*
+ * Owner checks (KVR_DASSERT, base/dassert.h). The publisher is the single writer of the relay's
+ * frames, ring, snapshot copies and of its side of the subscriber slots, and the change log's
+ * only consumer. pub_is_me: this process holds the publisher's process slot (the process table
+ * records pid and role). pub_owns_relay: besides, it is the publisher the relay state names
+ * (publisher_pid, stored at the end of the first new_generation).
+ */
+static inline int pub_is_me(const pub_t *p)
+{
+    const kvr_proc_sh_t *me;
+
+    if (p->seg->slot < 0)
+        return 0;
+    me = &p->seg->procs[p->seg->slot];
+    return me->role == KVR_ROLE_PUBLISHER && kvr_atomic_load_relaxed(&me->pid) == (int32_t)getpid();
+}
+
+static inline int pub_owns_relay(const pub_t *p)
+{
+    return pub_is_me(p) && kvr_atomic_load_relaxed(&p->relay.sh->publisher_pid) == (uint32_t)getpid();
+}
+
+/* publisher_subs.c */
+int pub_sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to);
+void pub_wake_owner(pub_t *p, uint64_t owner);
+void pub_take_ref(pub_t *p, int i, int k);
+void pub_close_sub(pub_t *p, int i, int reason);
+void pub_reclaim_subscribers(pub_t *p);
+void pub_rebuild_refs(pub_t *p);
+void pub_check_lag(pub_t *p);
+void pub_wake_live_workers(pub_t *p);
+
+#endif

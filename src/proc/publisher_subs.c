@@ -1,0 +1,202 @@
+/*
+ * publisher_subs.c — the publisher's side of the subscriber slots (shm/relay_sh.h): admitting
+ * is in publisher.c (it needs a publication); here are the CASes, the snapshot references,
+ * reclaiming slots of dead workers, cutting laggards and waking the workers that stream.
+ */
+#include "proc/publisher_int.h"
+
+#include "base/dassert.h"
+#include "base/log.h"
+#include "wire/relay_validate.h"
+
+#include <string.h>
+
+/*
+ * The publisher's side of the slot protocol (shm/relay_sh.h): REQUESTED -> LIVE,
+ * REQUESTED|LIVE -> CLOSED, RELEASING -> FREE, and dead owners' slots -> RELEASING. Each
+ * is a CAS from the state we saw; losing one means the worker moved first (always to
+ * RELEASING), which the next scan handles.
+ */
+int pub_sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
+{
+    /* seq_cst CAS: pairs with the workers' CASes and loads of state (core/relay.c). Our
+     * stores of a slot's fields before it (snap_*, cursor, close_reason) are visible to a
+     * worker that sees the new state. */
+    return kvr_atomic_cas_seq_cst(&s->state, &from, to);
+}
+
+void pub_wake_owner(pub_t *p, uint64_t owner)
+{
+    int slot = KVR_SUB_OWNER_SLOT(owner);
+    if (slot >= 0 && slot < KVR_MAX_PROCS)
+        kvr_relay_wake(p->relay.fds->worker[slot]);
+}
+
+void pub_take_ref(pub_t *p, int i, int k)
+{
+    p->held[i] = (int8_t)k;
+    p->refs[k]++;
+    p->relay.sh->snap[k].refs = p->refs[k];
+}
+
+static void drop_ref(pub_t *p, int i)
+{
+    int k = p->held[i];
+    if (k < 0)
+        return;
+    p->held[i] = -1;
+    p->refs[k]--;
+    p->relay.sh->snap[k].refs = p->refs[k];
+}
+
+void pub_close_sub(pub_t *p, int i, int reason)
+{
+    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+    /* seq_cst loads of state: pair with the workers' state CASes (core/relay.c). */
+    uint32_t st = kvr_atomic_load_seq_cst(&s->state);
+
+    KVR_DASSERT(pub_is_me(p));
+    /* The reference stays held until the worker releases the slot: it may be reading the
+     * copy right now. */
+    while (st == KVR_SUB_LIVE || st == KVR_SUB_REQUESTED) {
+        /* Before the CAS to CLOSED, which publishes it: the worker reads it after it sees
+         * CLOSED (core/relay.c). */
+        kvr_atomic_store_seq_cst(&s->close_reason, (uint32_t)reason);
+        if (pub_sub_cas(s, st, KVR_SUB_CLOSED)) {
+            /* owner: pairs with the worker's claim CAS of it, made before its state CAS */
+            pub_wake_owner(p, kvr_atomic_load_seq_cst(&s->owner));
+            return;
+        }
+        st = kvr_atomic_load_seq_cst(&s->state);
+    }
+}
+
+static int owner_alive(pub_t *p, uint64_t owner)
+{
+    const kvr_proc_sh_t *pr;
+    int slot = KVR_SUB_OWNER_SLOT(owner);
+    if (slot < 0 || slot >= KVR_MAX_PROCS)
+        return 0;
+    pr = &p->seg->procs[slot];
+    /* seq_cst: state pairs with a claim's CAS and the reap's seq_cst stores (pid cleared
+     * before FREE, kvr_store_reap_slot); pid with the claim's release store of it. */
+    return kvr_atomic_load_seq_cst(&pr->state) == KVR_PROC_ACTIVE &&
+           kvr_atomic_load_seq_cst(&pr->pid) == KVR_SUB_OWNER_PID(owner);
+}
+
+/* RELEASING -> FREE: nobody reads the slot's copy any more. `owner` is cleared last, so
+ * a worker's claim (a CAS on owner) always finds the slot FREE. */
+static void free_sub(pub_t *p, int i)
+{
+    kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+
+    KVR_DASSERT(pub_is_me(p));
+    drop_ref(p, i);
+    /* owner cleared after the state CAS: pairs with the worker's claim, a CAS of owner from
+     * 0, which then finds the slot FREE. */
+    if (pub_sub_cas(s, KVR_SUB_RELEASING, KVR_SUB_FREE))
+        kvr_atomic_store_seq_cst(&s->owner, 0);
+}
+
+/* Frees released slots, takes back the slots of dead workers, and drops the reference of
+ * a subscriber that has sent its whole snapshot. */
+void pub_reclaim_subscribers(pub_t *p)
+{
+    KVR_DASSERT(pub_is_me(p));
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+        /* seq_cst, as every slot access: pair with the workers' CASes of state and owner */
+        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
+        uint64_t owner = kvr_atomic_load_seq_cst(&s->owner);
+
+        if (st == KVR_SUB_RELEASING) {
+            free_sub(p, i);
+        } else if (st != KVR_SUB_FREE && !owner_alive(p, owner)) {
+            if (pub_sub_cas(s, st, KVR_SUB_RELEASING)) /* its worker died: the slot is ours */
+                free_sub(p, i);
+        } else if (st == KVR_SUB_FREE && owner != 0 && !owner_alive(p, owner)) {
+            kvr_atomic_cas_seq_cst(&s->owner, &owner, 0); /* died between its two CASes */
+        } else if (st == KVR_SUB_LIVE && p->held[i] >= 0 && kvr_atomic_load_seq_cst(&s->snap_done)) {
+            /* snap_done pairs with the worker's store of it once its snapshot is sent */
+            drop_ref(p, i);
+        }
+    }
+}
+
+/* A new publisher process inherits the slots of the one before: a subscriber that is still
+ * streaming its snapshot holds that copy. */
+void pub_rebuild_refs(pub_t *p)
+{
+    memset(p->held, -1, sizeof(p->held));
+    memset(p->refs, 0, sizeof(p->refs));
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &p->relay.sh->sub[i];
+        /* seq_cst: state pairs with the workers' CASes; snap_index was stored by our
+         * predecessor before its CAS to LIVE; snap_done pairs with the worker's store */
+        uint32_t st = kvr_atomic_load_seq_cst(&s->state);
+        int k = kvr_atomic_load_seq_cst(&s->snap_index);
+        if ((st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) && k >= 0 && k < KVR_RELAY_SNAPSHOTS &&
+            !kvr_atomic_load_seq_cst(&s->snap_done))
+            pub_take_ref(p, i, k);
+    }
+}
+
+/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued
+ * (docs/relay-contract.md, "A pool stream", step 5), or
+ * UINT64_MAX when the frame before its cursor is no longer indexed (far behind). */
+static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t top;
+    const kvr_relay_frame_t *b;
+
+    if (cursor > p->seq)
+        return 0;
+    top = sh->frame[p->seq % KVR_RELAY_FRAMES].queue_cum;
+    if (cursor <= 1)
+        return top;
+    b = &sh->frame[(cursor - 1) % KVR_RELAY_FRAMES];
+    if (kvr_atomic_load_seq_cst(&b->seq) != cursor - 1) /* our own store (the only writer) */
+        return UINT64_MAX;
+    return top - b->queue_cum;
+}
+
+void pub_check_lag(pub_t *p)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    KVR_DASSERT(pub_owns_relay(p));
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &sh->sub[i];
+        uint64_t cursor, frames;
+        /* acquire: pairs with the workers' seq_cst state CASes (a slot seen LIVE is ours to
+         * judge) */
+        if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE)
+            continue;
+        /* acquire: pairs with the worker's release store of cursor after it sent a frame */
+        cursor = kvr_atomic_load_acquire(&s->cursor);
+        frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
+        if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
+            kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
+            pub_close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
+        }
+    }
+}
+
+void pub_wake_live_workers(pub_t *p)
+{
+    uint64_t mask = 0;
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    static_assert(KVR_MAX_PROCS <= 64, "one mask bit per process slot");
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        kvr_relay_sub_t *s = &sh->sub[i];
+        /* seq_cst as every slot access; a wake-up sent to a worker that just left is harmless */
+        int w = KVR_SUB_OWNER_SLOT(kvr_atomic_load_seq_cst(&s->owner));
+        if (kvr_atomic_load_seq_cst(&s->state) == KVR_SUB_LIVE && w >= 0 && w < KVR_MAX_PROCS)
+            mask |= 1ull << w;
+    }
+    for (int w = 0; w < KVR_MAX_PROCS; w++)
+        if (mask & (1ull << w))
+            kvr_relay_wake(p->relay.fds->worker[w]);
+}
