@@ -1,4 +1,4 @@
-/* Unit tests of the request decoders: percent-decoded keys, sequence-hash values, JSON out. */
+/* Unit tests of the request decoders (src/wire/keys.c): percent-decoded keys, sequence-hash values. */
 #include "wire/json.h"
 #include "wire/keys.h"
 
@@ -82,21 +82,4 @@ Test(keys, default_canonical_hash)
     cr_assert_eq(kvr_key_canon("0000000000000g00", 16), XXH3_64bits("0000000000000g00", 16));
     cr_assert_eq(kvr_key_canon("00000000000000ff0", 17), XXH3_64bits("00000000000000ff0", 17));
     cr_assert_eq(kvr_key_canon("abc", 3), XXH3_64bits("abc", 3));
-}
-
-Test(json, escapes_and_overflow)
-{
-    char buf[64];
-    kvr_json_t j;
-
-    kvr_json_init(&j, buf, sizeof(buf));
-    kvr_json_raw(&j, "{");
-    kvr_json_key(&j, "hash", 1);
-    kvr_json_str(&j, "a\"b\\c\n\x01\xe2\x82\xac\xff", 11);
-    kvr_json_raw(&j, "}");
-    cr_assert_not(j.overflow);
-    cr_assert_str_eq(buf, "{\"hash\":\"a\\\"b\\\\c\\u000a\\u0001\xe2\x82\xac\\u00ff\"}");
-    kvr_json_init(&j, buf, 8);
-    kvr_json_raw(&j, "0123456789");
-    cr_assert(j.overflow);
 }
