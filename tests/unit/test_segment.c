@@ -346,6 +346,7 @@ static pid_t hold_lock(const char *comm, int hold_ms, int orphan)
         if (hold_ms == 0)
             for (;;)
                 pause();
+        /* not synchronisation: holding the lock this long is the scenario under test */
         usleep((useconds_t)hold_ms * 1000);
         _exit(0);
     }
