@@ -39,23 +39,23 @@ static inline void wait_until_pause_ms(uint64_t ms)
         ;
 }
 
-#define WAIT_UNTIL_EVERY(cond, timeout_ms, poll_ms)                                                \
-    ({                                                                                             \
-        const uint64_t wait_until_end_ = wait_until_now_ms() + (uint64_t)(timeout_ms);             \
-        int wait_until_ok_;                                                                        \
-        for (;;) {                                                                                 \
-            const int wait_until_late_ = wait_until_now_ms() >= wait_until_end_;                   \
-            if ((cond)) {                                                                          \
-                wait_until_ok_ = 1;                                                                \
-                break;                                                                             \
-            }                                                                                      \
-            if (wait_until_late_) {                                                                \
-                wait_until_ok_ = 0;                                                                \
-                break;                                                                             \
-            }                                                                                      \
-            wait_until_pause_ms(poll_ms);                                                          \
-        }                                                                                          \
-        wait_until_ok_;                                                                            \
+#define WAIT_UNTIL_EVERY(cond, timeout_ms, poll_ms) \
+    ({ \
+        const uint64_t wait_until_end_ = wait_until_now_ms() + (uint64_t)(timeout_ms); \
+        int wait_until_ok_; \
+        for (;;) { \
+            const int wait_until_late_ = wait_until_now_ms() >= wait_until_end_; \
+            if ((cond)) { \
+                wait_until_ok_ = 1; \
+                break; \
+            } \
+            if (wait_until_late_) { \
+                wait_until_ok_ = 0; \
+                break; \
+            } \
+            wait_until_pause_ms(poll_ms); \
+        } \
+        wait_until_ok_; \
     })
 
 #define WAIT_UNTIL(cond, timeout_ms) WAIT_UNTIL_EVERY(cond, timeout_ms, 1)

@@ -5,7 +5,6 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 
-
 /* The wake rule of the change log: an append to the empty ring wakes an untimed consumer, not
  * a timed one; reaching the wake batch wakes either. */
 Test(changelog, change_log_wakes_an_untimed_consumer_and_at_the_batch)

@@ -9,7 +9,6 @@
 #include "io/grpc_int.h"
 #include "wire/relay_validate.h"
 
-
 Test(grpc_methods, one_relay_entry_per_method)
 {
     cr_assert_eq(kvr_grpc_relay_nmethods, KVR_RELAY_RPC_COUNT);

@@ -3,7 +3,6 @@
 
 #include <criterion/criterion.h>
 
-
 Test(json, escapes_and_overflow)
 {
     char buf[64];

@@ -22,7 +22,6 @@ static uint64_t sm_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-
 Test(ckf_owners, first_inserts_last_removes)
 {
     static uint64_t buckets[1024];

@@ -10,7 +10,6 @@
 #include "wire/relay_msg.h"
 #include "wire/relay_validate.h"
 
-
 Test(relay_msg, filter_update_envelope_and_payload)
 {
     Dynamo__Kvrelay__V1__RelayIdentity rel = DYNAMO__KVRELAY__V1__RELAY_IDENTITY__INIT;
