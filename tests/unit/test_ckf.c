@@ -137,7 +137,7 @@ Test(ckf, swar)
     cr_expect_eq(kvr_ckf_word_first(w, 0), -1);
     uint64_t cleared = kvr_ckf_word_with(w, 1, 0);
     cr_expect_eq(kvr_ckf_word_first(cleared, 0), 1);
-    /* §3.5 layout example */
+    /* the word layout of docs/relay-contract.md §3.1: slot s is (word >> 16s) & 0xFFFF */
     cr_expect_eq(kvr_ckf_word_slot(0x0001abcd00001234ULL, 0), 0x1234);
     cr_expect_eq(kvr_ckf_word_slot(0x0001abcd00001234ULL, 1), 0);
     cr_expect_eq(kvr_ckf_word_slot(0x0001abcd00001234ULL, 2), 0xabcd);

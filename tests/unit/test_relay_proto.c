@@ -26,7 +26,7 @@ static void expect_packed(const ProtobufCMessage *m, const char *path)
     free(want);
 }
 
-/* ---- §2.2 bytes --------------------------------------------------------------------- */
+/* ---- bytes (§7, tests/data/relay/) --------------------------------------------------- */
 
 Test(relay_proto, relay_info_request_bytes)
 {
@@ -116,7 +116,7 @@ Test(relay_proto, service_descriptor)
     cr_expect_eq(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING, 1);
 }
 
-/* Spot checks of field numbers and types against §2.4. */
+/* Spot checks of field numbers and types against the schema (§1.4). */
 Test(relay_proto, field_numbers)
 {
     struct {
@@ -187,7 +187,8 @@ Test(relay_proto, optional_presence)
     cr_expect_eq(buf[1], 0x00);
 }
 
-/* §6.1: ModelTarget `1a 00` (a future alternative at tag 3) decodes as an unset oneof. */
+/* §1.4, readers ignore unknown fields: ModelTarget `1a 00` (a future alternative at tag 3)
+ * decodes as an unset oneof. */
 Test(relay_proto, unknown_model_target_is_unset)
 {
     size_t len;
