@@ -530,7 +530,7 @@ static void relay_done(gstream_t *s)
     [KVR_RELAY_RPC_##id] = {.path = "/dynamo.kvrelay.v1.KvEventRelay/" name, .rpc = KVR_RELAY_RPC_##id, \
                             .done = relay_done, __VA_ARGS__}
 
-/* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_frame.c checks it against wire/). */
+/* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_relay.c checks it against wire/). */
 const kvr_grpc_method_t kvr_grpc_relay_methods[] = {
     RELAY_METHOD(GET_RELAY_INFO, "GetRelayInfo", .call = call_relay_info),
     RELAY_METHOD(WATCH_KV_POOL_CATALOG, "WatchKvPoolCatalog", .call = call_catalog, .tick = tick_catalog),

@@ -46,8 +46,8 @@ enum {
  * RelayErrorReason: each symbol of relay.proto with the gRPC status it ends a call with
  * (docs/relay-contract.md §1.2). The values come from the code protoc-c generates from
  * relay.proto, so the numbering cannot drift; a static_assert in relay_validate.c and a walk
- * of the generated enum descriptor in tests/unit/test_relay.c check that every reason of the
- * .proto is listed.
+ * of the generated enum descriptor in tests/unit/test_relay_validate.c check that every reason
+ * of the .proto is listed.
  */
 #define KVR_RELAY_REASON_TABLE(X)                                                                 \
     X(UNSPECIFIED, KVR_GRPC_INTERNAL)                                                             \

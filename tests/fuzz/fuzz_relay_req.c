@@ -1,7 +1,7 @@
 /*
  * fuzz_relay_req.c — libFuzzer driver for the dynamo.kvrelay.v1 request path: protobuf-c
  * decoding plus kvr_relay_validate_request() (docs/relay-contract.md), and the consumer
- * side of FilterUpdate (kvr_relay_filter_update_fields + a mirror, §6.1).
+ * side of FilterUpdate (kvr_relay_filter_update_fields + a mirror, docs/relay-contract.md §6).
  *
  * Input: one selector byte, then message bytes. selector % 7 < 6 picks the RPC whose
  * request the bytes are; 6 means "a FilterUpdate from a server".

@@ -1,7 +1,7 @@
 /*
- * test_cbi1.c — CBI1 codec (docs/relay-contract.md): the golden frames D1, D2, S1, E1 of
- * §3.8 (the .hex files in tests/data/cbi1) byte for byte, decoding, one test per validation rule of
- * §3.6 in its order, and snapshot assembly.
+ * test_cbi1.c — CBI1 codec (docs/relay-contract.md §4): the golden frames D1, D2, S1, E1
+ * (§7: the .hex files in tests/data/cbi1) byte for byte, decoding, one test per check of §4.2
+ * in its order, and snapshot assembly (§4.3).
  */
 #include <criterion/criterion.h>
 
@@ -54,7 +54,7 @@ static int dec(const uint8_t *b, size_t len, uint64_t bc)
     return kvr_cbi1_decode(b, len, SEED5EED, bc, &f);
 }
 
-/* ---- §3.8 golden frames ------------------------------------------------------------- */
+/* ---- golden frames (§7) ------------------------------------------------------------- */
 
 Test(cbi1, golden_D1_delta)
 {
@@ -102,7 +102,7 @@ Test(cbi1, golden_S1_snapshot)
     cr_assert_not_null(e);
     expect_bytes(buf, (size_t)(e - buf), "tests/data/cbi1/S1.hex");
     cr_expect_eq(kvr_le32(buf + 44), 0x37f2c09d);
-    /* §3.5: LE bytes 34 12 00 00 cd ab 01 00 */
+    /* §3.1: a bucket word goes little-endian, bytes 34 12 00 00 cd ab 01 00 */
     const uint8_t le[8] = {0x34, 0x12, 0, 0, 0xcd, 0xab, 0x01, 0};
     cr_expect_arr_eq(buf + 64, le, 8);
 
@@ -173,7 +173,7 @@ Test(cbi1, encoders_check_their_input)
     cr_expect_not_null(kvr_cbi1_encode_chunk(buf, 96, &h4, w, 0));
 }
 
-/* ---- §3.6, one test per rule, in order ----------------------------------------------- */
+/* ---- §4.2, one test per check, in order ---------------------------------------------- */
 
 Test(cbi1, rule01_truncated)
 {
@@ -392,7 +392,7 @@ Test(cbi1, statuses_distinct)
     cr_expect_str_eq(kvr_cbi1_err_ref(KVR_CBI1_E_DELTA_IMAGE_COUNT), "DeltaImageCount");
 }
 
-/* ---- §3.6 step 10: assembly ---------------------------------------------------------- */
+/* ---- §4.3 snapshot assembly ---------------------------------------------------------- */
 
 typedef struct snapshot_fixture {
     uint64_t bc;

@@ -1,7 +1,7 @@
 /*
- * test_mirror.c — consumer replica (docs/relay-contract.md
- * "Pool stream"): a producer filter published through CBI1 snapshot chunks and deltas is
- * reproduced exactly, and every out-of-sequence or mismatched frame is rejected.
+ * test_mirror.c — consumer replica (docs/relay-contract.md §5 and §6): a producer filter
+ * published through CBI1 snapshot chunks and deltas is reproduced exactly, and every
+ * out-of-sequence or mismatched frame is rejected.
  */
 #include <criterion/criterion.h>
 

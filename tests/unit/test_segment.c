@@ -1,12 +1,12 @@
 /*
- * Unit tests of warm restart (issue 13): the --segment-path/--segment-reset/--log-format
- * options and their limits, and the segment file: re-attach of a sealed file with the store
+ * Unit tests of the shared segment (src/shm/segment.c): its layout and its backing (huge
+ * pages and the fallback); warm restart (issue 13): re-attach of a sealed file with the store
  * repaired, refusal of another geometry, a corrupted header, another structure signature, a
  * file in use, a file on a disk filesystem; --segment-reset; an unsealed file starts empty.
  * The file's lock: a gone holder's lock is waited for, a live kvrelay refused at once, any
- * other holder waited for up to the bound (issue 20).
+ * other holder waited for up to the bound (issue 20). The rule of the workers' accept turns
+ * over their process slots (kvr_seg_accept_yield).
  */
-#include "core/config.h"
 #include "base/log.h"
 #include "core/store.h"
 #include "shm/segment.h"
@@ -24,69 +24,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------------ options */
-
-static int load(int argc, char **argv, kvr_config_t *c)
-{
-    FILE *devnull = fopen("/dev/null", "w");
-    int rc = kvr_config_load(c, argc, argv, devnull);
-    fclose(devnull);
-    return rc;
-}
-
-Test(config_warm, segment_path_reset_and_log_format)
-{
-    kvr_config_t c;
-    char *ok[] = {"kvrelay", "--segment-path", "/dev/shm/kvrelay.seg", "--segment-reset", "--log-format", "json", NULL};
-    char *rel[] = {"kvrelay", "--segment-path", "rel/seg", NULL};
-    char *reset_alone[] = {"kvrelay", "--segment-reset", NULL};
-    char *badfmt[] = {"kvrelay", "--log-format", "xml", NULL};
-    char *ver[] = {"kvrelay", "--version", NULL};
-    char longp[KVR_CFG_STR_MAX + 2];
-    char *toolong[] = {"kvrelay", "--segment-path", longp, NULL};
-    char *justfits[] = {"kvrelay", "--segment-path", longp, NULL};
-
-    unsetenv("KVRELAY_SEGMENT_PATH");
-    unsetenv("KVRELAY_SEGMENT_RESET");
-    unsetenv("KVRELAY_LOG_FORMAT");
-    cr_assert_eq(load(6, ok, &c), KVR_OK);
-    cr_assert_str_eq(c.segment_path, "/dev/shm/kvrelay.seg");
-    cr_assert_eq(c.segment_reset, 1);
-    cr_assert_str_eq(c.log_format, "json");
-    cr_assert_eq(load(1, ok, &c), KVR_OK);
-    cr_assert_str_eq(c.segment_path, "", "default: no file (a memfd)");
-    cr_assert_str_eq(c.log_format, "text");
-    cr_assert_eq(load(3, rel, &c), KVR_EINVAL, "a relative path is refused");
-    cr_assert_eq(load(2, reset_alone, &c), KVR_EINVAL, "--segment-reset needs --segment-path");
-    cr_assert_eq(load(3, badfmt, &c), KVR_EINVAL);
-    cr_assert_eq(load(2, ver, &c), KVR_OK);
-    cr_assert_eq(c.version, 1);
-
-    /* The limit: KVR_CFG_STR_MAX - 1 bytes fit, one more is refused. */
-    memset(longp, 'a', sizeof(longp));
-    longp[0] = '/';
-    longp[KVR_CFG_STR_MAX - 1] = '\0';
-    cr_assert_eq(load(3, justfits, &c), KVR_OK);
-    cr_assert_eq(strlen(c.segment_path), KVR_CFG_STR_MAX - 1);
-    longp[KVR_CFG_STR_MAX - 1] = 'a';
-    longp[KVR_CFG_STR_MAX] = '\0';
-    cr_assert_eq(load(3, toolong, &c), KVR_EINVAL);
-
-    /* The environment twins. */
-    setenv("KVRELAY_SEGMENT_PATH", "/dev/shm/x.seg", 1);
-    setenv("KVRELAY_SEGMENT_RESET", "yes", 1);
-    setenv("KVRELAY_LOG_FORMAT", "json", 1);
-    cr_assert_eq(load(1, ok, &c), KVR_OK);
-    cr_assert_str_eq(c.segment_path, "/dev/shm/x.seg");
-    cr_assert_eq(c.segment_reset, 1);
-    cr_assert_str_eq(c.log_format, "json");
-    setenv("KVRELAY_SEGMENT_RESET", "maybe", 1);
-    cr_assert_eq(load(1, ok, &c), KVR_EINVAL);
-    unsetenv("KVRELAY_SEGMENT_PATH");
-    unsetenv("KVRELAY_SEGMENT_RESET");
-    unsetenv("KVRELAY_LOG_FORMAT");
-}
 
 /* ------------------------------------------------------------------ the segment file */
 
@@ -409,6 +346,7 @@ static pid_t hold_lock(const char *comm, int hold_ms, int orphan)
         if (hold_ms == 0)
             for (;;)
                 pause();
+        /* not synchronisation: holding the lock this long is the scenario under test */
         usleep((useconds_t)hold_ms * 1000);
         _exit(0);
     }
@@ -487,4 +425,160 @@ Test(segment_lock, another_live_holder_is_waited_for_up_to_the_bound, .fini = rm
     stop_holder(holder);
     close(fd);
     unlink(path);
+}
+
+/* ------------------------------------------------------------------ layout and backing */
+
+Test(segment, layout_is_aligned_and_sized_on_top_of_memory)
+{
+    kvr_seg_config_t cfg = {.memory = 64ull << 20};
+    kvr_seg_hdr_t h;
+
+    cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_OK);
+    cr_assert_eq(h.arena_bytes, 64ull << 20);
+    cr_assert_eq(h.off_arena % KVR_HUGE_PAGE, 0);
+    cr_assert_eq(h.total_size % KVR_HUGE_PAGE, 0);
+    cr_assert_gt(h.total_size, h.arena_bytes);
+    cr_assert_eq(h.max_blocks, h.npages / 2);
+    cr_assert_eq(h.off_entries % 64, 0);
+    cr_assert_eq(h.off_log % 64, 0);
+    cfg.page_size = 3000;
+    cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_EINVAL);
+    cfg.page_size = 4096;
+    cfg.memory = 4096;
+    cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_EINVAL, "too small to be useful");
+}
+
+Test(segment, runs_without_huge_pages)
+{
+    kvr_seg_t seg;
+    kvr_seg_config_t cfg = {.memory = 8ull << 20, .hugepages = KVR_HUGEPAGES_OFF};
+
+    kvr_log_level = KVR_LOG_ERROR;
+    cr_assert_eq(kvr_seg_create(&seg, &cfg), KVR_OK);
+    cr_assert_neq(seg.hdr->backing, KVR_BACKING_HUGETLB);
+    cr_assert_eq(seg.hdr->magic, KVR_SEG_MAGIC);
+    cr_assert_eq(seg.hdr->layout_version, KVR_SEG_LAYOUT_VERSION);
+    kvr_seg_destroy(&seg);
+}
+
+static long read_long(const char *file)
+{
+    FILE *f = fopen(file, "r");
+    long v = -1;
+    if (f != NULL) {
+        if (fscanf(f, "%ld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+static int write_long(const char *file, long v)
+{
+    FILE *f = fopen(file, "w");
+    int ok;
+    if (f == NULL)
+        return 0;
+    ok = fprintf(f, "%ld\n", v) > 0;
+    return fclose(f) == 0 && ok;
+}
+
+/* With too few huge pages reserved, AUTO falls back and still works; with enough, it uses them. */
+Test(segment, uses_huge_pages_when_reserved_else_falls_back, .timeout = 60)
+{
+    const char *nr = "/proc/sys/vm/nr_hugepages";
+    kvr_seg_config_t cfg = {.memory = 16ull << 20, .hugepages = KVR_HUGEPAGES_AUTO};
+    kvr_seg_hdr_t h;
+    kvr_seg_t seg;
+    long orig = read_long(nr), free_now = read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") -
+                                  read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages");
+    long need;
+    kvr_store_t st;
+
+    kvr_log_level = KVR_LOG_ERROR;
+    cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_OK);
+    need = (long)(h.total_size / KVR_HUGE_PAGE);
+
+    if (free_now < need) {
+        /* Fallback path: not enough reserved. */
+        cr_assert_eq(kvr_seg_create(&seg, &cfg), KVR_OK);
+        cr_assert_neq(seg.hdr->backing, KVR_BACKING_HUGETLB);
+        kvr_seg_destroy(&seg);
+        cfg.hugepages = KVR_HUGEPAGES_REQUIRE;
+        cr_assert_eq(kvr_seg_create(&seg, &cfg), KVR_ERR, "REQUIRE fails without pages");
+        cfg.hugepages = KVR_HUGEPAGES_AUTO;
+    }
+
+    /* Hugetlb path: reserve pages if we may (root), else skip saying why. */
+    if (orig < 0 || (free_now < need && !write_long(nr, orig + need))) {
+        cr_skip_test("cannot reserve %ld huge pages via %s (not root?): hugetlb path not exercised", need, nr);
+    }
+    /* free pages that other processes have reserved are not ours to take */
+    if (read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") -
+            read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages") <
+        need) {
+        write_long(nr, orig);
+        cr_skip_test("kernel granted fewer than %ld free huge pages: hugetlb path not exercised", need);
+    }
+    cr_assert_eq(kvr_seg_create(&seg, &cfg), KVR_OK);
+    cr_expect_eq(seg.hdr->backing, KVR_BACKING_HUGETLB);
+    cr_expect_eq(kvr_store_format(&seg, 0), KVR_OK);
+    cr_expect_geq(kvr_seg_proc_claim(&seg, 0), 0);
+    cr_expect_eq(kvr_store_open(&st, &seg), KVR_OK);
+    cr_expect_eq(kvr_store_put(&st, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
+    cr_expect_eq(kvr_store_exists(&st, "hp", 2, NULL), 1);
+    kvr_seg_destroy(&seg);
+    if (free_now < need)
+        write_long(nr, orig);
+}
+
+/* ------------------------------------------------------------------ accept turns */
+
+/* A handle on f's segment claiming `slot` as a worker (a simulated process), ready or not. */
+static void as_worker(const kvr_seg_t *f, kvr_seg_t *h, int slot, uint32_t role, int ready, uint32_t conns)
+{
+    *h = *f;
+    h->slot = -1;
+    cr_assert_eq(kvr_seg_proc_claim_at(h, slot, role), slot);
+    kvr_seg_set_conns(h, conns);
+    atomic_store(&h->procs[slot].ready, (uint32_t)ready);
+}
+
+Test(accept_turns, yield_to_the_least_loaded_serving_worker_past_the_slack)
+{
+    kvr_seg_config_t sc = {0};
+    kvr_seg_t seg, w1, w2, w3, pub;
+    uint32_t conns;
+    uint64_t hb;
+
+    kvr_log_level = KVR_LOG_ERROR;
+    sc.memory = 4 << 20;
+    sc.page_size = 64 << 10;
+    sc.max_blocks = 64;
+    sc.hugepages = KVR_HUGEPAGES_OFF;
+    cr_assert_eq(kvr_seg_create(&seg, &sc), KVR_OK);
+    cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
+    as_worker(&seg, &w1, 1, KVR_ROLE_WORKER, 1, 0);
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 100, 1), -1, "the only serving worker always accepts");
+
+    as_worker(&seg, &w2, 2, KVR_ROLE_WORKER, 1, 3);
+    as_worker(&seg, &w3, 3, KVR_ROLE_WORKER, 1, 5);
+    as_worker(&seg, &pub, 4, KVR_ROLE_PUBLISHER, 1, 0);
+    cr_assert_eq(kvr_seg_worker_load(&w1, 2, &conns, &hb), 1);
+    cr_assert_eq(conns, 3, "kvr_seg_set_conns is read back by another process");
+    cr_assert_eq(kvr_seg_worker_load(&w1, 4, &conns, &hb), 0, "the publisher is no worker");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 4, 1), -1, "one more than the least loaded (3): still ours");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 5, 1), 2, "two more: the turn goes to slot 2, not the publisher");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 3, 0), -1, "slack 0: level is still ours");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 4, 0), 2);
+
+    atomic_store(&w2.procs[2].ready, 0); /* hung or dead: out of every decision */
+    cr_assert_eq(kvr_seg_worker_load(&w1, 2, &conns, &hb), 0);
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 6, 1), -1, "5 + 1 without slot 2");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 7, 1), 3);
+    kvr_seg_set_conns(&w3, 0);
+    cr_assert_eq(kvr_seg_accept_yield(&w3, 0, 1), -1, "a worker never yields to itself");
+    cr_assert_eq(kvr_seg_accept_yield(&w1, 2, 1), 3, "a new count moves the turn at once");
+    kvr_seg_destroy(&seg);
 }

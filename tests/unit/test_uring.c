@@ -16,9 +16,12 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../wait_until.h"
 
 typedef struct {
     kvr_uring_op_t op;
@@ -103,6 +106,14 @@ static void tcp_pair(int *s, int *c)
     *s = accept4(l, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     cr_assert(*s >= 0);
     close(l);
+}
+
+/* Bytes waiting in fd's receive queue, unread (SIOCINQ). */
+static int inq(int fd)
+{
+    int n = 0;
+    cr_assert_eq(ioctl(fd, FIONREAD, &n), 0);
+    return n;
 }
 
 static kvr_uring_t *start(const char *engine)
@@ -284,7 +295,7 @@ BOTH(peek_then_truncate)
         cr_assert_eq(write(c, big, 10000), 10000);
         free(big);
     }
-    usleep(20000);
+    cr_assert(WAIT_UNTIL(inq(s) >= 10014, 5000), "all 10014 bytes arrive (%d)", inq(s));
     done_init(&d);
     cr_assert_eq(kvr_uring_recv_flags(u, s, scratch, 1u << 20, MSG_TRUNC, &d.op), KVR_OK);
     run_until(u, &d);
@@ -422,7 +433,7 @@ BOTH(no_callback_inside_submit)
 
     tcp_pair(&s, &c);
     cr_assert_eq(write(c, "abc", 3), 3);
-    usleep(10000);
+    cr_assert(WAIT_UNTIL(inq(s) >= 3, 5000), "the bytes arrive");
     done_init(&d);
     cr_assert_eq(kvr_uring_recv(u, s, buf, sizeof(buf), &d.op), KVR_OK);
     cr_assert_eq(d.calls, 0);

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../wait_until.h"
+
 typedef struct {
     kvr_config_t cfg;
     kvr_seg_t seg;
@@ -48,11 +50,9 @@ static void start_publisher(rx_t *x)
 
 static uint64_t wait_generation(rx_t *x, uint64_t above)
 {
-    double end = now_s() + 10;
     uint64_t g;
-    while ((g = atomic_load(&x->relay.sh->generation)) <= above && now_s() < end)
-        usleep(1000);
-    cr_assert_gt(g, above, "publisher did not start a new generation");
+    cr_assert(WAIT_UNTIL((g = atomic_load(&x->relay.sh->generation)) > above, 10000),
+              "publisher did not start a new generation");
     return g;
 }
 
@@ -125,10 +125,8 @@ static int feed(kvr_mirror_t *m, const uint8_t *msg, size_t len)
 /* Waits until the subscriber is admitted or closed; returns its state. */
 static uint32_t wait_admitted(rx_t *x, int sub)
 {
-    double end = now_s() + 10;
     uint32_t st;
-    while ((st = atomic_load(&x->relay.sh->sub[sub].state)) == KVR_SUB_REQUESTED && now_s() < end)
-        usleep(500);
+    WAIT_UNTIL((st = atomic_load(&x->relay.sh->sub[sub].state)) != KVR_SUB_REQUESTED, 10000);
     return st;
 }
 
@@ -158,20 +156,22 @@ static int drain_frames(rx_t *x, int sub, kvr_mirror_t *m)
     }
 }
 
-/* Waits until the publisher has consumed the log and published everything. */
+/* The change log is empty and the published sequence is *last, the value of the previous look
+ * (which this look updates). */
+static int quiet(rx_t *x, uint64_t *last)
+{
+    uint64_t h = atomic_load(&x->st.log->head), t = atomic_load(&x->st.log->tail);
+    uint64_t seq = atomic_load(&x->relay.sh->published_seq), prev = *last;
+    *last = seq;
+    return h == t && seq == prev;
+}
+
+/* Waits until the publisher has consumed the log and published everything: the log empty and
+ * nothing published over a look 20 ms apart (a publication waits 1 ms for more events). */
 static void quiesce(rx_t *x)
 {
-    double end = now_s() + 10;
     uint64_t last = ~0ull;
-    while (now_s() < end) {
-        uint64_t h = atomic_load(&x->st.log->head), t = atomic_load(&x->st.log->tail);
-        uint64_t seq = atomic_load(&x->relay.sh->published_seq);
-        if (h == t && seq == last)
-            return;
-        last = seq;
-        usleep(20000);
-    }
-    cr_assert_fail("publisher did not quiesce");
+    cr_assert(WAIT_UNTIL_EVERY(quiet(x, &last), 10000, 20), "publisher did not quiesce");
 }
 
 static void put_n(rx_t *x, int from, int to, uint64_t salt)
@@ -214,10 +214,12 @@ Test(relay, subscriber_converges_and_laggard_is_cut, .timeout = 60)
     /* traffic: inserts, dedups, deletes, with the reader keeping up */
     for (int round = 0; round < 40; round++) {
         char key[32];
+        uint64_t seq = atomic_load(&x.relay.sh->published_seq);
         put_n(&x, 50 + round * 5, 55 + round * 5, 0);
         snprintf(key, sizeof(key), "blk-%d", round);
         kvr_store_release(&x.st, key, strlen(key), NULL);
-        usleep(3000);
+        /* each round's new hashes are a delta of their own: the lazy reader falls behind */
+        cr_assert(WAIT_UNTIL(atomic_load(&x.relay.sh->published_seq) > seq, 10000), "round %d published nothing", round);
         cr_assert_eq(drain_frames(&x, sub, &m), 0);
     }
     quiesce(&x);
@@ -332,11 +334,11 @@ static void storm_child(rx_t *x, int slot, uint64_t gen, unsigned seed, const ch
         int sub = kvr_relay_sub_open(&x->relay, slot, gen);
         int action = actions[rand_r(&seed) % strlen(actions)] - '0';
         double until = now_s() + 1.0;
-        if (sub < 0) {
+        if (sub < 0) { /* not synchronisation: every slot is taken; back off before trying again */
             usleep(200);
             continue;
         }
-        if (action == 0) /* give up while the publisher may be deciding */
+        if (action == 0) /* give up while the publisher may be deciding (a random moment) */
             usleep(rand_r(&seed) % 500);
         if (action > 0) /* wait for the publisher's verdict, bounded */
             while (kvr_relay_sub_poll(&x->relay, sub, &v) == KVR_SUBP_WAITING && now_s() < until)
@@ -351,11 +353,21 @@ static void storm_child(rx_t *x, int slot, uint64_t gen, unsigned seed, const ch
                 for (int k = 0; k < 8 && kvr_relay_sub_next_frame(&x->relay, sub, x->buf, x->cap, &seq) > 0; k++)
                     ;
             }
-            usleep(rand_r(&seed) % 3000);
+            usleep(rand_r(&seed) % 3000); /* not synchronisation: a stream lives a random while */
         }
         kvr_relay_sub_close(&x->relay, sub);
     }
     _exit(0);
+}
+
+/* Wakes the publisher (it reclaims slots when it runs) and counts the slots not yet free. */
+static int busy_slots(rx_t *x)
+{
+    int busy = 0;
+    kvr_relay_wake(x->fds.publisher);
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
+        busy += sub_state(x, i) != KVR_SUB_FREE || atomic_load(&x->relay.sh->sub[i].owner) != 0;
+    return busy;
 }
 
 /*
@@ -398,7 +410,7 @@ static void slot_storm(const char *actions)
         else
             kvr_store_release(&x.st, key, strlen(key), NULL);
         n++;
-        usleep(300);
+        usleep(300); /* not synchronisation: paces the traffic over the storm's seconds */
     }
     for (int i = 0; i < STORM_CHILDREN; i++) {
         int status;
@@ -408,14 +420,7 @@ static void slot_storm(const char *actions)
     cr_assert_gt(atomic_load(&x.relay.sh->published_seq), 100, "too few deltas to cut anyone");
     /* The children closed everything they opened and their process slots still look alive,
      * so nothing here relies on dead-owner repair: every slot must be freed by protocol. */
-    end = now_s() + 5;
-    do {
-        busy = 0;
-        kvr_relay_wake(x.fds.publisher);
-        usleep(20000);
-        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-            busy += sub_state(&x, i) != KVR_SUB_FREE || atomic_load(&x.relay.sh->sub[i].owner) != 0;
-    } while (busy > 0 && now_s() < end);
+    WAIT_UNTIL_EVERY((busy = busy_slots(&x)) == 0, 5000, 20);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS && busy > 0; i++)
         if (sub_state(&x, i) != KVR_SUB_FREE)
             cr_log_error("slot %d left in state %u", i, sub_state(&x, i));

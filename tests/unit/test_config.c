@@ -1,0 +1,206 @@
+/*
+ * Unit tests of the command line and its environment twins (src/core/config.c): the parsers
+ * of sizes, durations and addresses; flag over KVRELAY_* over the reference server's
+ * variables; --hang-timeout (the supervisor's watchdog) with its default and limits; the warm
+ * restart options --segment-path/--segment-reset/--log-format (issue 13).
+ */
+#include "core/config.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int load(kvr_config_t *cfg, const char *arg)
+{
+    char *argv[] = {"t", (char *)arg, NULL};
+    FILE *devnull = fopen("/dev/null", "w");
+    int rc = kvr_config_load(cfg, arg ? 2 : 1, argv, devnull);
+    fclose(devnull);
+    return rc;
+}
+
+Test(config, hang_timeout_default_and_limits)
+{
+    static kvr_config_t cfg;
+
+    unsetenv("KVRELAY_HANG_TIMEOUT");
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_eq(cfg.hang_timeout_ms, 5000, "default: a few seconds");
+    cr_assert_eq(load(&cfg, "--hang-timeout=500ms"), KVR_OK, "the lower bound is accepted");
+    cr_assert_eq(cfg.hang_timeout_ms, 500);
+    cr_assert_eq(load(&cfg, "--hang-timeout=499ms"), KVR_EINVAL, "below 500 ms: a busy machine would kill healthy workers");
+    cr_assert_eq(load(&cfg, "--hang-timeout=0"), KVR_EINVAL, "the watchdog cannot be switched off by 0");
+    cr_assert_eq(load(&cfg, "--hang-timeout=1h"), KVR_EINVAL, "'h' is not a duration suffix");
+    cr_assert_eq(load(&cfg, "--hang-timeout=60m"), KVR_OK, "the upper bound (1 hour) is accepted");
+    cr_assert_eq(cfg.hang_timeout_ms, 3600000);
+    cr_assert_eq(load(&cfg, "--hang-timeout=3601s"), KVR_EINVAL, "above 1 hour");
+    cr_assert_eq(load(&cfg, "--hang-timeout=soon"), KVR_EINVAL);
+}
+
+Test(config, hang_timeout_environment_twin)
+{
+    static kvr_config_t cfg;
+
+    setenv("KVRELAY_HANG_TIMEOUT", "2s", 1);
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_eq(cfg.hang_timeout_ms, 2000, "KVRELAY_HANG_TIMEOUT is read");
+    cr_assert_eq(load(&cfg, "--hang-timeout=3s"), KVR_OK);
+    cr_assert_eq(cfg.hang_timeout_ms, 3000, "the flag wins over the environment");
+    setenv("KVRELAY_HANG_TIMEOUT", "100ms", 1);
+    cr_assert_eq(load(&cfg, NULL), KVR_EINVAL, "the twin has the flag's limits");
+    unsetenv("KVRELAY_HANG_TIMEOUT");
+}
+
+/* The one parser of sizes ("256K", "2M", "1GiB"): every T_SIZE flag and its env twin. */
+Test(config, size_suffixes)
+{
+    static const struct {
+        const char *s;
+        uint64_t v;
+    } ok[] = {
+        {"0", 0},           {"4096", 4096},          {"256K", 256ull << 10}, {"256k", 256ull << 10},
+        {"2M", 2ull << 20}, {"2MiB", 2ull << 20},    {"2mib", 2ull << 20},   {"2MB", 2ull << 20},
+        {"3G", 3ull << 30}, {"1T", 1ull << 40},      {"16777215T", 16777215ull << 40},
+    };
+    static const char *const bad[] = {
+        "1.5M", " 1K", "1 K", "K", "-1K", "1KK", "1Kx", "1iB", "16777216T", "18446744073709551616",
+    };
+    uint64_t v;
+
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cr_assert_eq(kvr_config_parse_size(ok[i].s, &v), KVR_OK, "%s", ok[i].s);
+        cr_assert_eq(v, ok[i].v, "%s", ok[i].s);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_assert_eq(kvr_config_parse_size(bad[i], &v), KVR_EINVAL, "%s", bad[i]);
+    cr_assert_eq(kvr_config_parse_size(NULL, &v), KVR_EINVAL);
+}
+
+Test(config, sizes_durations_and_addresses)
+{
+    uint64_t v;
+    char host[64];
+    uint16_t port;
+
+    cr_assert_eq(kvr_config_parse_size("64M", &v), KVR_OK);
+    cr_assert_eq(v, 64ull << 20);
+    cr_assert_eq(kvr_config_parse_size("1GiB", &v), KVR_OK);
+    cr_assert_eq(v, 1ull << 30);
+    cr_assert_eq(kvr_config_parse_size("12x", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_size("", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_size("99999999999999999999", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_parse_duration("500ms", &v), KVR_OK);
+    cr_assert_eq(v, 500);
+    cr_assert_eq(kvr_config_parse_duration("10s", &v), KVR_OK);
+    cr_assert_eq(v, 10000);
+    cr_assert_eq(kvr_config_parse_duration("3", &v), KVR_OK);
+    cr_assert_eq(v, 3000);
+    cr_assert_eq(kvr_config_parse_duration("1h", &v), KVR_EINVAL);
+    cr_assert_eq(kvr_config_split_hostport("127.0.0.1:9130", host, sizeof(host), &port), KVR_OK);
+    cr_assert_str_eq(host, "127.0.0.1");
+    cr_assert_eq(port, 9130);
+    cr_assert_eq(kvr_config_split_hostport("[::1]:0", host, sizeof(host), &port), KVR_OK);
+    cr_assert_str_eq(host, "::1");
+    cr_assert_eq(kvr_config_split_hostport("nohost", host, sizeof(host), &port), KVR_EINVAL);
+    cr_assert_eq(kvr_config_split_hostport("h:70000", host, sizeof(host), &port), KVR_EINVAL);
+}
+
+Test(config, precedence_flag_over_env_over_reference_env)
+{
+    kvr_config_t c;
+    char *argv[] = {"kvrelay", "--memory", "64M", "--no-evict", "--workers=3", NULL};
+    FILE *devnull = fopen("/dev/null", "w");
+
+    setenv("EPISTEMIC_GRAPH_KVCACHE_ADDR", "7777", 1);
+    setenv("EPISTEMIC_GRAPH_KVCACHE_TOKEN", "ref-token", 1);
+    setenv("KVRELAY_MEMORY", "2G", 1);
+    cr_assert_eq(kvr_config_load(&c, 5, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "127.0.0.1:7777");
+    cr_assert_str_eq(c.token, "ref-token");
+    cr_assert_eq(c.memory, 64ull << 20, "the flag wins over KVRELAY_MEMORY");
+    cr_assert_eq(c.no_evict, 1);
+    cr_assert_eq(c.workers, 3);
+    setenv("KVRELAY_HTTP_BIND", "0.0.0.0:1", 1);
+    setenv("KVRELAY_TOKEN", "ours", 1);
+    cr_assert_eq(kvr_config_load(&c, 1, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "0.0.0.0:1", "our twin wins over the reference variable");
+    cr_assert_str_eq(c.token, "ours");
+    cr_assert_eq(c.memory, 2ull << 30);
+    setenv("EPISTEMIC_GRAPH_KVCACHE_ADDR", "yes", 1);
+    unsetenv("KVRELAY_HTTP_BIND");
+    cr_assert_eq(kvr_config_load(&c, 1, argv, devnull), KVR_OK);
+    cr_assert_str_eq(c.http_bind, "127.0.0.1:9130");
+    {
+        char *bad[] = {"kvrelay", "--memory", "lots", NULL};
+        char *unknown[] = {"kvrelay", "--frobnicate", NULL};
+        char *range[] = {"kvrelay", "--workers", "1000", NULL};
+        cr_assert_eq(kvr_config_load(&c, 3, bad, devnull), KVR_EINVAL);
+        cr_assert_eq(kvr_config_load(&c, 2, unknown, devnull), KVR_EINVAL);
+        cr_assert_eq(kvr_config_load(&c, 3, range, devnull), KVR_EINVAL);
+    }
+    fclose(devnull);
+}
+
+/* ------------------------------------------------------------------ warm restart options (issue 13) */
+
+static int load_argv(int argc, char **argv, kvr_config_t *c)
+{
+    FILE *devnull = fopen("/dev/null", "w");
+    int rc = kvr_config_load(c, argc, argv, devnull);
+    fclose(devnull);
+    return rc;
+}
+
+Test(config_warm, segment_path_reset_and_log_format)
+{
+    kvr_config_t c;
+    char *ok[] = {"kvrelay", "--segment-path", "/dev/shm/kvrelay.seg", "--segment-reset", "--log-format", "json", NULL};
+    char *rel[] = {"kvrelay", "--segment-path", "rel/seg", NULL};
+    char *reset_alone[] = {"kvrelay", "--segment-reset", NULL};
+    char *badfmt[] = {"kvrelay", "--log-format", "xml", NULL};
+    char *ver[] = {"kvrelay", "--version", NULL};
+    char longp[KVR_CFG_STR_MAX + 2];
+    char *toolong[] = {"kvrelay", "--segment-path", longp, NULL};
+    char *justfits[] = {"kvrelay", "--segment-path", longp, NULL};
+
+    unsetenv("KVRELAY_SEGMENT_PATH");
+    unsetenv("KVRELAY_SEGMENT_RESET");
+    unsetenv("KVRELAY_LOG_FORMAT");
+    cr_assert_eq(load_argv(6, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "/dev/shm/kvrelay.seg");
+    cr_assert_eq(c.segment_reset, 1);
+    cr_assert_str_eq(c.log_format, "json");
+    cr_assert_eq(load_argv(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "", "default: no file (a memfd)");
+    cr_assert_str_eq(c.log_format, "text");
+    cr_assert_eq(load_argv(3, rel, &c), KVR_EINVAL, "a relative path is refused");
+    cr_assert_eq(load_argv(2, reset_alone, &c), KVR_EINVAL, "--segment-reset needs --segment-path");
+    cr_assert_eq(load_argv(3, badfmt, &c), KVR_EINVAL);
+    cr_assert_eq(load_argv(2, ver, &c), KVR_OK);
+    cr_assert_eq(c.version, 1);
+
+    /* The limit: KVR_CFG_STR_MAX - 1 bytes fit, one more is refused. */
+    memset(longp, 'a', sizeof(longp));
+    longp[0] = '/';
+    longp[KVR_CFG_STR_MAX - 1] = '\0';
+    cr_assert_eq(load_argv(3, justfits, &c), KVR_OK);
+    cr_assert_eq(strlen(c.segment_path), KVR_CFG_STR_MAX - 1);
+    longp[KVR_CFG_STR_MAX - 1] = 'a';
+    longp[KVR_CFG_STR_MAX] = '\0';
+    cr_assert_eq(load_argv(3, toolong, &c), KVR_EINVAL);
+
+    /* The environment twins. */
+    setenv("KVRELAY_SEGMENT_PATH", "/dev/shm/x.seg", 1);
+    setenv("KVRELAY_SEGMENT_RESET", "yes", 1);
+    setenv("KVRELAY_LOG_FORMAT", "json", 1);
+    cr_assert_eq(load_argv(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.segment_path, "/dev/shm/x.seg");
+    cr_assert_eq(c.segment_reset, 1);
+    cr_assert_str_eq(c.log_format, "json");
+    setenv("KVRELAY_SEGMENT_RESET", "maybe", 1);
+    cr_assert_eq(load_argv(1, ok, &c), KVR_EINVAL);
+    unsetenv("KVRELAY_SEGMENT_PATH");
+    unsetenv("KVRELAY_SEGMENT_RESET");
+    unsetenv("KVRELAY_LOG_FORMAT");
+}
