@@ -200,6 +200,12 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
     scalar(&o, "kvrelay_capacity_bytes", "gauge", "Block arena capacity (--memory).", s.capacity_bytes);
     scalar(&o, "kvrelay_free_bytes", "gauge", "Arena bytes not held by any block.", s.free_pages * (s.capacity_bytes / (s.total_pages ? s.total_pages : 1)));
     scalar(&o, "kvrelay_pinned_blocks", "gauge", "Blocks pinned by GETs in flight.", s.pinned_blocks);
+    scalar(&o, "kvrelay_put_reservations", "gauge", "PUT reservations held: bodies being received into the arena.",
+           sum(st, KVR_ST_PUT_RESERVATIONS));
+    scalar(&o, "kvrelay_put_reserved_bytes", "gauge", "Bytes of the PUT reservations held (the in-flight budget in use).",
+           sum(st, KVR_ST_PUT_RESERVED_BYTES));
+    scalar(&o, "kvrelay_put_budget_waiting", "gauge", "PUTs waiting now for their worker's in-flight budget.",
+           sum(st, KVR_ST_PUT_BUDGET_WAITING));
     scalar(&o, "kvrelay_store_repairs_total", "counter", "Store repairs after a process died.", s.repairs);
     scalar(&o, "kvrelay_change_log_dropped_total", "counter", "Change-log events dropped on overflow (then resynced).",
            s.log_dropped);
