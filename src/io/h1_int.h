@@ -82,6 +82,7 @@ struct kvr_h1_s {
     int accepting;        /* an accept is in flight */
     int draining;
     uint64_t accept_paused_until;
+    int full;             /* not accepting: at --max-connections with none idle (one pause counted) */
     int fd_exhausted;     /* logged once per episode */
     const int *accept_fds; /* by process slot: the eventfd that gives a worker the turn */
     int parked;           /* not accepting: the turn was given to a less loaded worker */
