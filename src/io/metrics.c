@@ -213,6 +213,10 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
            ss.workers_running);
     scalar(&o, "kvrelay_worker_restarts_total", "counter", "Workers replaced after they died.",
            ss.worker_restarts);
+    scalar(&o, "kvrelay_hangs_killed_total", "counter",
+           "Workers and publishers the watchdog found hung (--hang-timeout) and killed.", ss.hangs_killed);
+    family(&o, "kvrelay_start_time_seconds", "gauge", "When the supervisor started, in seconds since the Unix epoch.");
+    emit(&o, "kvrelay_start_time_seconds %.3f\n", (double)ss.started_unix_ms / 1e3);
     family(&o, "kvrelay_worker_connections", "gauge",
            "Client connections each serving worker holds, by process slot (workers take turns accepting by it).");
     for (int i = 0; i < KVR_MAX_PROCS; i++) {
