@@ -130,6 +130,13 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     emit(o, "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"server_cert\"} 0\n"
             "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"client_ca\"} 0\n");
 
+    family(o, "kvrelay_relay_streams_opened_total", "counter", "Relay streams admitted, by stream.");
+    for (int t = 0; t < KVR_STREAM_TYPES; t++)
+        emit(o, "kvrelay_relay_streams_opened_total{stream=\"%s\"} %llu\n", stream_names[t],
+             (unsigned long long)sum(st, KVR_ST_RELAY_OPENED + (unsigned)t));
+    scalar(o, "kvrelay_relay_subscriber_lag_frames", "gauge",
+           "Frames the slowest live pool subscriber is behind the published sequence (the publisher samples it at each publication and scan).",
+           sum(st, KVR_ST_RELAY_SUB_LAG));
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
            rs.published_seq);
