@@ -300,6 +300,8 @@ VALUE_CHECKS = {
     "Subscribers": lambda v: v[0] >= 1,
     "Generation": lambda v: v[0] >= 1,
     "Workers running": lambda v: v == [1.0],
+    "Uptime": lambda v: all(0 < x < 3600 for x in v),
+    "Streams opened/s by stream": lambda v: len(v) == 5,  # one series per stream type
     "Latency p50 / p99 by method": lambda v: any(math.isfinite(x) and x > 0 for x in v),
 }
 
