@@ -8,13 +8,15 @@ The levels and counters of the PUT budget and of making room, on a real server's
 - a burst of concurrent large PUTs against a small budget all succeed and leave the levels at 0;
 - a worker killed while it holds a reservation and a waiter leaves no level behind: the
   supervisor's reap zeroes the dead slot's levels (shm/stats.c) and keeps its counters;
-- closing the longest-idle connections at --max-connections is counted.
+- closing the longest-idle connections at --max-connections is counted, and so is a pause of
+  accept when the worker runs out of descriptors.
 
 Raw sockets hold a body half-sent or a head without its body, so the waits are made, not hoped
 for. Every wait polls /metrics with a deadline.
 """
 
 import os
+import resource
 import signal
 import socket
 import threading
@@ -172,3 +174,32 @@ def test_idle_connections_closed_at_max_connections_are_counted(kvrelay):
     finally:
         for s in socks:
             s.close()
+
+
+def test_accept_pause_out_of_descriptors_is_counted(kvrelay):
+    """A worker out of descriptors stops accepting for a moment (h1_accept.c): each such episode
+    is counted. The server starts under a soft RLIMIT_NOFILE of 64 (children inherit it; ours is
+    restored at once) and --max-connections far above it, so descriptors run out first; the
+    clients each send part of a request head, so no connection is idle for long."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(64, hard), hard))
+    try:
+        srv = kvrelay("--memory", "16M", "--workers", "1", "--max-connections", "1000")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    pauses0 = value(metrics(srv), "kvrelay_accept_pauses_total")
+    socks = []
+    try:
+        deadline = time.monotonic() + 10 * SLOW
+        for _ in range(96):  # more than the server's 64 descriptors
+            s = socket.create_connection((srv.host, srv.port), timeout=10 * SLOW)
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")
+            socks.append(s)
+        # the log says when a worker could not accept (pausing, or closing idle ones first)
+        while "(Too many open files)" not in srv.log_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for s in socks:
+            s.close()
+    m = wait_metrics(srv, "an accept pause", lambda m: value(m, "kvrelay_accept_pauses_total") > pauses0)
+    assert srv.stats() is not None  # and it serves again
