@@ -327,6 +327,8 @@ def test_every_panel_returns_data_from_a_live_scrape(kvrelay, prometheus):
         prom.wait("evictions", f"kvrelay_evictions_total{{{sel}}}", lambda v: v[0] > 0)
         prom.wait("dedup hits", f"kvrelay_dedup_hits_total{{{sel}}}", lambda v: v[0] > 0)
         prom.wait("the subscriber", f'kv_dc_relay_subscribers{{{sel}, stream="pool"}}', lambda v: v[0] >= 1)
+        prom.wait("its stream counted", f'kvrelay_relay_streams_opened_total{{{sel}, stream="pool"}}',
+                  lambda v: v[0] >= 1)
         prom.wait("deltas seen by two scrapes",
                   f"increase(kvrelay_relay_deltas_published_total{{{sel}}}[{RATE_INTERVAL}])", lambda v: v[0] > 0)
 
