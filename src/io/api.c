@@ -266,6 +266,8 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
     if (rc == KVR_OK) {
         res->put = KVR_API_PUT_RESERVED; /* answered by kvr_api_put_end */
         a->inflight += rq->body_len;
+        kvr_stat_add(a->store->my_stats, KVR_ST_PUT_RESERVATIONS, 1); /* levels: put_end takes them back */
+        kvr_stat_add(a->store->my_stats, KVR_ST_PUT_RESERVED_BYTES, rq->body_len);
         return;
     }
     if (rc == KVR_PUT_DEDUP) {
@@ -305,6 +307,8 @@ void kvr_api_put_end(kvr_api_t *a, kvr_api_res_t *res, int ok)
     if (res->put == KVR_API_PUT_RESERVED) {
         res->put = KVR_API_PUT_NONE;
         a->inflight -= res->put_len;
+        kvr_stat_sub(a->store->my_stats, KVR_ST_PUT_RESERVATIONS, 1);
+        kvr_stat_sub(a->store->my_stats, KVR_ST_PUT_RESERVED_BYTES, res->put_len);
         if (!ok) {
             kvr_store_put_abort(a->store, &res->txn);
             return;

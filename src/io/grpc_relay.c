@@ -21,6 +21,8 @@
 
 #include <stdio.h>
 
+static_assert(KVR_ST_LEVELS - KVR_ST_RELAY_OPENED == KVR_STREAM_TYPES, "streams opened: one slot per type");
+
 #define DELTA_BATCH_MAX (64u << 10) /* delta bytes taken from the ring per refill, at most */
 #define LOAD_LAG_MAX    (16u * 4096u) /* queued load-window bytes at which a subscriber lags */
 
@@ -336,6 +338,7 @@ static int relay_begin(gstream_t *s, const uint8_t *msg, size_t len, int stream_
         }
         s->admitted = stream_type;
         relay_stat(g, KVR_RC_STREAMS_OPENED, 1);
+        kvr_stat_add(g->store->my_stats, KVR_ST_RELAY_OPENED + (unsigned)stream_type, 1);
     }
     return 1;
 }

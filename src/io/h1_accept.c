@@ -44,6 +44,7 @@ static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
         s->pressure = 1;
         s->pressure_ms = kvr_clock_ms();
         s->reclaimed += k;
+        kvr_stat_add(s->api->store->my_stats, KVR_ST_IDLE_RECLAIMED, k);
     }
     return k;
 }
@@ -60,10 +61,14 @@ void kvr_h1_arm_accept(kvr_h1_t *s)
         if (!s->pressure)
             kvr_warn("h1: %llu connections open, none idle (--max-connections %llu): not accepting until one ends",
                      (unsigned long long)kvr_h1_held(s), (unsigned long long)s->max_conns);
+        if (!s->full) /* one pause, however many ticks find us full */
+            kvr_stat_add(s->api->store->my_stats, KVR_ST_ACCEPT_PAUSES, 1);
+        s->full = 1;
         s->pressure = 1;
         s->pressure_ms = kvr_clock_ms();
         return;
     }
+    s->full = 0;
     if (kvr_uring_accept(&s->ring, s->listen_fd, &s->accept_op) == KVR_OK)
         s->accepting = 1;
 }
@@ -152,6 +157,8 @@ static void on_accept(kvr_uring_op_t *op, int res)
                      strerror(-res), (unsigned long long)s->nconns);
             s->fd_warned = 1;
         }
+        if (!s->fd_exhausted) /* one pause per episode, until an accept succeeds */
+            kvr_stat_add(s->api->store->my_stats, KVR_ST_ACCEPT_PAUSES, 1);
         s->fd_exhausted = 1;
         s->accept_paused_until = kvr_clock_ms() + H1_ACCEPT_PAUSE_MS;
         reclaim(s, H1_RECLAIM_MAX, strerror(-res));

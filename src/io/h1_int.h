@@ -82,6 +82,7 @@ struct kvr_h1_s {
     int accepting;        /* an accept is in flight */
     int draining;
     uint64_t accept_paused_until;
+    int full;             /* not accepting: at --max-connections with none idle (one pause counted) */
     int fd_exhausted;     /* logged once per episode */
     const int *accept_fds; /* by process slot: the eventfd that gives a worker the turn */
     int parked;           /* not accepting: the turn was given to a less loaded worker */
@@ -214,16 +215,23 @@ static inline void h1_idle_leave(h1c_t *c)
     h1_list_remove(&c->ilink);
 }
 
-/* The wait queue: FIFO, so that the budget a finished PUT frees goes to the oldest waiter. */
+/* The wait queue: FIFO, so that the budget a finished PUT frees goes to the oldest waiter.
+ * Each PUT that joins it is counted, and the queue's length is a level in our stats block
+ * (/metrics: kvrelay_put_budget_waits_total, kvrelay_put_budget_waiting). */
 static inline void h1_wait_enter(h1c_t *c)
 {
     c->state = ST_WAIT;
     h1_list_append(&c->s->wait, &c->wlink);
+    kvr_stat_add(c->s->api->store->my_stats, KVR_ST_PUT_BUDGET_WAITS, 1);
+    kvr_stat_add(c->s->api->store->my_stats, KVR_ST_PUT_BUDGET_WAITING, 1);
 }
 
 static inline void h1_wait_leave(h1c_t *c)
 {
+    if (!h1_linked(&c->wlink))
+        return;
     h1_list_remove(&c->wlink);
+    kvr_stat_sub(c->s->api->store->my_stats, KVR_ST_PUT_BUDGET_WAITING, 1);
 }
 
 /* What the peer holds of the budget follows the connection's reservation. The share binds

@@ -130,6 +130,13 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     emit(o, "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"server_cert\"} 0\n"
             "kv_dc_relay_tls_expiry_timestamp_seconds{material=\"client_ca\"} 0\n");
 
+    family(o, "kvrelay_relay_streams_opened_total", "counter", "Relay streams admitted, by stream.");
+    for (int t = 0; t < KVR_STREAM_TYPES; t++)
+        emit(o, "kvrelay_relay_streams_opened_total{stream=\"%s\"} %llu\n", stream_names[t],
+             (unsigned long long)sum(st, KVR_ST_RELAY_OPENED + (unsigned)t));
+    scalar(o, "kvrelay_relay_subscriber_lag_frames", "gauge",
+           "Frames the slowest live pool subscriber is behind the published sequence (the publisher samples it at each publication and scan).",
+           sum(st, KVR_ST_RELAY_SUB_LAG));
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
            rs.published_seq);
@@ -200,6 +207,12 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
     scalar(&o, "kvrelay_capacity_bytes", "gauge", "Block arena capacity (--memory).", s.capacity_bytes);
     scalar(&o, "kvrelay_free_bytes", "gauge", "Arena bytes not held by any block.", s.free_pages * (s.capacity_bytes / (s.total_pages ? s.total_pages : 1)));
     scalar(&o, "kvrelay_pinned_blocks", "gauge", "Blocks pinned by GETs in flight.", s.pinned_blocks);
+    scalar(&o, "kvrelay_put_reservations", "gauge", "PUT reservations held: bodies being received into the arena.",
+           sum(st, KVR_ST_PUT_RESERVATIONS));
+    scalar(&o, "kvrelay_put_reserved_bytes", "gauge", "Bytes of the PUT reservations held (the in-flight budget in use).",
+           sum(st, KVR_ST_PUT_RESERVED_BYTES));
+    scalar(&o, "kvrelay_put_budget_waiting", "gauge", "PUTs waiting now for their worker's in-flight budget.",
+           sum(st, KVR_ST_PUT_BUDGET_WAITING));
     scalar(&o, "kvrelay_store_repairs_total", "counter", "Store repairs after a process died.", s.repairs);
     scalar(&o, "kvrelay_change_log_dropped_total", "counter", "Change-log events dropped on overflow (then resynced).",
            s.log_dropped);
@@ -207,6 +220,10 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
            ss.workers_running);
     scalar(&o, "kvrelay_worker_restarts_total", "counter", "Workers replaced after they died.",
            ss.worker_restarts);
+    scalar(&o, "kvrelay_hangs_killed_total", "counter",
+           "Workers and publishers the watchdog found hung (--hang-timeout) and killed.", ss.hangs_killed);
+    family(&o, "kvrelay_start_time_seconds", "gauge", "When the supervisor started, in seconds since the Unix epoch.");
+    emit(&o, "kvrelay_start_time_seconds %.3f\n", (double)ss.started_unix_ms / 1e3);
     family(&o, "kvrelay_worker_connections", "gauge",
            "Client connections each serving worker holds, by process slot (workers take turns accepting by it).");
     for (int i = 0; i < KVR_MAX_PROCS; i++) {

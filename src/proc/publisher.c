@@ -390,6 +390,7 @@ static void scan_slots(pub_t *p)
     p->scan_due = 0;
     p->scanned_ns = now;
     admit_subscribers(p);
+    pub_sample_lag(p); /* subscribers catch up between publications too */
 }
 
 /* Events queued in the change log; notes when the log was first seen non-empty. */

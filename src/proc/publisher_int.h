@@ -82,7 +82,10 @@ void pub_take_ref(pub_t *p, int i, int k);
 void pub_close_sub(pub_t *p, int i, int reason);
 void pub_reclaim_subscribers(pub_t *p);
 void pub_rebuild_refs(pub_t *p);
+/* After a publication: closes the subscribers past the queue limits (docs/relay-contract.md)
+ * and records the largest lag of the others. pub_sample_lag only records it (the idle scan). */
 void pub_check_lag(pub_t *p);
+void pub_sample_lag(pub_t *p);
 void pub_wake_live_workers(pub_t *p);
 
 #endif

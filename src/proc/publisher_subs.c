@@ -161,9 +161,12 @@ static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
     return top - b->queue_cum;
 }
 
-void pub_check_lag(pub_t *p)
+/* Measures every live subscriber's lag; with `cut`, closes those past the queue limits. The
+ * largest lag left is a level in our stats block (kvrelay_relay_subscriber_lag_frames). */
+static void lag_pass(pub_t *p, int cut)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t worst = 0;
 
     KVR_DASSERT(pub_owns_relay(p));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
@@ -176,11 +179,26 @@ void pub_check_lag(pub_t *p)
         /* acquire: pairs with the worker's release store of cursor after it sent a frame */
         cursor = kvr_atomic_load_acquire(&s->cursor);
         frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
-        if (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES) {
+        if (cut && (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES)) {
             kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
             pub_close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
+            continue;
         }
+        if (frames > worst)
+            worst = frames;
     }
+    /* Only we write our block; /metrics' relaxed loads may see it one pass late. */
+    kvr_stat_set(p->store.my_stats, KVR_ST_RELAY_SUB_LAG, worst);
+}
+
+void pub_check_lag(pub_t *p)
+{
+    lag_pass(p, 1);
+}
+
+void pub_sample_lag(pub_t *p)
+{
+    lag_pass(p, 0);
 }
 
 void pub_wake_live_workers(pub_t *p)

@@ -738,6 +738,8 @@ void kvr_seg_status(const kvr_seg_t *seg, kvr_seg_status_t *out)
     out->late = kvr_atomic_load_relaxed(&c->late);
     out->worker_restarts = kvr_atomic_load_relaxed(&c->worker_restarts);
     out->publisher_restarts = kvr_atomic_load_relaxed(&c->publisher_restarts);
+    out->hangs_killed = kvr_atomic_load_relaxed(&c->hangs_killed);
+    out->started_unix_ms = kvr_atomic_load_relaxed(&c->started_unix_ms);
     out->max_blocks = seg->hdr->max_blocks;
     out->ckf_buckets = seg->hdr->ckf_buckets;
     out->hugetlb = seg->hdr->backing == KVR_BACKING_HUGETLB;

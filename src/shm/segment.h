@@ -254,6 +254,8 @@ typedef struct {
     uint64_t late; /* process slots whose heartbeat is late (ctl.late) */
     uint64_t worker_restarts;
     uint64_t publisher_restarts;
+    uint64_t hangs_killed;    /* children the watchdog killed (ctl.hangs_killed) */
+    uint64_t started_unix_ms; /* when the supervisor started serving (ctl.started_unix_ms) */
     uint64_t max_blocks;
     uint64_t ckf_buckets;
     int hugetlb;

@@ -17,7 +17,8 @@ void kvr_stats_retire(kvr_stats_block_t *into, kvr_stats_block_t *from)
      * either block runs, and readers may see a sum one counter late (relaxed, pairs with
      * nothing). */
     for (unsigned i = 0; i < KVR_ST_MAX; i++) {
-        kvr_stat_add(into, i, kvr_atomic_load_relaxed(&from->c[i]));
+        if (i < KVR_ST_LEVELS || i >= KVR_ST_USED) /* a level is the dead one's own: it goes */
+            kvr_stat_add(into, i, kvr_atomic_load_relaxed(&from->c[i]));
         kvr_atomic_store_relaxed(&from->c[i], 0);
     }
 }

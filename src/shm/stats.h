@@ -5,7 +5,8 @@
  * are plain relaxed load+store pairs, no atomic read-modify-write and no shared cache line:
  * blocks are 2 KiB, cache-line aligned. Readers sum every block with relaxed loads.
  * When the supervisor reaps a dead process it folds that block into the retired block
- * (KVR_MAX_PROCS), so totals never go backwards.
+ * (KVR_MAX_PROCS), so totals never go backwards; the levels (gauges: what a process holds now,
+ * KVR_ST_LEVELS on) are zeroed instead, so a dead worker's level does not linger.
  */
 #ifndef KVR_SHM_STATS_H
 #define KVR_SHM_STATS_H
@@ -40,12 +41,28 @@
     X(HTTP_SPARE, 2, NULL, NULL)                                                                  \
     X(HTTP_REQ, 80, NULL, NULL)  /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES (io/api.h) */            \
     X(HTTP_HIST, 90, NULL, NULL) /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */ \
-    X(HTTP_SPARE2, 10, NULL, NULL)                                                                \
+    /* the HTTP/1.1 server (io/h1_wait.c, io/h1_accept.c) */                                     \
+    X(PUT_BUDGET_WAITS, 1, "kvrelay_put_budget_waits_total",                                      \
+      "PUTs that waited for their worker's in-flight budget (--max-inflight-bytes).")             \
+    X(ACCEPT_PAUSES, 1, "kvrelay_accept_pauses_total",                                            \
+      "Times a worker stopped accepting: at --max-connections with none idle, or out of descriptors.") \
+    X(IDLE_RECLAIMED, 1, "kvrelay_idle_connections_reclaimed_total",                              \
+      "Idle connections closed to make room (--max-connections, out of descriptors).")            \
+    X(HTTP_SPARE2, 7, NULL, NULL)                                                                 \
     /* the relay: KVR_ST_RELAY + KVR_RC_<id> (KVR_RELAY_STATS_TABLE) */                           \
     X(RELAY, KVR_RC_COUNT, NULL, NULL)                                                            \
     X(RELAY_SPARE, 20 - KVR_RC_COUNT, NULL, NULL)                                                 \
     /* publication latency histogram (proc/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */   \
-    X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL)
+    X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL)                                                  \
+    /* relay streams admitted, by type: + KVR_STREAM_* (io/grpc_relay.c; metrics.c renders it) */ \
+    X(RELAY_OPENED, 5, NULL, NULL)                                                                \
+    /* Levels (gauges), from here to the end: each is its process's own value now, so a reap   \
+     * zeroes them instead of folding them into the retired block (kvr_stats_retire). */          \
+    X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */                   \
+    X(PUT_RESERVED_BYTES, 1, NULL, NULL) /* io/api.c: their bytes */                              \
+    X(PUT_BUDGET_WAITING, 1, NULL, NULL) /* io/h1: PUTs on the budget's wait queue */             \
+    X(RELAY_SUB_LAG, 1, NULL, NULL)      /* publisher: frames the slowest live subscriber is behind */ \
+    X(LEVEL_SPARE, 4, NULL, NULL)
 
 /*
  * The relay's counters, KVR_ST_RELAY + KVR_RC_<id>: X(id, metric, labels, help), who counts in
@@ -85,11 +102,13 @@ enum {
     KVR_ST_USED /* slots the table takes */
 };
 #define KVR_ST_MAX 256 /* slots in a block: 2 KiB */
+#define KVR_ST_LEVELS KVR_ST_PUT_RESERVATIONS /* the first level: levels run to KVR_ST_USED */
 
 /* The segment's layout: the slots every running process agrees on. */
 static_assert(KVR_ST_HTTP_BYTES_IN == 16 && KVR_ST_HTTP_REQ == 20 && KVR_ST_HTTP_HIST == 100, "stats layout");
 static_assert(KVR_ST_RELAY == 200 && KVR_ST_PUB_HIST == 220 && KVR_ST_USED <= KVR_ST_MAX, "stats layout");
 static_assert(KVR_RC_COUNT <= 20, "relay counters fit their group");
+static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_LEVELS == 239, "stats layout");
 
 typedef struct {
     uint64_t c[KVR_ST_MAX];
@@ -103,10 +122,22 @@ static inline void kvr_stat_add(kvr_stats_block_t *b, unsigned i, uint64_t v)
     kvr_atomic_store_relaxed(&b->c[i], kvr_atomic_load_relaxed(&b->c[i]) + v);
 }
 
+/* Levels (KVR_ST_LEVELS on) go up and down, by their block's owner alone like counters. */
+static inline void kvr_stat_sub(kvr_stats_block_t *b, unsigned i, uint64_t v)
+{
+    kvr_atomic_store_relaxed(&b->c[i], kvr_atomic_load_relaxed(&b->c[i]) - v);
+}
+
+static inline void kvr_stat_set(kvr_stats_block_t *b, unsigned i, uint64_t v)
+{
+    kvr_atomic_store_relaxed(&b->c[i], v);
+}
+
 /* Sums counter i over n blocks. */
 uint64_t kvr_stats_sum(const kvr_stats_block_t *blocks, unsigned n, unsigned i);
 
-/* Folds block `from` into `into` and zeroes `from` (reap of a dead process). */
+/* Folds the counters of block `from` into `into` and zeroes `from` (reap of a dead process):
+ * its levels are zeroed, not folded, since the dead process holds nothing any more. */
 void kvr_stats_retire(kvr_stats_block_t *into, kvr_stats_block_t *from);
 
 #endif

@@ -300,6 +300,8 @@ VALUE_CHECKS = {
     "Subscribers": lambda v: v[0] >= 1,
     "Generation": lambda v: v[0] >= 1,
     "Workers running": lambda v: v == [1.0],
+    "Uptime": lambda v: all(0 < x < 3600 for x in v),
+    "Streams opened/s by stream": lambda v: len(v) == 5,  # one series per stream type
     "Latency p50 / p99 by method": lambda v: any(math.isfinite(x) and x > 0 for x in v),
 }
 
@@ -325,6 +327,8 @@ def test_every_panel_returns_data_from_a_live_scrape(kvrelay, prometheus):
         prom.wait("evictions", f"kvrelay_evictions_total{{{sel}}}", lambda v: v[0] > 0)
         prom.wait("dedup hits", f"kvrelay_dedup_hits_total{{{sel}}}", lambda v: v[0] > 0)
         prom.wait("the subscriber", f'kv_dc_relay_subscribers{{{sel}, stream="pool"}}', lambda v: v[0] >= 1)
+        prom.wait("its stream counted", f'kvrelay_relay_streams_opened_total{{{sel}, stream="pool"}}',
+                  lambda v: v[0] >= 1)
         prom.wait("deltas seen by two scrapes",
                   f"increase(kvrelay_relay_deltas_published_total{{{sel}}}[{RATE_INTERVAL}])", lambda v: v[0] > 0)
 

@@ -112,6 +112,10 @@ def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
         statuses = [_probe(srv, "/healthz", 2.0 * SLOW, errors) for _ in range(20)]
         assert statuses == [200] * 20, f"new connections after the replacement: {statuses} {errors}"
         assert srv.wait_ready(10 * SLOW), "/readyz did not return to 200"
+        # /metrics counts the kill (the supervisor counts it before it sends SIGKILL)
+        text = srv.metrics_text()
+        assert re.search(r"^kvrelay_hangs_killed_total 1$", text, re.M), [
+            ln for ln in text.splitlines() if "hangs_killed" in ln]
         print(f"503 after {first_503:.2f}s; workers now {pids}")
     finally:
         stop.set()

@@ -429,6 +429,30 @@ Test(store, reap_drops_pins_and_reservations_of_dead_slot)
     fx_close(&f);
 }
 
+/* A reap folds the dead slot's counters into the retired block and zeroes its levels: what a
+ * dead worker held (reservations, waiting PUTs) is not left on /metrics. */
+Test(store, reap_folds_counters_and_zeroes_levels)
+{
+    fx_t f;
+    kvr_seg_t seg2;
+    kvr_store_t st2;
+
+    fx_open(&f, 1 * MIB, 4096, 0, 0);
+    fx_second(&f, &seg2, &st2);
+    kvr_stat_add(st2.my_stats, KVR_ST_PUT_BUDGET_WAITS, 3);
+    kvr_stat_add(st2.my_stats, KVR_ST_PUT_RESERVATIONS, 2);
+    kvr_stat_add(st2.my_stats, KVR_ST_PUT_RESERVED_BYTES, 300);
+    kvr_stat_sub(st2.my_stats, KVR_ST_PUT_RESERVED_BYTES, 100);
+    kvr_stat_add(f.st.my_stats, KVR_ST_PUT_RESERVATIONS, 1);
+    cr_assert_eq(kvr_store_counter(&f.st, KVR_ST_PUT_RESERVATIONS), 3);
+    cr_assert_eq(kvr_store_counter(&f.st, KVR_ST_PUT_RESERVED_BYTES), 200);
+    cr_assert_eq(kvr_store_reap_slot(&f.st, seg2.slot), KVR_OK);
+    cr_assert_eq(kvr_store_counter(&f.st, KVR_ST_PUT_BUDGET_WAITS), 3, "a counter never goes back");
+    cr_assert_eq(kvr_store_counter(&f.st, KVR_ST_PUT_RESERVATIONS), 1, "the dead slot's level went");
+    cr_assert_eq(kvr_store_counter(&f.st, KVR_ST_PUT_RESERVED_BYTES), 0);
+    fx_close(&f);
+}
+
 /* A process that dies holding the store lock: the next locker repairs. */
 Test(store, lock_holder_death_is_repaired)
 {
