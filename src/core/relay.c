@@ -337,7 +337,7 @@ ssize_t kvr_relay_sub_next_frame(kvr_relay_t *r, int idx, uint8_t *dst, size_t c
     KVR_DASSERT(sub_mine(r, idx));
     /* relaxed: ours since the publisher's admission, published to us by its CAS to LIVE */
     c = kvr_atomic_load_relaxed(&s->cursor);
-    n = kvr_relay_read_frame(r, c, dst, cap);
+    n = kvr_relay_read_frame(r, s->generation, c, dst, cap);
     if (n > 0) {
         *seq = c;
         /* release: the publisher's lag check reads the cursor to count our queue */
@@ -372,28 +372,111 @@ void kvr_relay_sub_close(kvr_relay_t *r, int idx)
         kvr_relay_wake(r->fds->publisher);
 }
 
-ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap)
+/* ------------------------------------------------------------------ the frame ring
+ *
+ * One writer (the publisher, kvr_relay_put_frame) and any number of readers (workers,
+ * kvr_relay_read_frame) that never write; docs/concurrency.md, "The relay ring and its
+ * frames", has the protocol and why each ordering is needed. In short, two seqlocks:
+ *
+ *   the index entry frame[seq % 64]: `seq` is its sequence count, 0 (never a delta's
+ *   sequence) the "being written" mark that an odd count is in a classic seqlock;
+ *   the ring bytes: `ring_tail`, the cumulative offset below which bytes may be gone, only
+ *   grows (a new generation moves it to ring_head, which never goes back).
+ *
+ * A reader acquires seq, copies, fences, re-checks both: anything it copied from a write
+ * that started after its first load shows as a moved seq or tail, and the copy is dropped.
+ */
+
+/* Places len bytes at the ring head, never wrapping a frame; returns its cumulative offset. */
+static uint64_t ring_reserve(kvr_relay_sh_t *sh, size_t len)
+{
+    uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
+
+    pos = head % KVR_RELAY_RING_BYTES;
+    if (pos + len > KVR_RELAY_RING_BYTES)
+        head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
+    /* Everything below head + len - RING is about to be overwritten: readers must see that
+     * first. The release store publishes the new tail; it pairs with the workers' load of
+     * ring_tail after their copy and acquire fence (kvr_relay_read_frame). */
+    if (head + len > KVR_RELAY_RING_BYTES)
+        kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
+    /* The full fence orders that tail store before every later store of ours: the frame's
+     * bytes (memcpy into the ring in kvr_relay_put_frame) and ring_head. A release store
+     * alone orders only what comes before it, so without the fence the new bytes could be
+     * visible before the tail that says the old ones are gone. It pairs with the reader's
+     * acquire fence: a reader that copied an overwritten byte then sees the new tail. */
+    kvr_atomic_fence_seq_cst();
+    kvr_atomic_store_seq_cst(&sh->ring_head, head + len); /* read only by us: pairs with nothing */
+    return head;
+}
+
+void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_t len, size_t payload_len)
+{
+    kvr_relay_sh_t *sh = r->sh;
+    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
+    uint64_t off, queue;
+
+    /* the publisher that started the generation; sequences count from 1 */
+    KVR_DASSERT(kvr_atomic_load_relaxed(&sh->publisher_pid) == (uint32_t)getpid() && seq != 0 &&
+                len <= KVR_RELAY_RING_BYTES);
+    off = ring_reserve(sh, len);
+    /* The old occupant (seq - 64) is going: mark the entry "being written" (0) before any
+     * of it changes. The release fence orders that 0 before the stores of the fields below
+     * (a release store orders only what precedes it): it pairs with the reader's acquire
+     * fence, so a reader that copied a new field value sees seq moved when it re-checks. */
+    kvr_atomic_store_relaxed(&f->seq, 0);
+    kvr_atomic_fence_release();
+    memcpy(r->ring + off % KVR_RELAY_RING_BYTES, msg, len);
+    /* queue_cum is ours alone (the lag check); prev->seq is our own store */
+    queue = seq > 1 && kvr_atomic_load_relaxed(&prev->seq) == seq - 1 ? prev->queue_cum : 0;
+    f->queue_cum = queue + payload_len + KVR_RELAY_FRAME_OVERHEAD;
+    kvr_atomic_store_relaxed(&f->cum_off, off);
+    kvr_atomic_store_relaxed(&f->len, (uint32_t)len);
+    /* Pairs with the reader's acquire load of f->seq: the fields and bytes above are visible
+     * to a reader that sees seq. */
+    kvr_atomic_store_release(&f->seq, seq);
+    /* Pairs with the reader's acquire load of published_seq: the frame and its index entry
+     * are visible to a reader that sees seq published. */
+    kvr_atomic_store_release(&sh->published_seq, seq);
+}
+
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, uint8_t *dst, size_t cap)
 {
     kvr_relay_sh_t *sh = r->sh;
     kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES];
     uint64_t off, len, pos;
 
-    if (atomic_load_explicit(&sh->published_seq, memory_order_acquire) < seq)
+    if (seq == 0)
+        return -1; /* never a delta: 0 is the entry's "being written" mark */
+    /* The generation first: a new one counts from sequence 1 again, so an entry may hold the
+     * same seq twice, but never in the same generation. acquire: pairs with the publisher's
+     * seq_cst store of it (new_generation), made before any frame of that generation. */
+    if (kvr_atomic_load_acquire(&sh->generation) != generation)
+        return 0; /* retired: the caller's next poll ends the stream with the reason */
+    if (kvr_atomic_load_acquire(&sh->published_seq) < seq)
         return 0;
-    if (atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
+    /* acquire: pairs with put_frame's release store of seq; the fields are this frame's */
+    if (kvr_atomic_load_acquire(&f->seq) != seq)
         return -1;
-    off = f->cum_off;
-    len = f->len;
+    off = kvr_atomic_load_relaxed(&f->cum_off);
+    len = kvr_atomic_load_relaxed(&f->len);
     if (len > cap)
         return -1;
     pos = off % KVR_RELAY_RING_BYTES;
     if (pos + len > KVR_RELAY_RING_BYTES)
         return -1; /* frames never wrap (the publisher skips the tail); a torn index entry */
+    /* Plain bytes, as any seqlock's payload: they may be overwritten while we copy, and the
+     * checks below decide whether the copy is used at all. */
     memcpy(dst, r->ring + pos, len);
-    /* The bytes are good only if nothing overwrote them while we copied. */
-    if (atomic_load_explicit(&sh->ring_tail, memory_order_acquire) > off ||
-        atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
-        return -1;
+    /* The acquire fence orders the copy and the field loads above before the re-checks
+     * below (an acquire load orders only what follows it). It pairs with the publisher's
+     * release fence after its 0 in seq and its seq_cst fence after the new ring_tail: if we
+     * read anything a later write stored, the re-check sees that write's mark. */
+    kvr_atomic_fence_acquire();
+    if (kvr_atomic_load_relaxed(&sh->generation) != generation)
+        return 0; /* retired meanwhile, as above */
+    if (kvr_atomic_load_relaxed(&sh->ring_tail) > off || kvr_atomic_load_relaxed(&f->seq) != seq)
+        return -1; /* overwritten while we copied: the subscriber lagged */
     return (ssize_t)len;
 }
 

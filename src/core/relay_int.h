@@ -89,12 +89,21 @@ int kvr_relay_sub_pending(const kvr_relay_t *r, int idx);
  * marks it RELEASING; the publisher frees it. Exactly once per successful open. */
 void kvr_relay_sub_close(kvr_relay_t *r, int idx);
 
+/* ---- the frame ring (docs/concurrency.md, "The relay ring and its frames") */
+
 /*
- * Copies published delta `seq` (a complete gRPC message) into dst. Returns its length,
- * 0 when seq is not published yet, or -1 when it is gone (overwritten: the subscriber
- * lagged) or does not fit.
+ * Publisher only: copies the encoded delta message msg (len bytes, payload_len of them the
+ * CBI1 payload) into the ring and publishes it as sequence seq (>= 1) of the current
+ * generation. Cannot fail.
  */
-ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap);
+void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_t len, size_t payload_len);
+
+/*
+ * Copies published delta `seq` of `generation` (a complete gRPC message) into dst. Returns
+ * its length, 0 when seq is not published yet or generation is no longer the current one,
+ * or -1 when it is gone (overwritten: the subscriber lagged) or does not fit.
+ */
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, uint8_t *dst, size_t cap);
 
 /* ---- messages */
 

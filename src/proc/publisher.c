@@ -107,31 +107,6 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
 
 /* ------------------------------------------------------------------ publication */
 
-/* Places len bytes at the ring head, never wrapping a frame; returns its cumulative offset. */
-static uint64_t ring_reserve(pub_t *p, size_t len)
-{
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
-
-    KVR_DASSERT(pub_owns_relay(p));
-    pos = head % KVR_RELAY_RING_BYTES;
-    if (pos + len > KVR_RELAY_RING_BYTES)
-        head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
-    /* Everything below head + len - RING is about to be overwritten: readers must see that
-     * first. The release store publishes the new tail; it pairs with the workers' acquire
-     * load of ring_tail after they copied a frame (core/relay.c, kvr_relay_read_frame). */
-    if (head + len > KVR_RELAY_RING_BYTES)
-        kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
-    /* The full fence orders that tail store before every later store of ours: the frame's
-     * bytes (memcpy into the ring in put_frame) and ring_head. A release store alone orders
-     * only what comes before it, so without the fence the new bytes could be visible before
-     * the tail that says the old ones are gone. A reader that copied an overwritten byte and
-     * then (after an acquire fence) loads ring_tail sees the new tail and drops its copy. */
-    kvr_atomic_fence_seq_cst();
-    kvr_atomic_store_seq_cst(&sh->ring_head, head + len); /* read only by us: pairs with nothing */
-    return head;
-}
-
 static void new_generation(pub_t *p, const char *why);
 
 /* Grows the image and message buffers for a delta of up to `dirty` images. */
@@ -173,32 +148,14 @@ static void record_latency(pub_t *p)
     kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
 }
 
-/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot fail. */
+/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot
+ * fail. The writer's side of the ring protocol is kvr_relay_put_frame (core/relay.c), next
+ * to the reader's. */
 static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
 {
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t off = ring_reserve(p, len);
-    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
-
     KVR_DASSERT(pub_owns_relay(p));
-    memcpy(p->relay.ring + off % KVR_RELAY_RING_BYTES, p->msg, len);
-    /* The old occupant is gone: seq 0 first. Release as before; the reader's re-check of
-     * f->seq after its copy (core/relay.c) pairs with it. */
-    kvr_atomic_store_release(&f->seq, 0);
-    /* Orders that 0 before the plain stores of the entry's fields below (a release store
-     * orders only what precedes it): a reader that saw a new field value then sees seq moved
-     * when it re-checks (it needs an acquire fence before that re-check). */
-    kvr_atomic_fence_release();
-    f->cum_off = off;
-    f->len = (uint32_t)len;
-    f->queue_cum = (seq > 1 && kvr_atomic_load_seq_cst(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
-                   payload_len + KVR_RELAY_FRAME_OVERHEAD;
-    /* Pairs with the worker's acquire load of f->seq: the fields above are visible. */
-    kvr_atomic_store_release(&f->seq, seq);
+    kvr_relay_put_frame(&p->relay, seq, p->msg, len, payload_len);
     p->seq = seq;
-    /* Pairs with the worker's acquire load of published_seq: the frame and its index entry are
-     * visible to a worker that sees seq published. */
-    kvr_atomic_store_release(&sh->published_seq, seq);
 }
 
 /*
