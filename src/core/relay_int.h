@@ -8,7 +8,6 @@
 #ifndef KVR_CORE_RELAY_INT_H
 #define KVR_CORE_RELAY_INT_H
 
-#include "base/clock.h"
 #include "core/relay.h"
 #include "shm/relay_sh.h"
 #include "wire/grpc_frame.h"
@@ -135,9 +134,5 @@ size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation
 
 /* Size of the largest snapshot chunk message for this filter. */
 size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r);
-
-/* Older names of base/clock.h's kvr_clock_wall_us and kvr_clock_ns, kept for their callers. */
-static inline uint64_t kvr_relay_wall_us(void) { return kvr_clock_wall_us(); }
-static inline uint64_t kvr_relay_mono_ns(void) { return kvr_clock_ns(); }
 
 #endif

@@ -26,6 +26,7 @@
 
 #include "wire/ckf.h"
 #include "base/barrier.h"
+#include "base/clock.h"
 #include "base/dassert.h"
 #include "base/log.h"
 #include "core/owners.h"
@@ -137,7 +138,7 @@ static int reserve_buffers(pub_t *p, size_t dirty)
 static void record_latency(pub_t *p)
 {
     /* publication latency: first pending change-log event -> frame published */
-    uint64_t us = (kvr_relay_mono_ns() - p->first_pending_ns) / 1000;
+    uint64_t us = (kvr_clock_ns() - p->first_pending_ns) / 1000;
     unsigned b = 0;
 
     while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
@@ -170,7 +171,7 @@ static int publish(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
     size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, plen;
-    uint64_t now = kvr_relay_mono_ns(), seq = p->seq + 1;
+    uint64_t now = kvr_clock_ns(), seq = p->seq + 1;
     kvr_cbi1_hdr_t hdr = {sh->seed, sh->bucket_count, sh->dc_id, seq};
     uint8_t *payload;
 
@@ -340,7 +341,7 @@ static void new_generation(pub_t *p, const char *why)
 
 static void scan_slots(pub_t *p)
 {
-    uint64_t now = kvr_relay_mono_ns();
+    uint64_t now = kvr_clock_ns();
 
     if (now < p->scanned_ns + (p->scan_due ? SCAN_NS : SCAN_IDLE_NS))
         return;
@@ -373,7 +374,7 @@ static void wait_for_work(pub_t *p)
 {
     struct pollfd pfd = {p->wake_fd, POLLIN, 0};
     struct timespec timeout = {0, 100000000};
-    uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
+    uint64_t now = kvr_clock_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
     int timed;
 
     KVR_DASSERT(pub_is_me(p)); /* the change log's only consumer */
@@ -429,7 +430,7 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
         kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
         for (size_t i = 0; i < n; i++) {
             if (p->pending == 0)
-                p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_relay_mono_ns();
+                p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_clock_ns();
             if (kvr_chlog_op(&ev[i]) == KVR_EV_INSERT)
                 apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon);
             else
@@ -440,7 +441,7 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
     }
     p->log_seen_ns = 0;
     if (p->unwoken_ns != 0)
-        p->unwoken_ns = kvr_relay_mono_ns(); /* the log was empty here: what is queued came later */
+        p->unwoken_ns = kvr_clock_ns(); /* the log was empty here: what is queued came later */
 }
 
 /* One turn of the main loop. Appends wake us when the log goes from empty to one event while
@@ -460,7 +461,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         new_generation(p, "change-log overflow");
         p->log_seen_ns = 0;
     }
-    now = kvr_relay_mono_ns();
+    now = kvr_clock_ns();
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
         scan_slots(p); /* a subscriber's wake-up: keep lingering */
@@ -471,7 +472,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
         new_generation(p, "owner counting out of memory");
     }
-    if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + p->delay_ns)
+    if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + p->delay_ns)
         publish(p);
     scan_slots(p);
 }
