@@ -299,6 +299,8 @@ static void new_generation(pub_t *p, const char *why)
     kvr_atomic_store_seq_cst(&sh->published_seq, 0);
     for (int f = 0; f < KVR_RELAY_FRAMES; f++)
         kvr_atomic_store_seq_cst(&sh->frame[f].seq, 0);
+    /* Every byte of the old generation is now below the tail: a reader still copying one
+     * drops its copy at its re-check (kvr_relay_read_frame), as it would after a wrap. */
     kvr_atomic_store_seq_cst(&sh->ring_tail, kvr_atomic_load_seq_cst(&sh->ring_head));
 
     kvr_ckf_clear(&p->ckf);
