@@ -391,14 +391,16 @@ void kvr_relay_sub_close(kvr_relay_t *r, int idx)
 static uint64_t ring_reserve(kvr_relay_sh_t *sh, size_t len)
 {
     uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
+    uint64_t tail = kvr_atomic_load_relaxed(&sh->ring_tail);       /* ours too */
 
     pos = head % KVR_RELAY_RING_BYTES;
     if (pos + len > KVR_RELAY_RING_BYTES)
         head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
     /* Everything below head + len - RING is about to be overwritten: readers must see that
      * first. The release store publishes the new tail; it pairs with the workers' load of
-     * ring_tail after their copy and acquire fence (kvr_relay_read_frame). */
-    if (head + len > KVR_RELAY_RING_BYTES)
+     * ring_tail after their copy and acquire fence (kvr_relay_read_frame). The tail never
+     * goes back: a new generation moved it up to ring_head, past every old byte. */
+    if (head + len > KVR_RELAY_RING_BYTES && head + len - KVR_RELAY_RING_BYTES > tail)
         kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
     /* The full fence orders that tail store before every later store of ours: the frame's
      * bytes (memcpy into the ring in kvr_relay_put_frame) and ring_head. A release store
@@ -421,9 +423,9 @@ void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_
                 len <= KVR_RELAY_RING_BYTES);
     off = ring_reserve(sh, len);
     /* The old occupant (seq - 64) is going: mark the entry "being written" (0) before any
-     * of it changes. The release fence orders that 0 before the stores of the fields below
-     * (a release store orders only what precedes it): it pairs with the reader's acquire
-     * fence, so a reader that copied a new field value sees seq moved when it re-checks. */
+     * of it changes. The release fence orders that 0 before every store below (bytes and
+     * fields): it pairs with the reader's acquire fence, so a reader that copied a new
+     * value sees seq moved when it re-checks. */
     kvr_atomic_store_relaxed(&f->seq, 0);
     kvr_atomic_fence_release();
     memcpy(r->ring + off % KVR_RELAY_RING_BYTES, msg, len);
