@@ -1,8 +1,7 @@
 /*
  * barrier.h — named accessors for every field that processes share without a lock.
  *
- * A lock-free access in src/shm, src/core/store*.c and src/proc/publisher*.c goes through one
- * of these, so that its ordering is in its name and a grep finds every one of them; each call
+ * A lock-free access to shared memory anywhere in src/ goes through one of these, so that its ordering is in its name and a grep finds every one of them; each call
  * site says in a comment what it pairs with (the store on the other side, or why none is
  * needed). docs/concurrency.md has the table of who writes what with which ordering.
  *
@@ -16,7 +15,8 @@
  *       one variable and then loads the other (the Dekker pattern of the change log)
  *   kvr_atomic_fence_acquire, _release, _seq_cst
  *       the same orderings for a group of relaxed accesses
- *   kvr_atomic_fetch_add_*, kvr_atomic_exchange_seq_cst, kvr_atomic_cas_seq_cst
+ *   kvr_atomic_fetch_add_*, kvr_atomic_fetch_sub_seq_cst, kvr_atomic_fetch_or_seq_cst,
+ *   kvr_atomic_fetch_and_seq_cst, kvr_atomic_exchange_seq_cst, kvr_atomic_cas_seq_cst
  *       read-modify-writes
  *
  * (Not kvr_store_*: that prefix is the block store's, core/store.h.)
@@ -43,6 +43,9 @@
 
 #define kvr_atomic_fetch_add_relaxed(p, v) atomic_fetch_add_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_relaxed)
 #define kvr_atomic_fetch_add_seq_cst(p, v) atomic_fetch_add_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
+#define kvr_atomic_fetch_sub_seq_cst(p, v) atomic_fetch_sub_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
+#define kvr_atomic_fetch_or_seq_cst(p, v)  atomic_fetch_or_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
+#define kvr_atomic_fetch_and_seq_cst(p, v) atomic_fetch_and_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
 #define kvr_atomic_exchange_seq_cst(p, v)  atomic_exchange_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
 /* Strong compare-and-swap; *expected takes the value found when it fails. */
 #define kvr_atomic_cas_seq_cst(p, expected, desired)                                               \

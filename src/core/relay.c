@@ -1,7 +1,9 @@
 /* relay.c — see relay.h, relay_int.h and shm/relay_sh.h. */
 #include "core/relay_int.h"
 
+#include "base/barrier.h"
 #include "base/clock.h"
+#include "base/dassert.h"
 #include "base/log.h"
 #include "wire/cbi1.h"
 #include "wire/ckf.h"
@@ -57,6 +59,7 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
     kvr_bytes_t model, parts[3], dc;
     uint64_t inc = 0;
 
+    KVR_DASSERT(kvr_seg_am_supervisor(seg)); /* before the first fork: nobody else maps it */
     bind_regions(r, seg);
     r->cfg = cfg;
     sh = r->sh;
@@ -80,7 +83,7 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
     dc.len = strlen(cfg->dc_id);
     sh->dc_id = kvr_identity_dc_id(dc);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        atomic_store(&sh->sub[i].state, KVR_SUB_FREE);
+        kvr_atomic_store_relaxed(&sh->sub[i].state, KVR_SUB_FREE); /* before any fork */
     memset(r->filter, 0, sh->bucket_count * 8);
     kvr_info("relay: pool of %llu buckets, incarnation %016llx, dc_id %016llx",
              (unsigned long long)sh->bucket_count, (unsigned long long)sh->incarnation,
@@ -107,28 +110,39 @@ void kvr_relay_wake(int fd)
 int kvr_relay_admit(kvr_relay_t *r, int type, int slot, uint32_t limit)
 {
     _Atomic uint32_t *a = &r->sh->active[type];
-    uint32_t cur = atomic_load(a);
+    uint32_t cur = kvr_atomic_load_relaxed(a); /* a first guess: the CAS checks it */
 
+    KVR_DASSERT(slot == r->seg->slot && type >= 0 && type < KVR_STREAM_TYPES); /* our own share */
+    /* The admission counts are seq_cst RMWs (docs/concurrency.md): the CAS orders against
+     * the other workers' CASes and fetch_subs on the same count, so it never passes the
+     * limit; the per-process share orders against the supervisor's exchange of it in
+     * kvr_relay_release_all, so a dead worker's permits are given back exactly once. */
     do {
         if (cur >= limit)
             return 0;
-    } while (!atomic_compare_exchange_weak(a, &cur, cur + 1));
-    atomic_fetch_add(&r->sh->per_proc[slot][type], 1);
+    } while (!kvr_atomic_cas_seq_cst(a, &cur, cur + 1));
+    kvr_atomic_fetch_add_seq_cst(&r->sh->per_proc[slot][type], 1);
     return 1;
 }
 
 void kvr_relay_release(kvr_relay_t *r, int type, int slot)
 {
-    atomic_fetch_sub(&r->sh->per_proc[slot][type], 1);
-    atomic_fetch_sub(&r->sh->active[type], 1);
+    KVR_DASSERT(slot == r->seg->slot && type >= 0 && type < KVR_STREAM_TYPES);
+    /* seq_cst RMWs, as in kvr_relay_admit: our share first, so that the supervisor's
+     * exchange never gives back a permit that we gave back already */
+    kvr_atomic_fetch_sub_seq_cst(&r->sh->per_proc[slot][type], 1);
+    kvr_atomic_fetch_sub_seq_cst(&r->sh->active[type], 1);
 }
 
 void kvr_relay_release_all(kvr_relay_t *r, int slot)
 {
+    KVR_DASSERT(kvr_seg_am_supervisor(r->seg) && slot > 0 && slot < KVR_MAX_PROCS); /* a dead child's */
     for (int t = 0; t < KVR_STREAM_TYPES; t++) {
-        uint32_t n = atomic_exchange(&r->sh->per_proc[slot][t], 0);
+        /* seq_cst RMWs: against the dead worker's last fetch_add/fetch_sub of its share
+         * (kvr_relay_admit, kvr_relay_release) and the other workers' CASes on the count */
+        uint32_t n = kvr_atomic_exchange_seq_cst(&r->sh->per_proc[slot][t], 0);
         if (n)
-            atomic_fetch_sub(&r->sh->active[t], n);
+            kvr_atomic_fetch_sub_seq_cst(&r->sh->active[t], n);
     }
 }
 
@@ -144,28 +158,35 @@ void kvr_relay_status(const kvr_seg_t *seg, kvr_relay_status_t *st)
     if (seg->hdr->ckf_buckets == 0)
         return;
     sh = kvr_seg_at(seg, seg->hdr->off_relay);
-    st->generation = atomic_load(&sh->generation);
-    st->published_seq = atomic_load(&sh->published_seq);
-    st->catalog_revision = atomic_load(&sh->catalog_revision);
+    /* A status for /debug/relay and /metrics: relaxed loads of independent values (the
+     * identity below is immutable after the fork); a reader may see one event late. */
+    st->generation = kvr_atomic_load_relaxed(&sh->generation);
+    st->published_seq = kvr_atomic_load_relaxed(&sh->published_seq);
+    st->catalog_revision = kvr_atomic_load_relaxed(&sh->catalog_revision);
     st->bucket_count = sh->bucket_count;
     st->seed = sh->seed;
     st->dc_id = sh->dc_id;
     st->incarnation = sh->incarnation;
-    st->publisher_pid = atomic_load(&sh->publisher_pid);
+    st->publisher_pid = kvr_atomic_load_relaxed(&sh->publisher_pid);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-        st->live_subscribers += atomic_load(&sh->sub[i].state) == KVR_SUB_LIVE;
+        st->live_subscribers += kvr_atomic_load_relaxed(&sh->sub[i].state) == KVR_SUB_LIVE;
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
-        st->active[t] = atomic_load(&sh->active[t]);
+        st->active[t] = kvr_atomic_load_relaxed(&sh->active[t]);
 }
 
 uint64_t kvr_relay_generation(const kvr_relay_t *r)
 {
-    return atomic_load(&r->sh->generation);
+    /* seq_cst: against the publisher's seq_cst store of it (new_generation) and, with the
+     * revision below, the catalog rule of docs/concurrency.md (emit_catalog loads the
+     * revision first, the generation after) */
+    return kvr_atomic_load_seq_cst(&r->sh->generation);
 }
 
 uint64_t kvr_relay_catalog_revision(const kvr_relay_t *r)
 {
-    return atomic_load(&r->sh->catalog_revision);
+    /* seq_cst: against the publisher's and the supervisor's seq_cst fetch_adds, made after
+     * the generation or publisher_running they cover (the catalog rule) */
+    return kvr_atomic_load_seq_cst(&r->sh->catalog_revision);
 }
 
 uint64_t kvr_relay_incarnation(const kvr_relay_t *r)
@@ -180,7 +201,7 @@ uint64_t kvr_relay_buckets(const kvr_relay_t *r)
 
 uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint64_t i)
 {
-    return __atomic_load_n(&r->filter[i], __ATOMIC_RELAXED);
+    return kvr_atomic_load_relaxed(&r->filter[i]); /* the publisher's relaxed stores (wire/ckf.c) */
 }
 
 int kvr_relay_present(const kvr_relay_t *r)
@@ -203,34 +224,54 @@ int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPo
 
 /* ------------------------------------------------------------------ subscribers */
 
-/* The worker's CAS for a transition it owns; 0 when the slot was not in `from`. */
+/* The worker's CAS for a transition it owns; 0 when the slot was not in `from`. seq_cst:
+ * against the publisher's CASes of the same state (publisher_subs.c), so that each
+ * transition is taken from the state its taker saw, and every field written before the CAS
+ * is visible to whoever sees the new state. */
 static int sub_move(kvr_relay_sub_t *s, uint32_t from, uint32_t to)
 {
-    return atomic_compare_exchange_strong(&s->state, &from, to);
+    return kvr_atomic_cas_seq_cst(&s->state, &from, to);
+}
+
+/* Debug check of the worker's side: the slot is ours (its owner word names this process). */
+KVR_DASSERT_FN static int sub_mine(const kvr_relay_t *r, int idx)
+{
+    uint64_t w;
+
+    if (idx < 0 || idx >= KVR_RELAY_MAX_SUBS)
+        return 0;
+    w = kvr_atomic_load_relaxed(&r->sh->sub[idx].owner); /* our own store, until we release */
+    return KVR_SUB_OWNER_PID(w) == (int32_t)getpid() && KVR_SUB_OWNER_SLOT(w) == r->seg->slot;
 }
 
 int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
 {
     uint64_t me = KVR_SUB_OWNER(getpid(), owner_slot);
 
+    KVR_DASSERT(owner_slot == r->seg->slot); /* a worker claims for itself */
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &r->sh->sub[i];
         uint64_t nobody = 0;
-        if (atomic_load(&s->owner) != 0 || !atomic_compare_exchange_strong(&s->owner, &nobody, me))
+        /* The relaxed load skips taken slots cheaply; the claim is the CAS, seq_cst against
+         * the other workers' claims and the publisher's seq_cst clear of `owner` after it
+         * freed the slot (publisher_subs.c), which our state CAS below then finds FREE. */
+        if (kvr_atomic_load_relaxed(&s->owner) != 0 || !kvr_atomic_cas_seq_cst(&s->owner, &nobody, me))
             continue;
         /* The publisher frees a slot (state FREE) before it clears `owner`, so a slot we
          * own is FREE; if not, the protocol was broken: leave the slot to the publisher. */
         if (!sub_move(s, KVR_SUB_FREE, KVR_SUB_CLAIMED)) {
             kvr_error("relay: subscriber slot %d owned by nobody but not free", i);
-            atomic_store(&s->owner, 0);
+            kvr_atomic_store_seq_cst(&s->owner, 0); /* as the publisher clears it: before a new claim */
             continue;
         }
+        /* The slot's fields, ours while CLAIMED: relaxed, published to the publisher by the
+         * seq_cst CAS to REQUESTED below (a release, which its CAS or load of state acquires). */
         s->generation = generation;
-        atomic_store(&s->close_reason, 0);
-        atomic_store(&s->snap_seq, 0);
-        atomic_store(&s->snap_index, -1);
-        atomic_store(&s->snap_done, 0);
-        atomic_store(&s->cursor, 0);
+        kvr_atomic_store_relaxed(&s->close_reason, 0);
+        kvr_atomic_store_relaxed(&s->snap_seq, 0);
+        kvr_atomic_store_relaxed(&s->snap_index, -1);
+        kvr_atomic_store_relaxed(&s->snap_done, 0);
+        kvr_atomic_store_relaxed(&s->cursor, 0);
         if (!sub_move(s, KVR_SUB_CLAIMED, KVR_SUB_REQUESTED))
             return -1; /* only the publisher's dead-owner repair moves a CLAIMED slot: not us */
         if (r->fds != NULL)
@@ -243,19 +284,25 @@ int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
 kvr_relay_poll_t kvr_relay_sub_poll(kvr_relay_t *r, int idx, kvr_relay_sub_view_t *v)
 {
     kvr_relay_sub_t *s = &r->sh->sub[idx];
-    uint32_t st = atomic_load(&s->state);
+    uint32_t st;
 
+    KVR_DASSERT(sub_mine(r, idx));
+    /* seq_cst: against the publisher's CAS to LIVE or CLOSED (publisher_subs.c); what it
+     * wrote before the CAS (close_reason, snap_seq, snap_index, cursor) is visible after */
+    st = kvr_atomic_load_seq_cst(&s->state);
     memset(v, 0, sizeof(*v));
     if (st == KVR_SUB_CLOSED) {
-        v->reason = (int)atomic_load(&s->close_reason);
+        v->reason = (int)kvr_atomic_load_relaxed(&s->close_reason); /* published by the CAS */
         return KVR_SUBP_CLOSED;
     }
-    if (atomic_load(&r->sh->generation) != s->generation)
+    /* seq_cst: against the publisher's seq_cst store of a new generation (new_generation) */
+    if (kvr_atomic_load_seq_cst(&r->sh->generation) != s->generation)
         return KVR_SUBP_RETIRED;
     if (st != KVR_SUB_LIVE)
         return KVR_SUBP_WAITING;
-    /* snap_seq and snap_index were written before the CAS to LIVE (seq_cst) */
-    v->snap_seq = atomic_load(&s->snap_seq);
+    /* snap_seq and snap_index were written before the CAS to LIVE, which the load of
+     * state above synchronised with */
+    v->snap_seq = kvr_atomic_load_relaxed(&s->snap_seq);
     v->chunk_count = kvr_cbi1_chunk_count(r->sh->bucket_count);
     return KVR_SUBP_LIVE;
 }
@@ -265,12 +312,16 @@ size_t kvr_relay_sub_chunk(kvr_relay_t *r, int idx, uint32_t chunk, uint8_t *dst
     kvr_relay_sub_t *s = &r->sh->sub[idx];
     size_t len;
 
+    KVR_DASSERT(sub_mine(r, idx));
     /* The copy stays ours while the slot is not RELEASING: the publisher drops its
-     * reference only after snap_done or once we released the slot. */
-    len = kvr_relay_snapshot_chunk(r, atomic_load(&s->snap_index), s->generation, atomic_load(&s->snap_seq), chunk, dst,
-                                   cap);
+     * reference only after snap_done or once we released the slot. snap_index and snap_seq:
+     * relaxed, published by the CAS to LIVE that kvr_relay_sub_poll saw. */
+    len = kvr_relay_snapshot_chunk(r, kvr_atomic_load_relaxed(&s->snap_index), s->generation,
+                                   kvr_atomic_load_relaxed(&s->snap_seq), chunk, dst, cap);
     if (len > 0 && chunk + 1 == kvr_cbi1_chunk_count(r->sh->bucket_count)) {
-        atomic_store(&s->snap_done, 1);
+        /* release: our reads of the copy come before the publisher, which acquires
+         * snap_done, drops its reference and may overwrite the copy */
+        kvr_atomic_store_release(&s->snap_done, 1);
         if (r->fds != NULL)
             kvr_relay_wake(r->fds->publisher);
     }
@@ -280,59 +331,154 @@ size_t kvr_relay_sub_chunk(kvr_relay_t *r, int idx, uint32_t chunk, uint8_t *dst
 ssize_t kvr_relay_sub_next_frame(kvr_relay_t *r, int idx, uint8_t *dst, size_t cap, uint64_t *seq)
 {
     kvr_relay_sub_t *s = &r->sh->sub[idx];
-    uint64_t c = atomic_load(&s->cursor);
-    ssize_t n = kvr_relay_read_frame(r, c, dst, cap);
+    uint64_t c;
+    ssize_t n;
 
+    KVR_DASSERT(sub_mine(r, idx));
+    /* relaxed: ours since the publisher's admission, published to us by its CAS to LIVE */
+    c = kvr_atomic_load_relaxed(&s->cursor);
+    n = kvr_relay_read_frame(r, s->generation, c, dst, cap);
     if (n > 0) {
         *seq = c;
         /* release: the publisher's lag check reads the cursor to count our queue */
-        atomic_store_explicit(&s->cursor, c + 1, memory_order_release);
+        kvr_atomic_store_release(&s->cursor, c + 1);
     }
     return n;
 }
 
 int kvr_relay_sub_pending(const kvr_relay_t *r, int idx)
 {
-    return atomic_load(&r->sh->published_seq) >= atomic_load(&r->sh->sub[idx].cursor);
+    KVR_DASSERT(sub_mine(r, idx));
+    /* a hint for when to read next: acquire pairs with the publisher's release store of
+     * published_seq (put_frame); the cursor is our own */
+    return kvr_atomic_load_acquire(&r->sh->published_seq) >= kvr_atomic_load_relaxed(&r->sh->sub[idx].cursor);
 }
 
 void kvr_relay_sub_close(kvr_relay_t *r, int idx)
 {
     kvr_relay_sub_t *s = &r->sh->sub[idx];
-    uint32_t st = atomic_load(&s->state);
+    uint32_t st;
 
+    KVR_DASSERT(sub_mine(r, idx));
+    st = kvr_atomic_load_seq_cst(&s->state); /* as sub_move: against the publisher's CASes */
     /* Every state a stream can leave the slot in; the publisher may move it between our
-     * load and the CAS (REQUESTED -> LIVE -> CLOSED), so retry from what we saw. */
+     * load and the CAS (REQUESTED -> LIVE -> CLOSED), so retry from what we saw. The CAS is
+     * seq_cst against the publisher's (publisher_subs.c), as sub_move's. */
     while (st == KVR_SUB_REQUESTED || st == KVR_SUB_LIVE || st == KVR_SUB_CLOSED) {
-        if (atomic_compare_exchange_strong(&s->state, &st, KVR_SUB_RELEASING))
+        if (kvr_atomic_cas_seq_cst(&s->state, &st, KVR_SUB_RELEASING))
             break;
     }
     if (r->fds != NULL)
         kvr_relay_wake(r->fds->publisher);
 }
 
-ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap)
+/* ------------------------------------------------------------------ the frame ring
+ *
+ * One writer (the publisher, kvr_relay_put_frame) and any number of readers (workers,
+ * kvr_relay_read_frame) that never write; docs/concurrency.md, "The relay ring and its
+ * frames", has the protocol and why each ordering is needed. In short, two seqlocks:
+ *
+ *   the index entry frame[seq % 64]: `seq` is its sequence count, 0 (never a delta's
+ *   sequence) the "being written" mark that an odd count is in a classic seqlock;
+ *   the ring bytes: `ring_tail`, the cumulative offset below which bytes may be gone, only
+ *   grows (a new generation moves it to ring_head, which never goes back).
+ *
+ * A reader acquires seq, copies, fences, re-checks both: anything it copied from a write
+ * that started after its first load shows as a moved seq or tail, and the copy is dropped.
+ */
+
+/* Places len bytes at the ring head, never wrapping a frame; returns its cumulative offset. */
+static uint64_t ring_reserve(kvr_relay_sh_t *sh, size_t len)
+{
+    uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
+    uint64_t tail = kvr_atomic_load_relaxed(&sh->ring_tail);       /* ours too */
+
+    pos = head % KVR_RELAY_RING_BYTES;
+    if (pos + len > KVR_RELAY_RING_BYTES)
+        head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
+    /* Everything below head + len - RING is about to be overwritten: readers must see that
+     * first. The release store publishes the new tail; it pairs with the workers' load of
+     * ring_tail after their copy and acquire fence (kvr_relay_read_frame). The tail never
+     * goes back: a new generation moved it up to ring_head, past every old byte. */
+    if (head + len > KVR_RELAY_RING_BYTES && head + len - KVR_RELAY_RING_BYTES > tail)
+        kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
+    /* The full fence orders that tail store before every later store of ours: the frame's
+     * bytes (memcpy into the ring in kvr_relay_put_frame) and ring_head. A release store
+     * alone orders only what comes before it, so without the fence the new bytes could be
+     * visible before the tail that says the old ones are gone. It pairs with the reader's
+     * acquire fence: a reader that copied an overwritten byte then sees the new tail. */
+    kvr_atomic_fence_seq_cst();
+    kvr_atomic_store_seq_cst(&sh->ring_head, head + len); /* read only by us: pairs with nothing */
+    return head;
+}
+
+void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_t len, size_t payload_len)
+{
+    kvr_relay_sh_t *sh = r->sh;
+    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
+    uint64_t off, queue;
+
+    /* the publisher that started the generation; sequences count from 1 */
+    KVR_DASSERT(kvr_atomic_load_relaxed(&sh->publisher_pid) == (uint32_t)getpid() && seq != 0 &&
+                len <= KVR_RELAY_RING_BYTES);
+    off = ring_reserve(sh, len);
+    /* The old occupant (seq - 64) is going: mark the entry "being written" (0) before any
+     * of it changes. The release fence orders that 0 before every store below (bytes and
+     * fields): it pairs with the reader's acquire fence, so a reader that copied a new
+     * value sees seq moved when it re-checks. */
+    kvr_atomic_store_relaxed(&f->seq, 0);
+    kvr_atomic_fence_release();
+    memcpy(r->ring + off % KVR_RELAY_RING_BYTES, msg, len);
+    /* queue_cum is ours alone (the lag check); prev->seq is our own store */
+    queue = seq > 1 && kvr_atomic_load_relaxed(&prev->seq) == seq - 1 ? prev->queue_cum : 0;
+    f->queue_cum = queue + payload_len + KVR_RELAY_FRAME_OVERHEAD;
+    kvr_atomic_store_relaxed(&f->cum_off, off);
+    kvr_atomic_store_relaxed(&f->len, (uint32_t)len);
+    /* Pairs with the reader's acquire load of f->seq: the fields and bytes above are visible
+     * to a reader that sees seq. */
+    kvr_atomic_store_release(&f->seq, seq);
+    /* Pairs with the reader's acquire load of published_seq: the frame and its index entry
+     * are visible to a reader that sees seq published. */
+    kvr_atomic_store_release(&sh->published_seq, seq);
+}
+
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, uint8_t *dst, size_t cap)
 {
     kvr_relay_sh_t *sh = r->sh;
     kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES];
     uint64_t off, len, pos;
 
-    if (atomic_load_explicit(&sh->published_seq, memory_order_acquire) < seq)
+    if (seq == 0)
+        return -1; /* never a delta: 0 is the entry's "being written" mark */
+    /* The generation first: a new one counts from sequence 1 again, so an entry may hold the
+     * same seq twice, but never in the same generation. acquire: pairs with the publisher's
+     * seq_cst store of it (new_generation), made before any frame of that generation. */
+    if (kvr_atomic_load_acquire(&sh->generation) != generation)
+        return 0; /* retired: the caller's next poll ends the stream with the reason */
+    if (kvr_atomic_load_acquire(&sh->published_seq) < seq)
         return 0;
-    if (atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
+    /* acquire: pairs with put_frame's release store of seq; the fields are this frame's */
+    if (kvr_atomic_load_acquire(&f->seq) != seq)
         return -1;
-    off = f->cum_off;
-    len = f->len;
+    off = kvr_atomic_load_relaxed(&f->cum_off);
+    len = kvr_atomic_load_relaxed(&f->len);
     if (len > cap)
         return -1;
     pos = off % KVR_RELAY_RING_BYTES;
     if (pos + len > KVR_RELAY_RING_BYTES)
         return -1; /* frames never wrap (the publisher skips the tail); a torn index entry */
+    /* Plain bytes, as any seqlock's payload: they may be overwritten while we copy, and the
+     * checks below decide whether the copy is used at all. */
     memcpy(dst, r->ring + pos, len);
-    /* The bytes are good only if nothing overwrote them while we copied. */
-    if (atomic_load_explicit(&sh->ring_tail, memory_order_acquire) > off ||
-        atomic_load_explicit(&f->seq, memory_order_acquire) != seq)
-        return -1;
+    /* The acquire fence orders the copy and the field loads above before the re-checks
+     * below (an acquire load orders only what follows it). It pairs with the publisher's
+     * release fence after its 0 in seq and its seq_cst fence after the new ring_tail: if we
+     * read anything a later write stored, the re-check sees that write's mark. */
+    kvr_atomic_fence_acquire();
+    if (kvr_atomic_load_relaxed(&sh->generation) != generation)
+        return 0; /* retired meanwhile, as above */
+    if (kvr_atomic_load_relaxed(&sh->ring_tail) > off || kvr_atomic_load_relaxed(&f->seq) != seq)
+        return -1; /* overwritten while we copied: the subscriber lagged */
     return (ssize_t)len;
 }
 

@@ -8,7 +8,6 @@
 #ifndef KVR_CORE_RELAY_INT_H
 #define KVR_CORE_RELAY_INT_H
 
-#include "base/clock.h"
 #include "core/relay.h"
 #include "shm/relay_sh.h"
 #include "wire/grpc_frame.h"
@@ -89,12 +88,21 @@ int kvr_relay_sub_pending(const kvr_relay_t *r, int idx);
  * marks it RELEASING; the publisher frees it. Exactly once per successful open. */
 void kvr_relay_sub_close(kvr_relay_t *r, int idx);
 
+/* ---- the frame ring (docs/concurrency.md, "The relay ring and its frames") */
+
 /*
- * Copies published delta `seq` (a complete gRPC message) into dst. Returns its length,
- * 0 when seq is not published yet, or -1 when it is gone (overwritten: the subscriber
- * lagged) or does not fit.
+ * Publisher only: copies the encoded delta message msg (len bytes, payload_len of them the
+ * CBI1 payload) into the ring and publishes it as sequence seq (>= 1) of the current
+ * generation. Cannot fail.
  */
-ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t seq, uint8_t *dst, size_t cap);
+void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_t len, size_t payload_len);
+
+/*
+ * Copies published delta `seq` of `generation` (a complete gRPC message) into dst. Returns
+ * its length, 0 when seq is not published yet or generation is no longer the current one,
+ * or -1 when it is gone (overwritten: the subscriber lagged) or does not fit.
+ */
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, uint8_t *dst, size_t cap);
 
 /* ---- messages */
 
@@ -126,9 +134,5 @@ size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation
 
 /* Size of the largest snapshot chunk message for this filter. */
 size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r);
-
-/* Older names of base/clock.h's kvr_clock_wall_us and kvr_clock_ns, kept for their callers. */
-static inline uint64_t kvr_relay_wall_us(void) { return kvr_clock_wall_us(); }
-static inline uint64_t kvr_relay_mono_ns(void) { return kvr_clock_ns(); }
 
 #endif

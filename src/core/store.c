@@ -60,6 +60,7 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     kvr_store_t st;
     kvr_pin_t *pins;
 
+    KVR_DASSERT(seg->slot < 0); /* the creator, before it claims a slot: nobody else maps it */
     bind_handles(&st, seg);
     memset(st.sh, 0, sizeof(*st.sh));
     if (kvr_shlock_init(&st.sh->lock) != KVR_OK)
@@ -85,6 +86,7 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
     kvr_seg_hdr_t *h = seg->hdr;
     kvr_store_t st;
 
+    KVR_DASSERT(seg->slot < 0); /* as kvr_store_format: before the claim, before any fork */
     bind_handles(&st, seg);
     if (!st.sh->formatted) {
         kvr_error("store: re-attached segment was never formatted");

@@ -308,7 +308,7 @@ static int check_entry_locked(kvr_store_t *st, uint64_t i, uint32_t pins, uint8_
         c->logical_bytes += e->length * e->refs;
     }
     c->reserved_blocks += e->state == KVR_ENT_RESERVED;
-    if (e->state == KVR_ENT_RESERVED)
+    if (e->state == KVR_ENT_RESERVED) /* seq_cst: against the reaper's seq_cst stores of state */
         CHECK(kvr_atomic_load_seq_cst(&st->seg->procs[KVR_ENT_OWNER(e)].state) == KVR_PROC_ACTIVE,
               "reservation %llu owned by a dead slot", (unsigned long long)i);
 done:

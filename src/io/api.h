@@ -159,11 +159,4 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
 /* Resets a response for reuse (keeps nothing). */
 void kvr_api_res_reset(kvr_api_res_t *res);
 
-/* The same clock as kvr_clock_us (base/clock.h), which the io code calls itself; this name is
- * kept for tests/fuzz/fuzz_h1.c only. */
-static inline uint64_t kvr_api_now_us(void)
-{
-    return kvr_clock_us();
-}
-
 #endif

@@ -108,7 +108,7 @@ static void emit_catalog(gstream_t *s)
         (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION;     \
         (up).relay = (rel);                                     \
         (up).window_sequence = (s)->window_seq++;               \
-        (up).observed_ms = kvr_relay_wall_us() / 1000;          \
+        (up).observed_ms = kvr_clock_wall_us() / 1000;          \
         (up).window_ms = (s)->conn->g->cfg->load_window_ms;     \
         (up).contract_marker = KVR_RELAY_CONTRACT_MARKER;       \
         (up).n_pools = (pools_)[0] != NULL;                     \

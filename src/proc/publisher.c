@@ -26,6 +26,7 @@
 
 #include "wire/ckf.h"
 #include "base/barrier.h"
+#include "base/clock.h"
 #include "base/dassert.h"
 #include "base/log.h"
 #include "core/owners.h"
@@ -107,31 +108,6 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
 
 /* ------------------------------------------------------------------ publication */
 
-/* Places len bytes at the ring head, never wrapping a frame; returns its cumulative offset. */
-static uint64_t ring_reserve(pub_t *p, size_t len)
-{
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
-
-    KVR_DASSERT(pub_owns_relay(p));
-    pos = head % KVR_RELAY_RING_BYTES;
-    if (pos + len > KVR_RELAY_RING_BYTES)
-        head += KVR_RELAY_RING_BYTES - pos; /* skip the tail end */
-    /* Everything below head + len - RING is about to be overwritten: readers must see that
-     * first. The release store publishes the new tail; it pairs with the workers' acquire
-     * load of ring_tail after they copied a frame (core/relay.c, kvr_relay_read_frame). */
-    if (head + len > KVR_RELAY_RING_BYTES)
-        kvr_atomic_store_release(&sh->ring_tail, head + len - KVR_RELAY_RING_BYTES);
-    /* The full fence orders that tail store before every later store of ours: the frame's
-     * bytes (memcpy into the ring in put_frame) and ring_head. A release store alone orders
-     * only what comes before it, so without the fence the new bytes could be visible before
-     * the tail that says the old ones are gone. A reader that copied an overwritten byte and
-     * then (after an acquire fence) loads ring_tail sees the new tail and drops its copy. */
-    kvr_atomic_fence_seq_cst();
-    kvr_atomic_store_seq_cst(&sh->ring_head, head + len); /* read only by us: pairs with nothing */
-    return head;
-}
-
 static void new_generation(pub_t *p, const char *why);
 
 /* Grows the image and message buffers for a delta of up to `dirty` images. */
@@ -162,7 +138,7 @@ static int reserve_buffers(pub_t *p, size_t dirty)
 static void record_latency(pub_t *p)
 {
     /* publication latency: first pending change-log event -> frame published */
-    uint64_t us = (kvr_relay_mono_ns() - p->first_pending_ns) / 1000;
+    uint64_t us = (kvr_clock_ns() - p->first_pending_ns) / 1000;
     unsigned b = 0;
 
     while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
@@ -173,32 +149,14 @@ static void record_latency(pub_t *p)
     kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
 }
 
-/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot fail. */
+/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot
+ * fail. The writer's side of the ring protocol is kvr_relay_put_frame (core/relay.c), next
+ * to the reader's. */
 static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
 {
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t off = ring_reserve(p, len);
-    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
-
     KVR_DASSERT(pub_owns_relay(p));
-    memcpy(p->relay.ring + off % KVR_RELAY_RING_BYTES, p->msg, len);
-    /* The old occupant is gone: seq 0 first. Release as before; the reader's re-check of
-     * f->seq after its copy (core/relay.c) pairs with it. */
-    kvr_atomic_store_release(&f->seq, 0);
-    /* Orders that 0 before the plain stores of the entry's fields below (a release store
-     * orders only what precedes it): a reader that saw a new field value then sees seq moved
-     * when it re-checks (it needs an acquire fence before that re-check). */
-    kvr_atomic_fence_release();
-    f->cum_off = off;
-    f->len = (uint32_t)len;
-    f->queue_cum = (seq > 1 && kvr_atomic_load_seq_cst(&prev->seq) == seq - 1 ? prev->queue_cum : 0) +
-                   payload_len + KVR_RELAY_FRAME_OVERHEAD;
-    /* Pairs with the worker's acquire load of f->seq: the fields above are visible. */
-    kvr_atomic_store_release(&f->seq, seq);
+    kvr_relay_put_frame(&p->relay, seq, p->msg, len, payload_len);
     p->seq = seq;
-    /* Pairs with the worker's acquire load of published_seq: the frame and its index entry are
-     * visible to a worker that sees seq published. */
-    kvr_atomic_store_release(&sh->published_seq, seq);
 }
 
 /*
@@ -213,7 +171,7 @@ static int publish(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
     size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, plen;
-    uint64_t now = kvr_relay_mono_ns(), seq = p->seq + 1;
+    uint64_t now = kvr_clock_ns(), seq = p->seq + 1;
     kvr_cbi1_hdr_t hdr = {sh->seed, sh->bucket_count, sh->dc_id, seq};
     uint8_t *payload;
 
@@ -341,6 +299,8 @@ static void new_generation(pub_t *p, const char *why)
     kvr_atomic_store_seq_cst(&sh->published_seq, 0);
     for (int f = 0; f < KVR_RELAY_FRAMES; f++)
         kvr_atomic_store_seq_cst(&sh->frame[f].seq, 0);
+    /* Every byte of the old generation is now below the tail: a reader still copying one
+     * drops its copy at its re-check (kvr_relay_read_frame), as it would after a wrap. */
     kvr_atomic_store_seq_cst(&sh->ring_tail, kvr_atomic_load_seq_cst(&sh->ring_head));
 
     kvr_ckf_clear(&p->ckf);
@@ -383,7 +343,7 @@ static void new_generation(pub_t *p, const char *why)
 
 static void scan_slots(pub_t *p)
 {
-    uint64_t now = kvr_relay_mono_ns();
+    uint64_t now = kvr_clock_ns();
 
     if (now < p->scanned_ns + (p->scan_due ? SCAN_NS : SCAN_IDLE_NS))
         return;
@@ -417,7 +377,7 @@ static void wait_for_work(pub_t *p)
 {
     struct pollfd pfd = {p->wake_fd, POLLIN, 0};
     struct timespec timeout = {0, 100000000};
-    uint64_t now = kvr_relay_mono_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
+    uint64_t now = kvr_clock_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
     int timed;
 
     KVR_DASSERT(pub_is_me(p)); /* the change log's only consumer */
@@ -473,7 +433,7 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
         kvr_seg_heartbeat(p->seg); /* a busy log keeps us here: still alive */
         for (size_t i = 0; i < n; i++) {
             if (p->pending == 0)
-                p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_relay_mono_ns();
+                p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_clock_ns();
             if (kvr_chlog_op(&ev[i]) == KVR_EV_INSERT)
                 apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon);
             else
@@ -484,7 +444,7 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
     }
     p->log_seen_ns = 0;
     if (p->unwoken_ns != 0)
-        p->unwoken_ns = kvr_relay_mono_ns(); /* the log was empty here: what is queued came later */
+        p->unwoken_ns = kvr_clock_ns(); /* the log was empty here: what is queued came later */
 }
 
 /* One turn of the main loop. Appends wake us when the log goes from empty to one event while
@@ -504,7 +464,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         new_generation(p, "change-log overflow");
         p->log_seen_ns = 0;
     }
-    now = kvr_relay_mono_ns();
+    now = kvr_clock_ns();
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
         scan_slots(p); /* a subscriber's wake-up: keep lingering */
@@ -515,7 +475,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
         new_generation(p, "owner counting out of memory");
     }
-    if (p->pending > 0 && kvr_relay_mono_ns() >= p->first_pending_ns + p->delay_ns)
+    if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + p->delay_ns)
         publish(p);
     scan_slots(p);
 }

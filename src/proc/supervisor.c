@@ -30,6 +30,7 @@
  */
 #include "proc/supervisor.h"
 
+#include "base/barrier.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/proctitle.h"
@@ -122,7 +123,7 @@ static int spawn(sup_t *s, child_t *c)
     c->hung = 0;
     c->suspect = 0;
     c->serving = 0;
-    c->hb_seen = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
+    c->hb_seen = kvr_atomic_load_relaxed(&s->seg.procs[c->slot].heartbeat); /* a count: compared only */
     c->hb_at_ms = c->started_ms;
     if (c->role == KVR_ROLE_PUBLISHER)
         kvr_info("publisher started (pid %d, slot %d)", (int)pid, c->slot);
@@ -142,13 +143,19 @@ static child_t *find_child(sup_t *s, pid_t pid)
 /* Takes a child out of readiness (once: guarded by its slot's ready flag). 1 if it was in. */
 static int take_readiness(sup_t *s, child_t *c)
 {
-    if (!atomic_exchange(&s->seg.procs[c->slot].ready, 0))
+    /* seq_cst RMW against the child's own store of ready = 1 (worker.c, publisher.c): the
+     * running count it added is taken back exactly once per ready flag it raised. */
+    if (!kvr_atomic_exchange_seq_cst(&s->seg.procs[c->slot].ready, 0))
         return 0;
     if (c->role == KVR_ROLE_PUBLISHER) {
-        atomic_store(&s->seg.hdr->ctl.publisher_running, 0);
-        atomic_fetch_add(&s->relay.sh->catalog_revision, 1); /* the pool leaves the catalog */
+        /* seq_cst as the publisher's store of 1 (publisher.c), which it orders against; then
+         * the revision, after it (the catalog rule of docs/concurrency.md: emit_catalog loads
+         * the revision first, publisher_running after) */
+        kvr_atomic_store_seq_cst(&s->seg.hdr->ctl.publisher_running, 0);
+        kvr_atomic_fetch_add_seq_cst(&s->relay.sh->catalog_revision, 1); /* the pool leaves the catalog */
     } else
-        atomic_fetch_sub(&s->seg.hdr->ctl.workers_running, 1);
+        /* seq_cst RMW against the worker's own fetch_add at its start (worker.c) */
+        kvr_atomic_fetch_sub_seq_cst(&s->seg.hdr->ctl.workers_running, 1);
     return 1;
 }
 
@@ -156,12 +163,14 @@ static int take_readiness(sup_t *s, child_t *c)
  * ready = 0 after start-up, so nothing races us but the child's death, which reaping sees). */
 static void give_readiness(sup_t *s, child_t *c)
 {
-    atomic_store(&s->seg.procs[c->slot].ready, 1);
+    /* seq_cst, as the exchange it undoes (take_readiness) */
+    kvr_atomic_store_seq_cst(&s->seg.procs[c->slot].ready, 1);
     if (c->role == KVR_ROLE_PUBLISHER) {
-        atomic_store(&s->seg.hdr->ctl.publisher_running, 1);
-        atomic_fetch_add(&s->relay.sh->catalog_revision, 1); /* and is back in it */
+        /* the same order as take_readiness: publisher_running, then the revision */
+        kvr_atomic_store_seq_cst(&s->seg.hdr->ctl.publisher_running, 1);
+        kvr_atomic_fetch_add_seq_cst(&s->relay.sh->catalog_revision, 1); /* and is back in it */
     } else
-        atomic_fetch_add(&s->seg.hdr->ctl.workers_running, 1);
+        kvr_atomic_fetch_add_seq_cst(&s->seg.hdr->ctl.workers_running, 1); /* as take_readiness */
 }
 
 static const char *role_name(const child_t *c)
@@ -175,10 +184,14 @@ static void mark_late(sup_t *s, const child_t *c, int late)
 {
     uint64_t bit = 1ull << c->slot;
 
+    /* RMWs, so that the other slots' bits stay. seq_cst orders them against nothing in
+     * another process: /readyz loads `late` relaxed (kvr_seg_status) and may see a change
+     * one probe late; it only keeps them in one order with this thread's seq_cst stores of
+     * readiness (take_readiness, give_readiness). */
     if (late)
-        atomic_fetch_or(&s->seg.hdr->ctl.late, bit);
+        kvr_atomic_fetch_or_seq_cst(&s->seg.hdr->ctl.late, bit);
     else
-        atomic_fetch_and(&s->seg.hdr->ctl.late, ~bit);
+        kvr_atomic_fetch_and_seq_cst(&s->seg.hdr->ctl.late, ~bit);
 }
 
 /* First sight of a child's ready flag: it serves. A replacement's is logged, and clears the
@@ -211,10 +224,11 @@ static void watchdog(sup_t *s, uint64_t t)
         uint64_t hb, still;
         if (c->state != CH_RUNNING || c->hung)
             continue;
-        if (!c->serving && atomic_load_explicit(&s->seg.procs[c->slot].ready, memory_order_acquire))
+        /* acquire: pairs with the child's release store of ready once it serves */
+        if (!c->serving && kvr_atomic_load_acquire(&s->seg.procs[c->slot].ready))
             seen_serving(s, c, t);
-        hb = atomic_load_explicit(&s->seg.procs[c->slot].heartbeat, memory_order_relaxed);
-        if (hb != c->hb_seen || (!c->suspect && !atomic_load(&s->seg.procs[c->slot].ready))) {
+        hb = kvr_atomic_load_relaxed(&s->seg.procs[c->slot].heartbeat); /* a count: compared only */
+        if (hb != c->hb_seen || (!c->suspect && !kvr_atomic_load_acquire(&s->seg.procs[c->slot].ready))) {
             c->hb_seen = hb; /* moving, or still starting up: not judged */
             c->hb_at_ms = t;
             if (c->suspect) {
@@ -236,7 +250,7 @@ static void watchdog(sup_t *s, uint64_t t)
             continue;
         c->hung = 1;
         take_readiness(s, c);
-        atomic_fetch_add(&s->seg.hdr->ctl.hangs_killed, 1);
+        kvr_atomic_fetch_add_relaxed(&s->seg.hdr->ctl.hangs_killed, 1); /* a counter for /metrics */
         kvr_warn("%s %d (pid %d) hung: no heartbeat for %llu ms; killing it", role_name(c), c->index, (int)c->pid,
                  (unsigned long long)still);
         kill(c->pid, SIGKILL);
@@ -294,8 +308,9 @@ static void reap_children(sup_t *s)
         delay = respawn_delay(c, status, t);
         c->died_ms = t;
         c->respawn_at = t + delay;
-        atomic_fetch_add(c->role == KVR_ROLE_PUBLISHER ? &s->seg.hdr->ctl.publisher_restarts
-                                                        : &s->seg.hdr->ctl.worker_restarts, 1);
+        kvr_atomic_fetch_add_relaxed(c->role == KVR_ROLE_PUBLISHER ? &s->seg.hdr->ctl.publisher_restarts
+                                                                    : &s->seg.hdr->ctl.worker_restarts,
+                                     1); /* counters for /metrics */
         if (delay > 0)
             kvr_warn("%s %d keeps crashing young: respawn in %llu ms", role_name(c), c->index,
                      (unsigned long long)delay);
@@ -343,7 +358,9 @@ static void start_drain(sup_t *s)
         return;
     s->draining = 1;
     s->drain_deadline = kvr_clock_ms() + s->cfg->shutdown_grace_ms + 1000;
-    atomic_store(&s->seg.hdr->ctl.draining, 1);
+    /* relaxed: /readyz loads it relaxed (kvr_seg_status); the drain itself reaches the
+     * children by signal */
+    kvr_atomic_store_relaxed(&s->seg.hdr->ctl.draining, 1);
     kvr_info("draining: stopping %d processes (grace %llu ms)", s->nch, (unsigned long long)s->cfg->shutdown_grace_ms);
     if (s->http_fd >= 0) {
         close(s->http_fd);
@@ -399,13 +416,15 @@ static int relay_start(sup_t *s, const kvr_config_t *cfg)
     uint64_t gen = 0, rev = 0;
 
     if (s->seg.attached) {
-        gen = atomic_load(&rs->generation);
-        rev = atomic_load(&rs->catalog_revision);
+        /* relaxed here and below: before the first fork, no other process maps the segment
+         * (the file lock keeps the previous run's out) */
+        gen = kvr_atomic_load_relaxed(&rs->generation);
+        rev = kvr_atomic_load_relaxed(&rs->catalog_revision);
     }
     if (kvr_relay_format(&s->relay, &s->seg, cfg) != KVR_OK)
         return KVR_ERR;
-    atomic_store(&s->relay.sh->generation, gen);
-    atomic_store(&s->relay.sh->catalog_revision, rev);
+    kvr_atomic_store_relaxed(&s->relay.sh->generation, gen);
+    kvr_atomic_store_relaxed(&s->relay.sh->catalog_revision, rev);
     if (s->seg.attached)
         kvr_info("relay: re-attached segment: previous generation %llu, catalog revision %llu",
                  (unsigned long long)gen, (unsigned long long)rev);
@@ -535,9 +554,10 @@ static int announce_listeners(sup_t *s, int nworkers)
 /* What readiness counts against, and the start time /metrics reports. */
 static void publish_expected(sup_t *s, int nworkers)
 {
-    atomic_store(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
-    atomic_store(&s->seg.hdr->ctl.publisher_expected, 1);
-    atomic_store(&s->seg.hdr->ctl.started_unix_ms, kvr_clock_wall_ms());
+    /* relaxed: before the first fork, which publishes them to every child */
+    kvr_atomic_store_relaxed(&s->seg.hdr->ctl.workers_expected, (uint32_t)nworkers);
+    kvr_atomic_store_relaxed(&s->seg.hdr->ctl.publisher_expected, 1);
+    kvr_atomic_store_relaxed(&s->seg.hdr->ctl.started_unix_ms, kvr_clock_wall_ms());
 }
 
 /* SIGPIPE ignored; the signals the main loop takes stay blocked from here on (see the top of

@@ -1,6 +1,7 @@
 /* worker.c — see worker.h. */
 #include "proc/worker.h"
 
+#include "base/barrier.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "core/relay_int.h"
@@ -73,8 +74,12 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         if (grpc == NULL)
             _exit(70);
     }
-    atomic_store_explicit(&seg->procs[slot].ready, 1, memory_order_release);
-    atomic_fetch_add(&seg->hdr->ctl.workers_running, 1);
+    /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
+     * kvr_seg_worker_load's (role was written before, at the claim) */
+    kvr_atomic_store_release(&seg->procs[slot].ready, 1);
+    /* seq_cst RMW against the supervisor's fetch_sub when it takes us out of readiness
+     * (take_readiness); /readyz loads the count relaxed */
+    kvr_atomic_fetch_add_seq_cst(&seg->hdr->ctl.workers_running, 1);
     kvr_info("serving HTTP%s", grpc != NULL ? " and gRPC" : "");
 
     for (;;) {

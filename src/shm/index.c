@@ -342,6 +342,7 @@ int kvr_index_check_locked(const kvr_index_t *ix)
     for (uint64_t i = 0; i < sh->max_blocks; i++)
         live += ix->ent[i].state == KVR_ENT_LIVE;
     for (uint64_t b = 0; b < sh->nbuckets; b++) {
+        /* seq_cst as the seq load above: the lock is held, no store races it, nothing pairs */
         for (uint32_t i = kvr_atomic_load_seq_cst(&ix->buckets[b]); i != KVR_NIL; i = ix->ent[i].chain_next) {
             if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || bucket_of(ix, ix->ent[i].khash) != b)
                 return KVR_ERR;

@@ -22,10 +22,10 @@
  *   subs        one slot per pool subscriber, a small state machine whose every transition
  *               is a compare-and-swap from the state it expects (kvr_relay_sub_t below).
  *
- * Ordering: the publisher writes a frame's bytes, then its index entry, then
- * `published_seq` (release); readers acquire `published_seq`, read the index entry and the
- * bytes, then check `ring_tail` (acquire) to know the bytes were not overwritten meanwhile.
- * Subscriber slot hand-offs go through `state` (CAS, seq_cst).
+ * Ordering: the frame ring is two seqlocks (the index entry's `seq`, 0 while it is written;
+ * `ring_tail` for the bytes), written by core/relay.c's kvr_relay_put_frame and read by its
+ * kvr_relay_read_frame (docs/concurrency.md, "The relay ring and its frames"). Subscriber
+ * slot hand-offs go through `state` (CAS, seq_cst).
  */
 #ifndef KVR_SHM_RELAY_SH_H
 #define KVR_SHM_RELAY_SH_H

@@ -182,6 +182,9 @@ void kvr_seg_seal(kvr_seg_t *seg)
 {
     kvr_seg_hdr_t *h = seg->hdr;
 
+    /* The supervisor, before it claims its process slot: before any fork, so that no other
+     * process maps the segment yet (a re-attach's file lock keeps the last run's out). */
+    KVR_DASSERT(seg->slot < 0);
     h->struct_sig = kvr_seg_struct_sig();
     h->hdr_check = hdr_checksum(h);
     /* Release: the magic is the seal, stored after everything it vouches for. What it pairs

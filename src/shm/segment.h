@@ -224,6 +224,14 @@ int kvr_seg_proc_claim_at(kvr_seg_t *seg, int slot, uint32_t role);
 /* Finds the slot of pid (ACTIVE or DEAD), or -1. */
 int kvr_seg_proc_find(const kvr_seg_t *seg, pid_t pid);
 
+/* Debug check (KVR_DASSERT) of a supervisor-only entry point: this process holds a process
+ * slot with the supervisor's role. */
+KVR_DASSERT_FN static inline int kvr_seg_am_supervisor(const kvr_seg_t *seg)
+{
+    return seg->slot >= 0 && seg->procs[seg->slot].role == KVR_ROLE_SUPERVISOR &&
+           kvr_atomic_load_relaxed(&seg->procs[seg->slot].pid) == (int32_t)getpid();
+}
+
 /* The calling process is alive and looping: advance its heartbeat (workers, publisher).
  * Relaxed: the supervisor's watchdog only compares samples (its relaxed loads pair with
  * nothing); only the slot's owner adds. */

@@ -20,13 +20,16 @@
 
 #include <stdlib.h>
 
+#include "base/barrier.h"
 #include "common.h"
 #include "wire/ckf.h"
 
-/* Words are only ever stored by the single writer; relaxed atomics keep concurrent
- * readers in other processes free of torn words (plain movs on x86-64). */
-static inline uint64_t ld(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-static inline void st(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+/* Words are only ever stored by the single writer (the publisher, when the filter is the
+ * shared one); relaxed atomics keep concurrent readers in other processes free of torn
+ * words (plain movs on x86-64). No ordering: a reader may see a mixture of two moments,
+ * which is why subscribers are served from copies (docs/concurrency.md, the filter row). */
+static inline uint64_t ld(const uint64_t *p) { return kvr_atomic_load_relaxed(p); }
+static inline void st(uint64_t *p, uint64_t v) { kvr_atomic_store_relaxed(p, v); }
 
 /* ---- sizing and addressing ------------------------------------------------------------ */
 
