@@ -2,7 +2,7 @@
 #
 #   make            install the missing build packages, build everything into build/
 #   make run        the same, then start the server on its defaults (RUN_ARGS="..." adds flags)
-#   make test       also the test packages; build and run every test: check-layers, test-unit,
+#   make test       also the test packages; build and run every test: check-format, check-layers, test-unit,
 #                   test-mp, test-e2e (each also on its own; check-layers: src/ runs down its
 #                   layers, tools/ and bench/ have no include circle)
 #   make bench      also the benchmark packages; build and run the micro-benchmarks, each line

@@ -59,11 +59,13 @@ static double bench_memcpy(void)
 
     memset(src, 7, 2 * MIB);
     memset(dst, 1, dst_size);
-    __asm__ volatile("" ::"r"(dst) : "memory"); /* keep the stores */
+    __asm__ volatile("" ::"r"(dst)
+                     : "memory"); /* keep the stores */
     t0 = now();
     do {
         memcpy(dst + (n * 2 * MIB) % dst_size, src, 2 * MIB);
-        __asm__ volatile("" ::"r"(dst) : "memory");
+        __asm__ volatile("" ::"r"(dst)
+                         : "memory");
         n++;
     } while ((t = now()) - t0 < 1.0);
     free(src);

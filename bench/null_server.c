@@ -69,7 +69,9 @@
 #define MAX_EVENTS  256
 #define RECV_ROUNDS 64 /* reads per readiness event, so one connection cannot starve the rest */
 
-enum { ST_HEAD, ST_BODY, ST_SEND };
+enum { ST_HEAD,
+       ST_BODY,
+       ST_SEND };
 
 typedef struct conn {
     int fd, state, keep_alive;

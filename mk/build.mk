@@ -138,6 +138,7 @@ check-layers:
 	@scripts/check-size.py src tools bench && echo "check-size: no file over 800 lines, no function over 120 without its reason"
 	@scripts/test-check-layers.sh src
 test: all $(UNIT_BIN) $(MP_BIN)
+	@$(MAKE) --no-print-directory check-format
 	@$(MAKE) --no-print-directory check-layers
 	@$(MAKE) --no-print-directory test-unit
 	@$(MAKE) --no-print-directory test-mp
@@ -169,6 +170,7 @@ FORMAT_SRCS = $(shell find src tools bench tests -name '*.[ch]' | sort)
 format:
 	clang-format --style=file -i $(FORMAT_SRCS)
 check-format:
+	@clang-format --style=file --dump-config >/dev/null || { echo "check-format: .clang-format is not valid"; exit 1; }
 	@bad=""; for f in $(FORMAT_SRCS); do \
 	    clang-format --style=file --dry-run -Werror "$$f" >/dev/null 2>&1 || bad="$$bad $$f"; \
 	done; \

@@ -26,12 +26,13 @@ libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev l
 libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-blake3-dev"
 # Tests: unit framework, the e2e runner and the real clients and servers it drives (grpcio, curl,
 # nghttp, promtool, redis-server and memcached for kvrelay-bench's other protocols, the Kubernetes
-# client for the manifests), the check-layers script, clang + its runtime for the fuzz drivers, and
-# gnuplot (tests/e2e/test_bench_report.py draws the bench report's plots).
+# client for the manifests), the check-layers script, clang + its runtime for the fuzz drivers,
+# gnuplot (tests/e2e/test_bench_report.py draws the bench report's plots) and clang-format
+# (`make test` runs `make check-format` first).
 TEST="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
 protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached
 python3-venv python3-setuptools python3-wheel python3-pip
-python3-kubernetes python3-yaml clang libclang-rt-14-dev gnuplot-nox"
+python3-kubernetes python3-yaml clang libclang-rt-14-dev gnuplot-nox clang-format"
 # Benchmarks: scripts/bench-dataplane.sh's peers (Redis with redis-cli, memcached), its ceilings
 # (iperf3), profiles (perf, strace), plots (gnuplot: the report's SVGs) and helpers (python3, curl
 # for kvrelay's /metrics).

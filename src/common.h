@@ -15,26 +15,29 @@
 #include <string.h>
 
 #define KVR_OK        0
-#define KVR_ERR      -1     /* generic failure, already logged */
-#define KVR_AGAIN    -2     /* try again later (would block, busy) */
-#define KVR_ENOTFOUND -3    /* no such key */
-#define KVR_ECONFLICT -4    /* same key, different length */
-#define KVR_ENOSPACE  -5    /* no room even after eviction */
-#define KVR_EINVAL    -6    /* invalid argument (bad key, bad size) */
-#define KVR_EBUSY     -7    /* a per-process table (pins) is full */
+#define KVR_ERR       -1 /* generic failure, already logged */
+#define KVR_AGAIN     -2 /* try again later (would block, busy) */
+#define KVR_ENOTFOUND -3 /* no such key */
+#define KVR_ECONFLICT -4 /* same key, different length */
+#define KVR_ENOSPACE  -5 /* no room even after eviction */
+#define KVR_EINVAL    -6 /* invalid argument (bad key, bad size) */
+#define KVR_EBUSY     -7 /* a per-process table (pins) is full */
 
 #define KVR_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define KVR_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-#define KVR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define KVR_ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
-#define KVR_CACHELINE 64
-#define KVR_NIL       UINT32_MAX /* no entry, no page: the null index of every shared table */
+#define KVR_ARRAY_SIZE(a)  (sizeof(a) / sizeof((a)[0]))
+#define KVR_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((__typeof__(x))(a)-1))
+#define KVR_CACHELINE      64
+#define KVR_NIL            UINT32_MAX /* no entry, no page: the null index of every shared table */
 /* Longest key in bytes, decoded (wire/keys.h decodes to it, the store keeps up to it). */
-#define KVR_KEY_MAX   1024
+#define KVR_KEY_MAX 1024
 
 /* Little-/big-endian loads and stores for wire codecs: never cast structs onto bytes. */
-static inline uint16_t kvr_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint16_t kvr_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
 static inline uint32_t kvr_le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);

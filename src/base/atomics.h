@@ -14,9 +14,11 @@ static inline void kvr_cpu_relax(void)
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__) || defined(__arm__)
-    __asm__ __volatile__("yield" ::: "memory");
+    __asm__ __volatile__("yield" ::
+                             : "memory");
 #else
-    __asm__ __volatile__("" ::: "memory");
+    __asm__ __volatile__("" ::
+                             : "memory");
 #endif
 }
 

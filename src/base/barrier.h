@@ -33,9 +33,9 @@
 
 #define KVR_ATOMIC_PTR_(p) ((_Atomic __typeof__(*(p)) *)(p))
 
-#define kvr_atomic_load_relaxed(p)  atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_relaxed)
-#define kvr_atomic_load_acquire(p)  atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_acquire)
-#define kvr_atomic_load_seq_cst(p)  atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_seq_cst)
+#define kvr_atomic_load_relaxed(p) atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_relaxed)
+#define kvr_atomic_load_acquire(p) atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_acquire)
+#define kvr_atomic_load_seq_cst(p) atomic_load_explicit(KVR_ATOMIC_PTR_(p), memory_order_seq_cst)
 
 #define kvr_atomic_store_relaxed(p, v) atomic_store_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_relaxed)
 #define kvr_atomic_store_release(p, v) atomic_store_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_release)
@@ -48,8 +48,8 @@
 #define kvr_atomic_fetch_and_seq_cst(p, v) atomic_fetch_and_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
 #define kvr_atomic_exchange_seq_cst(p, v)  atomic_exchange_explicit(KVR_ATOMIC_PTR_(p), (v), memory_order_seq_cst)
 /* Strong compare-and-swap; *expected takes the value found when it fails. */
-#define kvr_atomic_cas_seq_cst(p, expected, desired)                                               \
-    atomic_compare_exchange_strong_explicit(KVR_ATOMIC_PTR_(p), (expected), (desired),             \
+#define kvr_atomic_cas_seq_cst(p, expected, desired) \
+    atomic_compare_exchange_strong_explicit(KVR_ATOMIC_PTR_(p), (expected), (desired), \
                                             memory_order_seq_cst, memory_order_seq_cst)
 
 #define kvr_atomic_fence_acquire() atomic_thread_fence(memory_order_acquire)

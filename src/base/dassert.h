@@ -28,10 +28,10 @@ __attribute__((noreturn, cold)) void kvr_dassert_fail(const char *file, int line
 
 #ifdef KVR_DEBUG_ASSERTS
 #define KVR_DASSERTS_ON 1
-#define KVR_DASSERT(expr)                                                                          \
+#define KVR_DASSERT(expr) \
     (__builtin_expect(!!(expr), 1) ? (void)0 : kvr_dassert_fail(__FILE__, __LINE__, #expr))
 #else
-#define KVR_DASSERTS_ON 0
+#define KVR_DASSERTS_ON   0
 #define KVR_DASSERT(expr) ((void)sizeof(!(expr)))
 #endif
 

@@ -144,7 +144,9 @@ void kvr_log_write(int level, const char *fmt, ...)
     struct timeval tv;
     struct tm tm;
     va_list ap;
-    int lv = level < 0 ? 0 : level > 3 ? 3 : level, m;
+    int lv = level < 0 ? 0 : level > 3 ? 3
+                                       : level,
+        m;
     size_t n, ml;
 
     gettimeofday(&tv, NULL);

@@ -13,21 +13,26 @@
 
 #include <time.h>
 
-enum { KVR_LOG_DEBUG = 0, KVR_LOG_INFO = 1, KVR_LOG_WARN = 2, KVR_LOG_ERROR = 3, KVR_LOG_OFF = 4 };
+enum { KVR_LOG_DEBUG = 0,
+       KVR_LOG_INFO = 1,
+       KVR_LOG_WARN = 2,
+       KVR_LOG_ERROR = 3,
+       KVR_LOG_OFF = 4 };
 
-enum { KVR_LOG_TEXT = 0, KVR_LOG_JSON = 1 };
+enum { KVR_LOG_TEXT = 0,
+       KVR_LOG_JSON = 1 };
 
 extern int kvr_log_level;
-extern int kvr_log_style;  /* KVR_LOG_TEXT or KVR_LOG_JSON, set once before any fork */
+extern int kvr_log_style; /* KVR_LOG_TEXT or KVR_LOG_JSON, set once before any fork */
 
 void kvr_log_set_role(const char *role);
 const char *kvr_log_role(void);
 void kvr_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define kvr_log(level, ...)                                                                        \
-    do {                                                                                           \
-        if ((level) >= kvr_log_level)                                                              \
-            kvr_log_write((level), __VA_ARGS__);                                                   \
+#define kvr_log(level, ...) \
+    do { \
+        if ((level) >= kvr_log_level) \
+            kvr_log_write((level), __VA_ARGS__); \
     } while (0)
 #define kvr_debug(...) kvr_log(KVR_LOG_DEBUG, __VA_ARGS__)
 #define kvr_info(...)  kvr_log(KVR_LOG_INFO, __VA_ARGS__)
@@ -35,14 +40,14 @@ void kvr_log_write(int level, const char *fmt, ...) __attribute__((format(printf
 #define kvr_error(...) kvr_log(KVR_LOG_ERROR, __VA_ARGS__)
 
 /* At most one line per second from this call site. */
-#define KVR_LOG_RATELIMITED(level, ...)                                                            \
-    do {                                                                                           \
-        static time_t kvr__last_;                                                                  \
-        time_t kvr__now_ = time(NULL);                                                             \
-        if (kvr__now_ != kvr__last_) {                                                             \
-            kvr__last_ = kvr__now_;                                                                \
-            kvr_log(level, __VA_ARGS__);                                                           \
-        }                                                                                          \
+#define KVR_LOG_RATELIMITED(level, ...) \
+    do { \
+        static time_t kvr__last_; \
+        time_t kvr__now_ = time(NULL); \
+        if (kvr__now_ != kvr__last_) { \
+            kvr__last_ = kvr__now_; \
+            kvr_log(level, __VA_ARGS__); \
+        } \
     } while (0)
 
 #endif

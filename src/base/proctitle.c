@@ -44,7 +44,7 @@ static void init_area(void)
             if (i == n) {
                 copy[n] = NULL;
                 environ = copy; /* kept for the life of the process */
-            } else { /* out of memory or a gap: keep the environment where it is */
+            } else {            /* out of memory or a gap: keep the environment where it is */
                 while (i > 0)
                     free(copy[--i]);
                 free(copy);

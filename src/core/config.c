@@ -7,7 +7,11 @@
 #include <string.h>
 #include <strings.h>
 
-enum { T_STR, T_SIZE, T_UINT, T_BOOL, T_DURATION };
+enum { T_STR,
+       T_SIZE,
+       T_UINT,
+       T_BOOL,
+       T_DURATION };
 
 typedef struct {
     const char *name; /* flag without "--"; the env twin is KVRELAY_ + upper(name), '-' -> '_' */
@@ -21,7 +25,7 @@ typedef struct {
 
 #define S(f) offsetof(kvr_config_t, f), sizeof(((kvr_config_t *)0)->f)
 #define N(f) offsetof(kvr_config_t, f), 0
-#define GIB (1ull << 30)
+#define GIB  (1ull << 30)
 
 static const opt_t opts[] = {
     {"http-bind", T_STR, "127.0.0.1:9130", 0, 0, S(http_bind), "HTTP listener host:port (port 0: ephemeral)"},

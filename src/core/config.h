@@ -37,14 +37,14 @@ typedef struct {
     uint64_t hang_timeout_ms; /* watchdog: a heartbeat still for this long is a hang */
     uint64_t idle_timeout_ms;
     uint64_t io_timeout_ms;
-    uint64_t header_timeout_ms;         /* a head must be complete this long after its first byte */
-    uint64_t min_body_rate;             /* bytes/s a body in flight must keep (0: off) */
-    uint64_t body_rate_window_ms;       /* ... averaged over this window */
-    uint64_t max_connections;           /* per worker; 0: from RLIMIT_NOFILE */
-    uint64_t peer_inflight_share;       /* percent of a worker's PUT budget per peer address */
+    uint64_t header_timeout_ms;   /* a head must be complete this long after its first byte */
+    uint64_t min_body_rate;       /* bytes/s a body in flight must keep (0: off) */
+    uint64_t body_rate_window_ms; /* ... averaged over this window */
+    uint64_t max_connections;     /* per worker; 0: from RLIMIT_NOFILE */
+    uint64_t peer_inflight_share; /* percent of a worker's PUT budget per peer address */
     uint64_t max_inflight_bytes;
-    uint64_t recv_lowat;                /* 0: off; else SO_RCVLOWAT while a PUT body is received */
-    uint64_t send_zc_min;               /* 0: off; else GET bodies >= this use SENDMSG_ZC */
+    uint64_t recv_lowat;  /* 0: off; else SO_RCVLOWAT while a PUT body is received */
+    uint64_t send_zc_min; /* 0: off; else GET bodies >= this use SENDMSG_ZC */
     uint64_t h2o_max_connections;
     uint64_t h2o_max_body;
     uint64_t h2o_buffer;

@@ -27,7 +27,7 @@
 /* Query hash formats: KvQueryHashFormat's values, as protoc-c generates them from relay.proto. */
 typedef enum {
     KVR_KVHASH_STANDARD = DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1,
-    KVR_KVHASH_EAGLE    = DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1,
+    KVR_KVHASH_EAGLE = DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1,
 } kvr_kvhash_format_t;
 
 /* Multimodal hashes attached to one block (any order; hashed sorted ascending). */

@@ -391,7 +391,7 @@ void kvr_relay_sub_close(kvr_relay_t *r, int idx)
 static uint64_t ring_reserve(kvr_relay_sh_t *sh, size_t len)
 {
     uint64_t head = kvr_atomic_load_seq_cst(&sh->ring_head), pos; /* our own store: one writer */
-    uint64_t tail = kvr_atomic_load_relaxed(&sh->ring_tail);       /* ours too */
+    uint64_t tail = kvr_atomic_load_relaxed(&sh->ring_tail);      /* ours too */
 
     pos = head % KVR_RELAY_RING_BYTES;
     if (pos + len > KVR_RELAY_RING_BYTES)

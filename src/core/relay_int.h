@@ -17,9 +17,9 @@
 struct kvr_relay_s {
     kvr_seg_t *seg;
     kvr_relay_sh_t *sh;
-    uint64_t *filter;                      /* the publisher's working filter */
-    uint64_t *snap[KVR_RELAY_SNAPSHOTS];   /* snapshot copies */
-    uint8_t *ring;                         /* KVR_RELAY_RING_BYTES */
+    uint64_t *filter;                    /* the publisher's working filter */
+    uint64_t *snap[KVR_RELAY_SNAPSHOTS]; /* snapshot copies */
+    uint8_t *ring;                       /* KVR_RELAY_RING_BYTES */
     const kvr_relay_fds_t *fds;
     const kvr_config_t *cfg;
 };

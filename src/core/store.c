@@ -19,10 +19,10 @@
 #include <xxhash.h>
 
 void (*kvr_store_fault_hook)(int point);
-#define FAULT_POINT(p)                                                                             \
-    do {                                                                                           \
-        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL))                                            \
-            kvr_store_fault_hook(p);                                                               \
+#define FAULT_POINT(p) \
+    do { \
+        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL)) \
+            kvr_store_fault_hook(p); \
     } while (0)
 
 /* ------------------------------------------------------------------ setup */

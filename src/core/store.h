@@ -77,7 +77,7 @@ struct kvr_store_s {
     int slot;
     kvr_stats_block_t *my_stats;
     uint8_t *scratch;
-    int notify_fd;   /* eventfd of the change log's consumer, or -1 */
+    int notify_fd;    /* eventfd of the change log's consumer, or -1 */
     int chlog_wakeup; /* set under the lock when an append asked to wake the consumer */
     /* kvr_store_unpin_later: pins to release at the next kvr_store_unpin_flush, in one lock */
     uint32_t unpin_q[KVR_STORE_UNPIN_BATCH];
@@ -191,7 +191,10 @@ int kvr_store_check(kvr_store_t *st, kvr_store_stats_t *out);
  * Fault injection for the crash tests: when set, called at named points inside the store's
  * critical sections (a test makes it sleep so that SIGKILL lands there). NULL in production.
  */
-enum { KVR_FAULT_COMMIT_LINKED = 1, KVR_FAULT_REMOVE_UNLINKED = 2, KVR_FAULT_EVICTING = 3, KVR_FAULT_PINNED = 4 };
+enum { KVR_FAULT_COMMIT_LINKED = 1,
+       KVR_FAULT_REMOVE_UNLINKED = 2,
+       KVR_FAULT_EVICTING = 3,
+       KVR_FAULT_PINNED = 4 };
 extern void (*kvr_store_fault_hook)(int point);
 
 /* Canonical hash of a key when the PUT carries none (docs/http-contract.md, "Operations"). */

@@ -245,13 +245,13 @@ int kvr_store_reap(kvr_store_t *st, pid_t pid)
 
 /* ------------------------------------------------------------------ the debug check */
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            kvr_error("store check: " __VA_ARGS__);                                                \
-            rc = KVR_ERR;                                                                          \
-            goto done;                                                                             \
-        }                                                                                          \
+#define CHECK(cond, ...) \
+    do { \
+        if (!(cond)) { \
+            kvr_error("store check: " __VA_ARGS__); \
+            rc = KVR_ERR; \
+            goto done; \
+        } \
     } while (0)
 
 /* Sums the pin tables into pins[] (one count per entry); only active slots may hold pins. */

@@ -370,7 +370,10 @@ typedef struct {
     size_t off;
 } store_field_t;
 
-#define STORE_FIELD(f) {#f, offsetof(kvr_store_stats_t, f)}
+#define STORE_FIELD(f) \
+    { \
+#f, offsetof(kvr_store_stats_t, f) \
+    }
 
 static const store_field_t stats_fields[] = {
     STORE_FIELD(unique_blocks), STORE_FIELD(total_refs), STORE_FIELD(resident_bytes), STORE_FIELD(logical_bytes),

@@ -34,7 +34,12 @@
 #include <sys/uio.h>
 
 /* POST is counted as "other" in the metrics (kvr_api_done). */
-enum { KVR_M_GET, KVR_M_PUT, KVR_M_HEAD, KVR_M_DELETE, KVR_M_OTHER, KVR_M_POST };
+enum { KVR_M_GET,
+       KVR_M_PUT,
+       KVR_M_HEAD,
+       KVR_M_DELETE,
+       KVR_M_OTHER,
+       KVR_M_POST };
 
 #define KVR_API_MAX_HEAD   (16u << 10) /* request line + headers; 431 beyond */
 #define KVR_API_INLINE_MAX 8192        /* JSON bodies: a 1,024-byte key escaped 6x fits */
@@ -65,24 +70,30 @@ typedef struct {
 
 /* What a transport knows of a request once its head is parsed. */
 typedef struct {
-    unsigned method;                /* KVR_M_* */
-    const char *path;               /* raw path, query stripped */
+    unsigned method;  /* KVR_M_* */
+    const char *path; /* raw path, query stripped */
     size_t path_len;
-    const char *auth;               /* Authorization value, or NULL */
+    const char *auth; /* Authorization value, or NULL */
     size_t auth_len;
-    const char *seq_hash;           /* X-KV-Sequence-Hash value, or NULL */
+    const char *seq_hash; /* X-KV-Sequence-Hash value, or NULL */
     size_t seq_hash_len;
-    uint64_t body_len;              /* Content-Length (PUT), or the whole chunked body */
-    size_t head_bytes;              /* request line + header names and values */
-    int length_unknown;             /* chunked, not received yet: check the head only */
-    int buffered;                   /* the body is already in memory (h2o): no budget applies */
-    uint64_t peer_held;             /* reservation bytes the client's address holds in this worker */
+    uint64_t body_len;  /* Content-Length (PUT), or the whole chunked body */
+    size_t head_bytes;  /* request line + header names and values */
+    int length_unknown; /* chunked, not received yet: check the head only */
+    int buffered;       /* the body is already in memory (h2o): no budget applies */
+    uint64_t peer_held; /* reservation bytes the client's address holds in this worker */
 } kvr_api_req_t;
 
-enum { KVR_API_BODY_INLINE, KVR_API_BODY_BLOCK, KVR_API_BODY_HEAP };
+enum { KVR_API_BODY_INLINE,
+       KVR_API_BODY_BLOCK,
+       KVR_API_BODY_HEAP };
 /* DEFERRED: a chunked PUT passed every check of its head and comes back with its length; WAIT:
  * this worker's PUT reservations in flight are at their budget, ask again later. */
-enum { KVR_API_PUT_NONE, KVR_API_PUT_RESERVED, KVR_API_PUT_DEDUP, KVR_API_PUT_DEFERRED, KVR_API_PUT_WAIT };
+enum { KVR_API_PUT_NONE,
+       KVR_API_PUT_RESERVED,
+       KVR_API_PUT_DEDUP,
+       KVR_API_PUT_DEFERRED,
+       KVR_API_PUT_WAIT };
 /* A batch request passed every check of its head: the transport collects the body (at most
  * KVR_API_BATCH_MAX_BODY) in memory and calls kvr_api_batch. Shares res->put's field. */
 #define KVR_API_BODY_WANTED 16
@@ -90,14 +101,14 @@ enum { KVR_API_PUT_NONE, KVR_API_PUT_RESERVED, KVR_API_PUT_DEDUP, KVR_API_PUT_DE
 typedef struct {
     int status; /* 0 while a reserved PUT waits for its body */
     const char *reason;
-    const char *ctype;     /* Content-Type, or NULL */
-    const char *hdr_name;  /* one extra header, lower case (allow, www-authenticate, retry-after) */
+    const char *ctype;    /* Content-Type, or NULL */
+    const char *hdr_name; /* one extra header, lower case (allow, www-authenticate, retry-after) */
     const char *hdr_value;
-    int close;             /* the connection must end after this response */
-    int drain;             /* answered before its body: the transport consumes the body after it */
-    unsigned body;         /* KVR_API_BODY_* */
-    uint64_t length;       /* Content-Length of the representation */
-    int head_only;         /* HEAD: the length is announced, no body bytes follow */
+    int close;       /* the connection must end after this response */
+    int drain;       /* answered before its body: the transport consumes the body after it */
+    unsigned body;   /* KVR_API_BODY_* */
+    uint64_t length; /* Content-Length of the representation */
+    int head_only;   /* HEAD: the length is announced, no body bytes follow */
     /* BLOCK */
     kvr_block_ref_t ref;
     int pinned;
@@ -106,7 +117,7 @@ typedef struct {
     /* BLOCK of a batch GET: several pinned blocks and their framing (api_batch.c, "batch GET") */
     struct kvr_api_multi_s *multi;
     /* PUT */
-    unsigned put;          /* KVR_API_PUT_* */
+    unsigned put; /* KVR_API_PUT_* */
     kvr_put_txn_t txn;
     uint64_t put_len;
     uint16_t klen;

@@ -226,7 +226,10 @@ void kvr_gclient_close(kvr_gclient_t *c)
     free(c);
 }
 
-#define HDR(n, v) {(uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE}
+#define HDR(n, v) \
+    { \
+        (uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE \
+    }
 
 kvr_gcall_t *kvr_gclient_call(kvr_gclient_t *c, const char *path, const uint8_t *req, size_t req_len,
                               kvr_gcall_msg_cb cb, void *ctx)

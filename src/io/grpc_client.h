@@ -22,11 +22,11 @@ struct kvr_gcall_s {
     int32_t stream_id;
     kvr_gcall_msg_cb cb;
     void *ctx;
-    int done;            /* the stream closed */
-    int grpc_status;     /* from trailers (or Trailers-Only headers); -1 if none came */
+    int done;        /* the stream closed */
+    int grpc_status; /* from trailers (or Trailers-Only headers); -1 if none came */
     char grpc_message[256];
-    char reason[64];     /* kv-relay-error-reason, "" if absent */
-    uint8_t *buf;        /* message reassembly */
+    char reason[64]; /* kv-relay-error-reason, "" if absent */
+    uint8_t *buf;    /* message reassembly */
     size_t len, cap;
     kvr_gcall_t *next;
 };

@@ -17,11 +17,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define RBUF_SIZE        (256u << 10)
-#define WBUF_TARGET      (1u << 20) /* nghttp2 output gathered per send */
-#define KICK_COALESCE_MS 1          /* deltas reach streams at most this often: fewer, fuller sends */
-#define PING_INTERVAL_MS 20000
-#define PING_TIMEOUT_MS  10000
+#define RBUF_SIZE          (256u << 10)
+#define WBUF_TARGET        (1u << 20) /* nghttp2 output gathered per send */
+#define KICK_COALESCE_MS   1          /* deltas reach streams at most this often: fewer, fuller sends */
+#define PING_INTERVAL_MS   20000
+#define PING_TIMEOUT_MS    10000
 #define GRPC_UNIMPLEMENTED 12
 
 static void conn_pump(gconn_t *c);
@@ -72,7 +72,10 @@ int kvr_grpc_out_message(gstream_t *s, const ProtobufCMessage *m)
 
 /* ------------------------------------------------------------------ responses */
 
-#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NO_COPY_NAME}
+#define NV(n, v) \
+    { \
+        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NO_COPY_NAME \
+    }
 
 static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
                             uint32_t *data_flags, nghttp2_data_source *source, void *user_data);

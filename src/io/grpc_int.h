@@ -28,7 +28,12 @@ typedef struct gconn_s gconn_t;
 typedef struct gstream_s gstream_t;
 
 /* A stream's phase. The services use WAIT_ADMIT..PERIODIC; ENDING is set by stream_end. */
-enum { PH_NONE, PH_WAIT_ADMIT, PH_SNAPSHOT, PH_DELTAS, PH_PERIODIC, PH_ENDING };
+enum { PH_NONE,
+       PH_WAIT_ADMIT,
+       PH_SNAPSHOT,
+       PH_DELTAS,
+       PH_PERIODIC,
+       PH_ENDING };
 
 typedef struct kvr_grpc_method_s {
     const char *path; /* :path, "/<package>.<Service>/<Method>" */
@@ -55,14 +60,14 @@ struct gstream_s {
     int32_t id;
     char path[160];
     int path_len;
-    int grpc_ct;    /* content-type is application/grpc* */
+    int grpc_ct;                     /* content-type is application/grpc* */
     const kvr_grpc_method_t *method; /* NULL until the request is complete, or unknown */
     uint8_t *req;
     size_t req_len, req_cap;
     int too_big;
 
-    int responded;  /* headers submitted */
-    int admitted;   /* stream type holding a permit, or -1 */
+    int responded; /* headers submitted */
+    int admitted;  /* stream type holding a permit, or -1 */
     int phase;
     uint8_t *out;
     size_t out_len, out_off, out_cap;

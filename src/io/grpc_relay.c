@@ -23,7 +23,7 @@
 
 static_assert(KVR_ST_LEVELS - KVR_ST_RELAY_OPENED == KVR_STREAM_TYPES, "streams opened: one slot per type");
 
-#define DELTA_BATCH_MAX (64u << 10) /* delta bytes taken from the ring per refill, at most */
+#define DELTA_BATCH_MAX (64u << 10)   /* delta bytes taken from the ring per refill, at most */
 #define LOAD_LAG_MAX    (16u * 4096u) /* queued load-window bytes at which a subscriber lags */
 
 static void relay_stat(kvr_grpc_t *g, unsigned i, uint64_t v)
@@ -84,8 +84,8 @@ static void emit_catalog(gstream_t *s)
         regs[0] = &reg;
         qs.kv_block_size = (uint32_t)cfg->kv_block_size;
         qs.hash_format = !strcmp(cfg->hash_format, "eagle")
-                             ? DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1
-                             : DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1;
+                           ? DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1
+                           : DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1;
         desc.producer = &id.producer;
         desc.serving_endpoint = &ep;
         desc.n_registrations = 1;
@@ -103,18 +103,18 @@ static void emit_catalog(gstream_t *s)
 /* Sends a load window: KvPoolLoadUpdate and ServingLoadUpdate have the same header and pool
  * fields, set alike here (a macro: they are two message types); pools_[0] is the pool, or
  * NULL before the first generation. */
-#define SEND_WINDOW(up, s, rel, pools_)                         \
-    do {                                                        \
-        (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION;     \
-        (up).relay = (rel);                                     \
-        (up).window_sequence = (s)->window_seq++;               \
-        (up).observed_ms = kvr_clock_wall_us() / 1000;          \
-        (up).window_ms = (s)->conn->g->cfg->load_window_ms;     \
-        (up).contract_marker = KVR_RELAY_CONTRACT_MARKER;       \
-        (up).n_pools = (pools_)[0] != NULL;                     \
-        (up).pools = (pools_);                                  \
-        kvr_grpc_out_message((s), &(up).base);                  \
-        relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1);       \
+#define SEND_WINDOW(up, s, rel, pools_) \
+    do { \
+        (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION; \
+        (up).relay = (rel); \
+        (up).window_sequence = (s)->window_seq++; \
+        (up).observed_ms = kvr_clock_wall_us() / 1000; \
+        (up).window_ms = (s)->conn->g->cfg->load_window_ms; \
+        (up).contract_marker = KVR_RELAY_CONTRACT_MARKER; \
+        (up).n_pools = (pools_)[0] != NULL; \
+        (up).pools = (pools_); \
+        kvr_grpc_out_message((s), &(up).base); \
+        relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1); \
     } while (0)
 
 static void emit_load(gstream_t *s)
@@ -286,9 +286,9 @@ static void pool_refill(gstream_t *s, size_t budget)
         int reason = v.reason;
         pool_release(s);
         pool_fail(s, reason ? reason : KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
-                  reason == KVR_RELAY_REASON_SUBSCRIBER_LAGGED ? "subscriber lagged behind the publication"
+                  reason == KVR_RELAY_REASON_SUBSCRIBER_LAGGED  ? "subscriber lagged behind the publication"
                   : reason == KVR_RELAY_REASON_PRODUCER_CHANGED ? "the expected producer is no longer active"
-                                                                  : "publication unavailable");
+                                                                : "publication unavailable");
         return;
     }
     if (st == KVR_SUBP_RETIRED) {
@@ -529,9 +529,11 @@ static void relay_done(gstream_t *s)
 
 /* One entry of the table: the method's path, its kvr_relay_rpc_t and the handlers beyond the
  * ones every relay method has. */
+/* clang-format off */ /* a table aligned by hand */
 #define RELAY_METHOD(id, name, ...)                                                                  \
     [KVR_RELAY_RPC_##id] = {.path = "/dynamo.kvrelay.v1.KvEventRelay/" name, .rpc = KVR_RELAY_RPC_##id, \
                             .done = relay_done, __VA_ARGS__}
+/* clang-format on */
 
 /* Indexed by kvr_relay_rpc_t (tests/unit/test_grpc_relay.c checks it against wire/). */
 const kvr_grpc_method_t kvr_grpc_relay_methods[] = {

@@ -287,7 +287,7 @@ static void conn_write(h1c_t *c)
      * --send-zc-min, a large block goes out zero-copy: the completion comes once the kernel
      * lets go of its pages, and the pin is held until then (kvr_api_done after it). */
     if ((zc_wanted(c) ? kvr_uring_sendmsg_zc : kvr_uring_sendmsg)(&c->s->ring, c->fd, &c->msg, MSG_WAITALL,
-                                                                    &c->wop) != KVR_OK) {
+                                                                  &c->wop) != KVR_OK) {
         kvr_h1_conn_close(c);
         return;
     }
@@ -676,8 +676,15 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
 
     if (s == NULL)
         return NULL;
-    *s = (kvr_h1_t){.cfg = cfg, .api = api, .http = http, .listen_fd = listen_fd, .accept_fds = accept_fds,
-                    .yield_to = -1, .max_conns = cfg->max_connections};
+    *s = (kvr_h1_t){
+        .cfg = cfg,
+        .api = api,
+        .http = http,
+        .listen_fd = listen_fd,
+        .accept_fds = accept_fds,
+        .yield_to = -1,
+        .max_conns = cfg->max_connections,
+    };
     if (s->max_conns == 0) {
         /* what the descriptor limit leaves after a reserve for the listeners, rings, eventfds,
          * the segment, the log and h2o's own */

@@ -32,8 +32,8 @@
 #include "io/api.h"
 #include "io/http.h"
 
-#define KVR_H1_HEAD_MAX     (KVR_API_MAX_HEAD + 512) /* head buffer per connection */
-#define KVR_H1_CHUNKED_MAX  (8u << 20)
+#define KVR_H1_HEAD_MAX      (KVR_API_MAX_HEAD + 512) /* head buffer per connection */
+#define KVR_H1_CHUNKED_MAX   (8u << 20)
 #define KVR_H1_CHUNKED_CONNS 8
 
 typedef struct kvr_h1_s kvr_h1_t;

@@ -61,7 +61,7 @@ typedef struct h1_link_s {
 } h1_link_t;
 
 /* The connection that holds link l as its member `field`. */
-#define H1_CONN_OF(l, field) ((h1c_t *)(void *)((char *)(l) - offsetof(h1c_t, field)))
+#define H1_CONN_OF(l, field) ((h1c_t *)(void *)((char *)(l)-offsetof(h1c_t, field)))
 
 /* A client address and what its connections hold in this worker (--peer-inflight-share). */
 typedef struct h1peer_s {
@@ -79,19 +79,19 @@ struct kvr_h1_s {
     kvr_uring_t ring;
     int listen_fd;
     kvr_uring_op_t accept_op;
-    int accepting;        /* an accept is in flight */
+    int accepting; /* an accept is in flight */
     int draining;
     uint64_t accept_paused_until;
-    int full;             /* not accepting: at --max-connections with none idle (one pause counted) */
-    int fd_exhausted;     /* logged once per episode */
+    int full;              /* not accepting: at --max-connections with none idle (one pause counted) */
+    int fd_exhausted;      /* logged once per episode */
     const int *accept_fds; /* by process slot: the eventfd that gives a worker the turn */
-    int parked;           /* not accepting: the turn was given to a less loaded worker */
-    int yield_to;         /* the worker last given the turn ... */
-    uint64_t yield_hb;    /* ... its heartbeat when last seen moving ... */
-    uint64_t yield_ms;    /* ... and when */
-    uint32_t published;   /* our connection count as last stored in our process slot */
-    char scratch[64];     /* a valid address for recv(MSG_TRUNC), which discards without copying */
-    h1c_t *conns;         /* every open connection */
+    int parked;            /* not accepting: the turn was given to a less loaded worker */
+    int yield_to;          /* the worker last given the turn ... */
+    uint64_t yield_hb;     /* ... its heartbeat when last seen moving ... */
+    uint64_t yield_ms;     /* ... and when */
+    uint32_t published;    /* our connection count as last stored in our process slot */
+    char scratch[64];      /* a valid address for recv(MSG_TRUNC), which discards without copying */
+    h1c_t *conns;          /* every open connection */
     uint64_t nconns;
     h1_link_t wait;       /* PUTs waiting for the in-flight budget, oldest first */
     h1_link_t idle;       /* connections between requests, longest idle first */
@@ -102,18 +102,18 @@ struct kvr_h1_s {
     int fd_warned;        /* "pausing accept" logged in this episode */
     uint64_t reclaimed;   /* connections closed in this episode */
     h1peer_t *peers[H1_PEER_BUCKETS];
-    uint32_t npeers;      /* addresses remembered: connected, or within H1_PEER_KEEP_MS */
+    uint32_t npeers; /* addresses remembered: connected, or within H1_PEER_KEEP_MS */
     uint64_t peers_swept_ms;
     unsigned chunked_conns;
     uint64_t last_tick_ms;
-    char date[40];        /* "Date: ...\r\n", refreshed every second */
+    char date[40]; /* "Date: ...\r\n", refreshed every second */
     time_t date_sec;
 };
 
 struct h1c_s {
     h1c_t *prev, *next;
-    h1_link_t wlink;      /* on s->wait, while in ST_WAIT */
-    h1_link_t ilink;      /* on s->idle: may be closed to make room */
+    h1_link_t wlink; /* on s->wait, while in ST_WAIT */
+    h1_link_t ilink; /* on s->idle: may be closed to make room */
     kvr_h1_t *s;
     int fd;
     uint8_t state;
@@ -122,37 +122,37 @@ struct h1c_s {
     uint8_t keep;         /* keep-alive after this response */
     uint8_t expect100;
     uint8_t chunked;
-    uint8_t in_req;       /* res holds a handled request: kvr_api_done owed */
+    uint8_t in_req; /* res holds a handled request: kvr_api_done owed */
     uint8_t sent100;
-    uint8_t sniff_wait;   /* peeked, waiting for a decision at the next tick */
-    uint8_t post_drain;   /* consuming the body of a request answered from its head */
-    uint8_t lowat;        /* SO_RCVLOWAT is raised (--recv-lowat) for this body's receive */
-    uint8_t reclaimed;    /* closed to make room (counted in nreclaim until freed) */
-    uint8_t cut;          /* the read in flight was cancelled: answer 408 when it completes */
-    uint8_t rate_on;      /* rate_ms / rate_mark hold a --min-body-rate window */
-    h1peer_t *peer;       /* NULL when the address could not be had */
-    uint64_t held;        /* reservation bytes counted in peer->held */
-    uint64_t head_ms;     /* the current head's first byte (0: none yet) */
-    uint64_t rate_ms;     /* start of the current --body-rate-window ... */
-    uint64_t rate_mark;   /* ... and TCP_INFO bytes received + acked then */
+    uint8_t sniff_wait; /* peeked, waiting for a decision at the next tick */
+    uint8_t post_drain; /* consuming the body of a request answered from its head */
+    uint8_t lowat;      /* SO_RCVLOWAT is raised (--recv-lowat) for this body's receive */
+    uint8_t reclaimed;  /* closed to make room (counted in nreclaim until freed) */
+    uint8_t cut;        /* the read in flight was cancelled: answer 408 when it completes */
+    uint8_t rate_on;    /* rate_ms / rate_mark hold a --min-body-rate window */
+    h1peer_t *peer;     /* NULL when the address could not be had */
+    uint64_t held;      /* reservation bytes counted in peer->held */
+    uint64_t head_ms;   /* the current head's first byte (0: none yet) */
+    uint64_t rate_ms;   /* start of the current --body-rate-window ... */
+    uint64_t rate_mark; /* ... and TCP_INFO bytes received + acked then */
     const char *cut_why;
     kvr_uring_op_t rop, wop;
-    uint64_t last_ms;     /* last byte moved, or the state began */
+    uint64_t last_ms; /* last byte moved, or the state began */
     uint64_t linger_until;
     uint64_t tcp_in, tcp_out; /* TCP_INFO byte counters at the last look */
     uint64_t start_us;
     unsigned method;
     uint64_t body_len, body_got;
     uint64_t bytes_in, bytes_out;
-    size_t hlen;          /* bytes in hbuf */
-    size_t hused;         /* bytes of hbuf that belong to the current request */
-    size_t last_len;      /* hlen at the last incomplete parse */
-    kvr_api_req_t rq;     /* points into hbuf until the request is done */
+    size_t hlen;      /* bytes in hbuf */
+    size_t hused;     /* bytes of hbuf that belong to the current request */
+    size_t last_len;  /* hlen at the last incomplete parse */
+    kvr_api_req_t rq; /* points into hbuf until the request is done */
     struct msghdr msg;
     struct iovec iov[H1_IOV + 1];
     size_t out_len;
     uint64_t resp_total, resp_sent;
-    char *cbuf;           /* chunked body */
+    char *cbuf; /* chunked body */
     size_t clen, cdec, ccap;
     struct phr_chunked_decoder dec;
     char out[H1_OUT_MAX]; /* from here on, not cleared for a new connection */

@@ -7,8 +7,8 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 
-#define H1_PEER_MAX     65536  /* addresses remembered per worker (about 3 MiB); more go unlimited */
-#define H1_PEER_KEEP_MS 60000  /* an address without connections is remembered this long */
+#define H1_PEER_MAX     65536 /* addresses remembered per worker (about 3 MiB); more go unlimited */
+#define H1_PEER_KEEP_MS 60000 /* an address without connections is remembered this long */
 
 static unsigned peer_bucket(const uint8_t *a)
 {
@@ -83,4 +83,3 @@ void kvr_h1_peer_sweep(kvr_h1_t *s, uint64_t t)
                 b = &p->next;
             }
 }
-

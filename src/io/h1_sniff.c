@@ -29,7 +29,7 @@ void kvr_h1_sniffed(h1c_t *c, int n)
 
     if (c->head_ms == 0)
         c->head_ms = kvr_clock_ms(); /* --header-timeout runs from here */
-    if (kvr_http_tls(c->s->http)) { /* a TLS port serves TLS only: h2o refuses the rest */
+    if (kvr_http_tls(c->s->http)) {  /* a TLS port serves TLS only: h2o refuses the rest */
         adopt_to_h2o(c);
         return;
     }

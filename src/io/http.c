@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
-#define IOV_BATCH    64  /* arena spans handed to h2o per send */
+#define IOV_BATCH        64     /* arena spans handed to h2o per send */
 #define KVR_HTTP_TURN_US 200000 /* the budget's reading connection keeps its turn while it moves */
 
 /* One tracked connection (a socket handed to h2o by this worker). */
@@ -25,8 +25,8 @@ typedef struct conn_s {
     struct conn_s *prev, *next;
     h2o_socket_t *sock; /* NULL once closed while requests were still undisposed */
     kvr_http_t *http;
-    uint32_t inflight;     /* requests of this connection not yet disposed */
-    size_t last_written;   /* sock->bytes_written at the last sweep */
+    uint32_t inflight;   /* requests of this connection not yet disposed */
+    size_t last_written; /* sock->bytes_written at the last sweep */
     size_t last_read;
     uint64_t last_progress_ms;
     int paused;              /* the body budget stopped its reading */
@@ -54,10 +54,10 @@ struct kvr_http_s {
     int draining;
     uint64_t last_sweep_ms;
     uint64_t last_budget_us;
-    int over_budget;     /* every connection but `kept` has stopped reading */
-    int statm_fd;        /* /proc/self/statm, read by the budget */
+    int over_budget; /* every connection but `kept` has stopped reading */
+    int statm_fd;    /* /proc/self/statm, read by the budget */
     conn_t *kept;
-    size_t kept_read;    /* kept->sock->bytes_read at the last check */
+    size_t kept_read; /* kept->sock->bytes_read at the last check */
     uint64_t kept_moved_us;
 };
 

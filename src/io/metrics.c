@@ -12,9 +12,9 @@
 /* The dimensions of the HTTP families; api.c counts into them by index. */
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
 const int kvr_http_status_codes[KVR_HTTP_STATUSES] = {200, 201, 400, 401, 404, 405, 409, 411,
-                                                      413, 431, 500, 501, 503, 507, 0,   -1};
+                                                      413, 431, 500, 501, 503, 507, 0, -1};
 const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                          0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+                                                         0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
 
 typedef struct {
     char *buf;

@@ -13,13 +13,20 @@
 #include <unistd.h>
 
 /* epoll engine bounds */
-#define EP_EVENTS      128 /* readiness events taken per kvr_uring_process */
-#define EP_ROUNDS      16  /* completion rounds per kvr_uring_process before the loop gets a turn */
-#define EP_TRIES       8   /* syscalls per MSG_WAITALL op per readiness event */
-#define EP_FDS_MAX     (1u << 22) /* descriptor table bound (fd numbers), 24 bytes each */
+#define EP_EVENTS  128        /* readiness events taken per kvr_uring_process */
+#define EP_ROUNDS  16         /* completion rounds per kvr_uring_process before the loop gets a turn */
+#define EP_TRIES   8          /* syscalls per MSG_WAITALL op per readiness event */
+#define EP_FDS_MAX (1u << 22) /* descriptor table bound (fd numbers), 24 bytes each */
 
-enum { OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_RECVMSG, OP_SENDMSG };
-enum { ST_IDLE = 0, ST_QUEUED, ST_WAITING, ST_DONE };
+enum { OP_ACCEPT = 1,
+       OP_RECV,
+       OP_SEND,
+       OP_RECVMSG,
+       OP_SENDMSG };
+enum { ST_IDLE = 0,
+       ST_QUEUED,
+       ST_WAITING,
+       ST_DONE };
 
 struct kvr_uring_fd_s {
     kvr_uring_op_t *rd, *wr; /* ops waiting for readability / writability */
@@ -33,7 +40,8 @@ static int g_fallback_logged; /* once per process */
 
 const char *kvr_uring_engine_name(int engine)
 {
-    return engine == KVR_IO_URING ? "io_uring" : engine == KVR_IO_EPOLL ? "epoll" : "auto";
+    return engine == KVR_IO_URING ? "io_uring" : engine == KVR_IO_EPOLL ? "epoll"
+                                                                        : "auto";
 }
 
 int kvr_uring_engine(void)
@@ -153,7 +161,7 @@ static unsigned ring_process(kvr_uring_t *u)
         unsigned flags = cqe->flags;
         io_uring_cqe_seen(&u->ring, cqe);
         if (op != NULL && (flags & IORING_CQE_F_MORE)) { /* a zero-copy send's result */
-            op->res = res; /* delivered with the notification, when the kernel lets go of the pages */
+            op->res = res;                               /* delivered with the notification, when the kernel lets go of the pages */
             continue;
         }
         if (op != NULL && (flags & IORING_CQE_F_NOTIF))
@@ -296,8 +304,8 @@ static int ep_try(kvr_uring_op_t *op)
         do /* MSG_TRUNC discards in the kernel: TCP writes nothing to buf, whatever it returns.
             * The raw syscall, so that a sanitizer's recv() does not take the count as written. */
             n = op->flags & MSG_TRUNC
-                    ? syscall(SYS_recvfrom, op->fd, op->buf, op->len, op->flags | MSG_DONTWAIT, NULL, NULL)
-                    : recv(op->fd, op->buf, op->len, op->flags | MSG_DONTWAIT);
+                  ? syscall(SYS_recvfrom, op->fd, op->buf, op->len, op->flags | MSG_DONTWAIT, NULL, NULL)
+                  : recv(op->fd, op->buf, op->len, op->flags | MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
         return n >= 0 ? (int)(n > INT32_MAX ? INT32_MAX : n) : -errno;
     case OP_SEND:

@@ -33,30 +33,32 @@ struct kvr_uring_op_s {
     kvr_uring_op_t *next;
     void *buf;
     struct msghdr *msg;
-    size_t len;      /* bytes asked for (the iovecs' sum for msg ops) */
-    size_t done;     /* MSG_WAITALL: bytes moved so far */
+    size_t len;              /* bytes asked for (the iovecs' sum for msg ops) */
+    size_t done;             /* MSG_WAITALL: bytes moved so far */
     size_t iov_idx, iov_off; /* MSG_WAITALL: where `done` is in msg's iovecs */
     int fd;
     int flags;
-    int res;         /* the result, from completion to callback */
+    int res; /* the result, from completion to callback */
     uint8_t kind;
     uint8_t state;
     uint8_t cancel;
 };
 
-enum { KVR_IO_AUTO = 0, KVR_IO_URING, KVR_IO_EPOLL };
+enum { KVR_IO_AUTO = 0,
+       KVR_IO_URING,
+       KVR_IO_EPOLL };
 
 typedef struct kvr_uring_fd_s kvr_uring_fd_t;
 
 typedef struct {
-    int engine;      /* KVR_IO_URING or KVR_IO_EPOLL once initialised */
-    int efd;         /* the loop watches this for readability */
+    int engine; /* KVR_IO_URING or KVR_IO_EPOLL once initialised */
+    int efd;    /* the loop watches this for readability */
     /* io_uring */
     struct io_uring ring;
     unsigned unsubmitted;
     /* epoll */
-    int wakefd;      /* eventfd in the epoll set: completions that no socket event announces */
-    int woken;       /* wakefd written and not read yet */
+    int wakefd; /* eventfd in the epoll set: completions that no socket event announces */
+    int woken;  /* wakefd written and not read yet */
     int in_process;
     kvr_uring_op_t *sq, **sq_tail; /* submitted, not tried yet */
     kvr_uring_op_t *cq, **cq_tail; /* completed, callback not run yet */

@@ -47,8 +47,6 @@
 
 #define LOG_BATCH 4096
 
-
-
 unsigned kvr_pub_fail_alloc_at;
 static unsigned pub_allocs;
 
@@ -74,7 +72,7 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon)
     if (e >= p->max_blocks)
         return;
     if (p->ann_live[e] && p->ann_gen[e] == gen)
-        return; /* a repair's duplicate */
+        return;           /* a repair's duplicate */
     if (p->ann_live[e] && /* never expected: the older incarnation's remove was lost */
         kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]) == KVR_ERR)
         p->resync = 1;
@@ -338,7 +336,7 @@ static void new_generation(pub_t *p, const char *why)
  * between waits at most that long (scan_due keeps the poll's timeout that short). Without
  * any wake-up they are scanned every SCAN_IDLE_NS, as the poll's longest timeout was. */
 #define SCAN_NS      1000000ull
-#define LINGER_NS    250000ull /* at most --publication-delay */
+#define LINGER_NS    250000ull    /* at most --publication-delay */
 #define SCAN_IDLE_NS 100000000ull /* without a wake-up: dead owners, finished snapshots */
 
 static void scan_slots(pub_t *p)

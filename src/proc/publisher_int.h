@@ -24,28 +24,28 @@ typedef struct {
     kvr_relay_t relay;
     kvr_ckf_t ckf;
     kvr_owners_t owners;
-    uint32_t *ann_gen;  /* per index entry: the generation whose insert was applied */
-    uint8_t *ann_live;  /* per index entry: 1 while that insert is in effect */
+    uint32_t *ann_gen; /* per index entry: the generation whose insert was applied */
+    uint8_t *ann_live; /* per index entry: 1 while that insert is in effect */
     uint64_t *ann_canon;
     kvr_ckf_image_t *images;
     size_t images_cap;
-    uint8_t *msg;       /* encode buffer for one delta message */
+    uint8_t *msg; /* encode buffer for one delta message */
     size_t msg_cap;
     uint64_t generation;
     uint64_t seq;
     uint64_t pending;
     uint64_t first_pending_ns;
-    uint64_t retry_at_ns;  /* publish() failed to allocate: not again before this */
+    uint64_t retry_at_ns; /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;
-    int resync;            /* owner counting failed (out of memory): the filter is not exact */
+    int resync; /* owner counting failed (out of memory): the filter is not exact */
     /* the main loop (docs/concurrency.md, "Change log") */
-    uint64_t delay_ns;     /* --publication-delay */
-    uint64_t linger_ns;    /* how long queued events may wait unconsumed */
-    uint64_t log_seen_ns;  /* when the log was first seen non-empty since the last consume, or 0 */
-    uint64_t unwoken_ns;   /* appends may have come unannounced since (timed sleeps), or 0 */
-    int busy;              /* the last turn consumed events: look again within a delay */
-    uint64_t scanned_ns;   /* the subscriber slots' last scan */
-    int scan_due;          /* a wake-up came since: perhaps a subscriber's request */
+    uint64_t delay_ns;    /* --publication-delay */
+    uint64_t linger_ns;   /* how long queued events may wait unconsumed */
+    uint64_t log_seen_ns; /* when the log was first seen non-empty since the last consume, or 0 */
+    uint64_t unwoken_ns;  /* appends may have come unannounced since (timed sleeps), or 0 */
+    int busy;             /* the last turn consumed events: look again within a delay */
+    uint64_t scanned_ns;  /* the subscriber slots' last scan */
+    int scan_due;         /* a wake-up came since: perhaps a subscriber's request */
     int wake_fd;
     /* Snapshot references, private: which copy each subscriber slot holds (-1: none) and
      * how many hold each copy. Only this process counts; a worker never writes a count. */

@@ -51,12 +51,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_CHILDREN (KVR_MAX_PROCS - 2)
+#define MAX_CHILDREN   (KVR_MAX_PROCS - 2)
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
-#define YOUNG_MS 5000
+#define YOUNG_MS       5000
 
-enum { CH_EMPTY, CH_RUNNING, CH_WAITING }; /* WAITING: dead, respawn at respawn_at */
+enum { CH_EMPTY,
+       CH_RUNNING,
+       CH_WAITING }; /* WAITING: dead, respawn at respawn_at */
 
 typedef struct {
     int state;
@@ -309,7 +311,7 @@ static void reap_children(sup_t *s)
         c->died_ms = t;
         c->respawn_at = t + delay;
         kvr_atomic_fetch_add_relaxed(c->role == KVR_ROLE_PUBLISHER ? &s->seg.hdr->ctl.publisher_restarts
-                                                                    : &s->seg.hdr->ctl.worker_restarts,
+                                                                   : &s->seg.hdr->ctl.worker_restarts,
                                      1); /* counters for /metrics */
         if (delay > 0)
             kvr_warn("%s %d keeps crashing young: respawn in %llu ms", role_name(c), c->index,
@@ -450,7 +452,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     sc->memory = cfg->memory;
     sc->page_size = (uint32_t)cfg->page_size;
     sc->max_blocks = cfg->max_blocks;
-    sc->hugepages = !strcmp(cfg->hugepages, "off") ? KVR_HUGEPAGES_OFF
+    sc->hugepages = !strcmp(cfg->hugepages, "off")     ? KVR_HUGEPAGES_OFF
                   : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
                                                        : KVR_HUGEPAGES_AUTO;
     c0 = *sc;

@@ -84,7 +84,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
 
     for (;;) {
         uint64_t t;
-        kvr_seg_heartbeat(seg); /* the supervisor's watchdog (docs/concurrency.md) */
+        kvr_seg_heartbeat(seg);        /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
         kvr_http_run_once(http, KVR_TICK_MS);
         t = kvr_clock_ms();

@@ -3,10 +3,10 @@
 
 #include "base/dassert.h"
 
-#define LEN(a, p)  ((a)->pages[p].len & ~KVR_PAGE_FREE)
-#define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i) & 7)))
-#define BIT_SET(bm, i)  ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
-#define BIT_CLR(bm, i)  ((bm)[(i) >> 3] &= (uint8_t)~(1u << ((i) & 7)))
+#define LEN(a, p)       ((a)->pages[p].len & ~KVR_PAGE_FREE)
+#define BIT_TEST(bm, i) ((bm)[(i) >> 3] & (1u << ((i)&7)))
+#define BIT_SET(bm, i)  ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i)&7)))
+#define BIT_CLR(bm, i)  ((bm)[(i) >> 3] &= (uint8_t) ~(1u << ((i)&7)))
 
 /* The store lock is held by this process, or the arena is private (arena.h, "Locking"). */
 KVR_DASSERT_FN static inline int arena_locked(const kvr_arena_t *a)

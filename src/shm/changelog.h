@@ -28,7 +28,8 @@
 
 #include <stdatomic.h>
 
-enum { KVR_EV_INSERT = 1, KVR_EV_REMOVE = 2 };
+enum { KVR_EV_INSERT = 1,
+       KVR_EV_REMOVE = 2 };
 
 typedef struct {
     uint64_t canon;
@@ -45,9 +46,9 @@ typedef struct {
     uint64_t capacity; /* power of two */
     _Atomic uint32_t overflow;
     _Atomic uint32_t wake_batch; /* the consumer: also wake me when this many are queued */
-    _Atomic uint64_t appended; /* events appended since format (for stats) */
-    _Atomic uint64_t dropped;  /* events dropped on overflow */
-    _Atomic uint32_t timed;    /* the consumer: my sleep ends within a --publication-delay */
+    _Atomic uint64_t appended;   /* events appended since format (for stats) */
+    _Atomic uint64_t dropped;    /* events dropped on overflow */
+    _Atomic uint32_t timed;      /* the consumer: my sleep ends within a --publication-delay */
     uint32_t pad2_;
     uint64_t pad3_[3];
     kvr_chlog_event_t ev[];
@@ -55,8 +56,14 @@ typedef struct {
 static_assert(offsetof(kvr_chlog_sh_t, tail) == 64, "head and tail on separate lines");
 static_assert(sizeof(kvr_chlog_sh_t) == 192, "log header layout");
 
-static inline uint32_t kvr_chlog_op(const kvr_chlog_event_t *e) { return e->gen_op & 3u; }
-static inline uint32_t kvr_chlog_gen(const kvr_chlog_event_t *e) { return e->gen_op >> 2; }
+static inline uint32_t kvr_chlog_op(const kvr_chlog_event_t *e)
+{
+    return e->gen_op & 3u;
+}
+static inline uint32_t kvr_chlog_gen(const kvr_chlog_event_t *e)
+{
+    return e->gen_op >> 2;
+}
 
 /* Formats an empty log: before any other process maps the segment. */
 void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity);

@@ -273,7 +273,8 @@ static const kvr_entry_t *sort_base;
 static int by_atime_desc(const void *a, const void *b)
 {
     uint64_t x = sort_base[*(const uint32_t *)a].atime, y = sort_base[*(const uint32_t *)b].atime;
-    return x < y ? 1 : x > y ? -1 : 0;
+    return x < y ? 1 : x > y ? -1
+                             : 0;
 }
 
 void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)

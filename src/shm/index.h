@@ -33,7 +33,11 @@
 
 #include <stdatomic.h>
 
-enum { KVR_ENT_FREE = 0, KVR_ENT_RESERVED = 1, KVR_ENT_LIVE = 2, KVR_ENT_ZOMBIE = 3, KVR_ENT_DYING = 4 };
+enum { KVR_ENT_FREE = 0,
+       KVR_ENT_RESERVED = 1,
+       KVR_ENT_LIVE = 2,
+       KVR_ENT_ZOMBIE = 3,
+       KVR_ENT_DYING = 4 };
 #define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 7 bits: owner proc slot */
 #define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
 
@@ -53,9 +57,9 @@ typedef struct {
     uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
     uint8_t key_head[KVR_KEY_HEAD];
 
-    uint64_t canon;      /* canonical hash published in the filter */
-    uint64_t length;     /* payload bytes */
-    uint64_t atime;      /* LRU clock at last touch; orders the LRU after a rebuild */
+    uint64_t canon;  /* canonical hash published in the filter */
+    uint64_t length; /* payload bytes */
+    uint64_t atime;  /* LRU clock at last touch; orders the LRU after a rebuild */
     uint32_t lru_prev;
     uint32_t lru_next;
     uint32_t first_page; /* head run of the arena chain: key bytes, then payload */

@@ -34,12 +34,12 @@
 
 #include <stdatomic.h>
 
-#define KVR_RELAY_FRAMES     64
-#define KVR_RELAY_RING_BYTES (32u << 20)
-#define KVR_RELAY_MAX_SUBS   256
-#define KVR_RELAY_SNAPSHOTS  2
-#define KVR_RELAY_QUEUE_FRAMES 16
-#define KVR_RELAY_QUEUE_BYTES  (16u << 20)
+#define KVR_RELAY_FRAMES         64
+#define KVR_RELAY_RING_BYTES     (32u << 20)
+#define KVR_RELAY_MAX_SUBS       256
+#define KVR_RELAY_SNAPSHOTS      2
+#define KVR_RELAY_QUEUE_FRAMES   16
+#define KVR_RELAY_QUEUE_BYTES    (16u << 20)
 #define KVR_RELAY_FRAME_OVERHEAD 256
 
 /* Stream types for admission counting: at most --max-streams streams of each type at once. */
@@ -77,22 +77,22 @@ enum {
 /* The owner word: ((uint64_t)pid << 32) | (process slot + 1); 0 = nobody. */
 #define KVR_SUB_OWNER(pid, slot) (((uint64_t)(uint32_t)(pid) << 32) | (uint64_t)((slot) + 1))
 #define KVR_SUB_OWNER_PID(w)     ((int32_t)((w) >> 32))
-#define KVR_SUB_OWNER_SLOT(w)    ((int)((w) & 0xFFFFFFFFu) - 1)
+#define KVR_SUB_OWNER_SLOT(w)    ((int)((w)&0xFFFFFFFFu) - 1)
 
 typedef struct {
-    _Atomic uint64_t seq;   /* the delta's sequence; 0 = empty */
-    uint64_t cum_off;       /* start of its bytes in the ring's cumulative byte space */
-    uint64_t queue_cum;     /* sum over frames <= seq of (len + 256): what a subscriber has
-                             * queued (docs/relay-contract.md, "A pool stream", step 5) */
+    _Atomic uint64_t seq; /* the delta's sequence; 0 = empty */
+    uint64_t cum_off;     /* start of its bytes in the ring's cumulative byte space */
+    uint64_t queue_cum;   /* sum over frames <= seq of (len + 256): what a subscriber has
+                           * queued (docs/relay-contract.md, "A pool stream", step 5) */
     uint32_t len;
     uint32_t pad_;
 } kvr_relay_frame_t;
 static_assert(sizeof(kvr_relay_frame_t) == 32, "frame index entry");
 
 typedef struct {
-    _Atomic uint64_t seq;  /* sequence the copy is exact at */
+    _Atomic uint64_t seq; /* sequence the copy is exact at */
     _Atomic uint64_t generation;
-    uint32_t refs;         /* the publisher's private count, mirrored for debugging only */
+    uint32_t refs; /* the publisher's private count, mirrored for debugging only */
     _Atomic uint32_t valid;
     uint64_t pad_[5];
 } kvr_relay_snap_t;
@@ -128,7 +128,7 @@ typedef struct {
     _Atomic uint64_t ring_tail;        /* cumulative offset below which bytes may be gone */
     _Atomic uint32_t publisher_pid;    /* the publisher that started the current generation */
     uint32_t pad1_;
-    uint64_t pad3_[2];                 /* the publisher state fills one cache line */
+    uint64_t pad3_[2]; /* the publisher state fills one cache line */
 
     /* admission (--max-streams per stream type): global counts per stream type, and each
      * process's share so that a dead worker's streams are released by the supervisor */

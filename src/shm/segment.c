@@ -155,12 +155,24 @@ uint64_t kvr_seg_struct_sig(void)
 {
     /* Every structure a re-attach reads in place; a build that changes one refuses old files. */
     const uint64_t sizes[] = {
-        KVR_SEG_LAYOUT_VERSION,        sizeof(kvr_seg_hdr_t),   offsetof(kvr_seg_hdr_t, ctl),
-        sizeof(kvr_ctl_sh_t),          sizeof(kvr_proc_sh_t),   sizeof(kvr_store_sh_t),
-        sizeof(kvr_entry_t),           sizeof(kvr_page_t),      sizeof(kvr_pin_t),
-        sizeof(kvr_chlog_sh_t),          sizeof(kvr_chlog_event_t), sizeof(kvr_relay_sh_t),
-        sizeof(kvr_stats_block_t),     sizeof(pthread_mutex_t), KVR_MAX_PROCS,
-        KVR_KEY_MAX,                   KVR_RELAY_RING_BYTES,    KVR_RELAY_SNAPSHOTS,
+        KVR_SEG_LAYOUT_VERSION,
+        sizeof(kvr_seg_hdr_t),
+        offsetof(kvr_seg_hdr_t, ctl),
+        sizeof(kvr_ctl_sh_t),
+        sizeof(kvr_proc_sh_t),
+        sizeof(kvr_store_sh_t),
+        sizeof(kvr_entry_t),
+        sizeof(kvr_page_t),
+        sizeof(kvr_pin_t),
+        sizeof(kvr_chlog_sh_t),
+        sizeof(kvr_chlog_event_t),
+        sizeof(kvr_relay_sh_t),
+        sizeof(kvr_stats_block_t),
+        sizeof(pthread_mutex_t),
+        KVR_MAX_PROCS,
+        KVR_KEY_MAX,
+        KVR_RELAY_RING_BYTES,
+        KVR_RELAY_SNAPSHOTS,
     };
     return XXH3_64bits(sizes, sizeof(sizes));
 }
@@ -216,24 +228,28 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
         return KVR_ENOTFOUND;
     if (h->magic != KVR_SEG_MAGIC) {
         kvr_error("segment file %s: not a kvrelay segment or its header is corrupted (magic %016llx); "
-                  "refusing it (--segment-reset starts empty)", path, (unsigned long long)h->magic);
+                  "refusing it (--segment-reset starts empty)",
+                  path, (unsigned long long)h->magic);
         return KVR_ERR;
     }
     if (h->layout_version != KVR_SEG_LAYOUT_VERSION) {
         /* A file of another build (older or newer): its structures cannot be read in place. */
         kvr_error("segment file %s: layout version %u, this build reads version %u; refusing it "
-                  "(--segment-reset starts empty)", path, h->layout_version, KVR_SEG_LAYOUT_VERSION);
+                  "(--segment-reset starts empty)",
+                  path, h->layout_version, KVR_SEG_LAYOUT_VERSION);
         return KVR_ERR;
     }
     if (h->struct_sig != kvr_seg_struct_sig()) {
         kvr_error("segment file %s: written by a build with other shared structures (signature %016llx, "
-                  "this build %016llx); refusing it (--segment-reset starts empty)", path,
+                  "this build %016llx); refusing it (--segment-reset starts empty)",
+                  path,
                   (unsigned long long)h->struct_sig, (unsigned long long)kvr_seg_struct_sig());
         return KVR_ERR;
     }
     if (h->hdr_check != hdr_checksum(h)) {
         kvr_error("segment file %s: header is corrupted (checksum %016llx, computed %016llx); refusing it "
-                  "(--segment-reset starts empty)", path, (unsigned long long)h->hdr_check,
+                  "(--segment-reset starts empty)",
+                  path, (unsigned long long)h->hdr_check,
                   (unsigned long long)hdr_checksum(h));
         return KVR_ERR;
     }
@@ -249,12 +265,14 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
     diff_field(d, sizeof(d), "total bytes", h->total_size, want->total_size);
     if (d[0] != '\0') {
         kvr_error("segment file %s: geometry differs from this configuration: %s; refusing it (start with the "
-                  "file's settings, or --segment-reset to start empty)", path, d);
+                  "file's settings, or --segment-reset to start empty)",
+                  path, d);
         return KVR_ERR;
     }
     if (file_size != h->total_size) {
         kvr_error("segment file %s: %llu bytes, its header says %llu: truncated or corrupted; refusing it "
-                  "(--segment-reset starts empty)", path, (unsigned long long)file_size,
+                  "(--segment-reset starts empty)",
+                  path, (unsigned long long)file_size,
                   (unsigned long long)h->total_size);
         return KVR_ERR;
     }
@@ -268,7 +286,11 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
  * a restart right after the kill refused in one of five tries). So a start that finds the
  * lock taken asks who took it, and waits unless that is a live kvrelay.
  */
-enum { HOLDER_UNKNOWN, HOLDER_GONE, HOLDER_EXITING, HOLDER_KVRELAY, HOLDER_OTHER };
+enum { HOLDER_UNKNOWN,
+       HOLDER_GONE,
+       HOLDER_EXITING,
+       HOLDER_KVRELAY,
+       HOLDER_OTHER };
 
 /* The pid /proc/locks names for the flock on fd's file, or 0 when none is listed (a lock
  * released in the meantime, a holder in another pid namespace, no /proc). */
@@ -412,7 +434,8 @@ int kvr_seg_lock_file(int fd, const char *path, uint32_t wait_ms)
         if (!waiting) {
             waiting = 1;
             kvr_warn("segment file %s is locked (%s): waiting up to %u ms for its lock (a killed run holds it "
-                     "until the kernel has torn its processes down)", path, who, wait_ms);
+                     "until the kernel has torn its processes down)",
+                     path, who, wait_ms);
         }
         usleep(20000);
     }
@@ -485,7 +508,8 @@ static int create_file(kvr_seg_t *seg, const kvr_seg_config_t *c, const kvr_seg_
     if (st.st_size > 0) {
         if ((uint64_t)st.st_size < sizeof(kvr_seg_hdr_t)) {
             kvr_error("segment file %s: %llu bytes, smaller than a header: corrupted or not a kvrelay segment; "
-                      "refusing it (--segment-reset starts empty)", c->path, (unsigned long long)st.st_size);
+                      "refusing it (--segment-reset starts empty)",
+                      c->path, (unsigned long long)st.st_size);
             goto fail;
         }
         if ((base = map_fd(fd, (uint64_t)st.st_size)) == NULL) {

@@ -39,7 +39,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define KVR_SEG_MAGIC          0x314745535256564bULL /* "KVVRSEG1" little-endian */
+#define KVR_SEG_MAGIC 0x314745535256564bULL /* "KVVRSEG1" little-endian */
 /* Bumped with every change of a shared structure: a segment file of another version is refused
  * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
  * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
@@ -49,8 +49,12 @@
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
 
-enum kvr_hugepage_mode { KVR_HUGEPAGES_AUTO = 0, KVR_HUGEPAGES_OFF = 1, KVR_HUGEPAGES_REQUIRE = 2 };
-enum kvr_backing { KVR_BACKING_HUGETLB = 1, KVR_BACKING_SHMEM_THP = 2, KVR_BACKING_SHMEM = 3 };
+enum kvr_hugepage_mode { KVR_HUGEPAGES_AUTO = 0,
+                         KVR_HUGEPAGES_OFF = 1,
+                         KVR_HUGEPAGES_REQUIRE = 2 };
+enum kvr_backing { KVR_BACKING_HUGETLB = 1,
+                   KVR_BACKING_SHMEM_THP = 2,
+                   KVR_BACKING_SHMEM = 3 };
 
 /* Sizing inputs. Zero fields take their defaults (see kvr_seg_config_defaults). */
 typedef struct {
@@ -67,8 +71,12 @@ typedef struct {
 } kvr_seg_config_t;
 
 /* Process slot states. */
-enum { KVR_PROC_FREE = 0, KVR_PROC_ACTIVE = 1, KVR_PROC_DEAD = 2 };
-enum { KVR_ROLE_SUPERVISOR = 0, KVR_ROLE_WORKER = 1, KVR_ROLE_PUBLISHER = 2 };
+enum { KVR_PROC_FREE = 0,
+       KVR_PROC_ACTIVE = 1,
+       KVR_PROC_DEAD = 2 };
+enum { KVR_ROLE_SUPERVISOR = 0,
+       KVR_ROLE_WORKER = 1,
+       KVR_ROLE_PUBLISHER = 2 };
 
 /*
  * One process slot, one cache line. pid/state are written by the claiming process (CAS
@@ -153,13 +161,13 @@ typedef struct {
     uint64_t off_log;
     uint64_t off_arena;
     uint64_t arena_bytes;
-    uint64_t off_relay;   /* kvr_relay_sh_t */
-    uint64_t off_filter;  /* the publisher's Cuckoo filter: ckf_buckets words */
-    uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
-    uint64_t off_ring;    /* the delta frame ring */
+    uint64_t off_relay;  /* kvr_relay_sh_t */
+    uint64_t off_filter; /* the publisher's Cuckoo filter: ckf_buckets words */
+    uint64_t off_snap;   /* KVR_RELAY_SNAPSHOTS copies of it */
+    uint64_t off_ring;   /* the delta frame ring */
     uint64_t ckf_buckets;
-    uint64_t struct_sig;       /* sizes of the shared structures (kvr_seg_struct_sig) */
-    uint64_t hdr_check;        /* XXH3 of the immutable header fields; written by kvr_seg_seal */
+    uint64_t struct_sig; /* sizes of the shared structures (kvr_seg_struct_sig) */
+    uint64_t hdr_check;  /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
     uint8_t pad_[4096 - 27 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;

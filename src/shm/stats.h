@@ -22,45 +22,45 @@
  * room for a group to grow without moving the next group: the layout is the segment's (the
  * slots of a running server's processes), so the static_asserts below pin it.
  */
-#define KVR_STATS_TABLE(X)                                                                        \
-    /* the store (core/store.c) */                                                                \
-    X(PUT_NEW, 1, "kvrelay_put_new_total", "PUTs that stored a new block.")                       \
-    X(PUT_DEDUP, 1, "kvrelay_dedup_hits_total", "PUTs that found the block resident.")            \
+#define KVR_STATS_TABLE(X) \
+    /* the store (core/store.c) */ \
+    X(PUT_NEW, 1, "kvrelay_put_new_total", "PUTs that stored a new block.") \
+    X(PUT_DEDUP, 1, "kvrelay_dedup_hits_total", "PUTs that found the block resident.") \
     X(PUT_CONFLICT, 1, "kvrelay_put_conflicts_total", "PUTs refused: another length under the key.") \
-    X(PUT_NOSPACE, 1, "kvrelay_put_nospace_total", "PUTs refused: no room even after eviction.")  \
-    X(GET_HIT, 1, "kvrelay_get_hits_total", "GETs that found the block.")                         \
-    X(GET_MISS, 1, "kvrelay_get_misses_total", "GETs that did not.")                              \
-    X(DELETES, 1, "kvrelay_deletes_total", "DELETEs of resident blocks.")                         \
-    X(EVICTIONS, 1, "kvrelay_evictions_total", "Blocks evicted to make room.")                    \
-    X(EVICTED_BYTES, 1, "kvrelay_evicted_bytes_total", "Payload bytes evicted.")                  \
+    X(PUT_NOSPACE, 1, "kvrelay_put_nospace_total", "PUTs refused: no room even after eviction.") \
+    X(GET_HIT, 1, "kvrelay_get_hits_total", "GETs that found the block.") \
+    X(GET_MISS, 1, "kvrelay_get_misses_total", "GETs that did not.") \
+    X(DELETES, 1, "kvrelay_deletes_total", "DELETEs of resident blocks.") \
+    X(EVICTIONS, 1, "kvrelay_evictions_total", "Blocks evicted to make room.") \
+    X(EVICTED_BYTES, 1, "kvrelay_evicted_bytes_total", "Payload bytes evicted.") \
     X(REPAIRS, 1, NULL, NULL) /* kvrelay_store_repairs_total comes from the store's own count */ \
-    X(STORE_SPARE, 6, NULL, NULL)                                                                 \
-    /* HTTP (io/api.c) */                                                                         \
-    X(HTTP_BYTES_IN, 1, "kvrelay_http_received_bytes_total", "Request body bytes received.")      \
-    X(HTTP_BYTES_OUT, 1, "kvrelay_http_sent_bytes_total", "Response bytes sent.")                 \
-    X(HTTP_SPARE, 2, NULL, NULL)                                                                  \
-    X(HTTP_REQ, 80, NULL, NULL)  /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES (io/api.h) */            \
+    X(STORE_SPARE, 6, NULL, NULL) \
+    /* HTTP (io/api.c) */ \
+    X(HTTP_BYTES_IN, 1, "kvrelay_http_received_bytes_total", "Request body bytes received.") \
+    X(HTTP_BYTES_OUT, 1, "kvrelay_http_sent_bytes_total", "Response bytes sent.") \
+    X(HTTP_SPARE, 2, NULL, NULL) \
+    X(HTTP_REQ, 80, NULL, NULL)  /* KVR_HTTP_METHODS x KVR_HTTP_STATUSES (io/api.h) */ \
     X(HTTP_HIST, 90, NULL, NULL) /* KVR_HTTP_METHODS x (KVR_HTTP_BUCKETS + 2: sum in us, count) */ \
-    /* the HTTP/1.1 server (io/h1_wait.c, io/h1_accept.c) */                                     \
-    X(PUT_BUDGET_WAITS, 1, "kvrelay_put_budget_waits_total",                                      \
-      "PUTs that waited for their worker's in-flight budget (--max-inflight-bytes).")             \
-    X(ACCEPT_PAUSES, 1, "kvrelay_accept_pauses_total",                                            \
+    /* the HTTP/1.1 server (io/h1_wait.c, io/h1_accept.c) */ \
+    X(PUT_BUDGET_WAITS, 1, "kvrelay_put_budget_waits_total", \
+      "PUTs that waited for their worker's in-flight budget (--max-inflight-bytes).") \
+    X(ACCEPT_PAUSES, 1, "kvrelay_accept_pauses_total", \
       "Times a worker stopped accepting: at --max-connections with none idle, or out of descriptors.") \
-    X(IDLE_RECLAIMED, 1, "kvrelay_idle_connections_reclaimed_total",                              \
-      "Idle connections closed to make room (--max-connections, out of descriptors).")            \
-    X(HTTP_SPARE2, 7, NULL, NULL)                                                                 \
-    /* the relay: KVR_ST_RELAY + KVR_RC_<id> (KVR_RELAY_STATS_TABLE) */                           \
-    X(RELAY, KVR_RC_COUNT, NULL, NULL)                                                            \
-    X(RELAY_SPARE, 20 - KVR_RC_COUNT, NULL, NULL)                                                 \
-    /* publication latency histogram (proc/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */   \
-    X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL)                                                  \
+    X(IDLE_RECLAIMED, 1, "kvrelay_idle_connections_reclaimed_total", \
+      "Idle connections closed to make room (--max-connections, out of descriptors).") \
+    X(HTTP_SPARE2, 7, NULL, NULL) \
+    /* the relay: KVR_ST_RELAY + KVR_RC_<id> (KVR_RELAY_STATS_TABLE) */ \
+    X(RELAY, KVR_RC_COUNT, NULL, NULL) \
+    X(RELAY_SPARE, 20 - KVR_RC_COUNT, NULL, NULL) \
+    /* publication latency histogram (proc/publisher.c): KVR_PUB_BUCKETS + sum (us) + count */ \
+    X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
     /* relay streams admitted, by type: + KVR_STREAM_* (io/grpc_relay.c; metrics.c renders it) */ \
-    X(RELAY_OPENED, 5, NULL, NULL)                                                                \
-    /* Levels (gauges), from here to the end: each is its process's own value now, so a reap   \
-     * zeroes them instead of folding them into the retired block (kvr_stats_retire). */          \
-    X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */                   \
-    X(PUT_RESERVED_BYTES, 1, NULL, NULL) /* io/api.c: their bytes */                              \
-    X(PUT_BUDGET_WAITING, 1, NULL, NULL) /* io/h1: PUTs on the budget's wait queue */             \
+    X(RELAY_OPENED, 5, NULL, NULL) \
+    /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
+     * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
+    X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \
+    X(PUT_RESERVED_BYTES, 1, NULL, NULL) /* io/api.c: their bytes */ \
+    X(PUT_BUDGET_WAITING, 1, NULL, NULL) /* io/h1: PUTs on the budget's wait queue */ \
     X(RELAY_SUB_LAG, 1, NULL, NULL)      /* publisher: frames the slowest live subscriber is behind */ \
     X(LEVEL_SPARE, 4, NULL, NULL)
 
@@ -68,18 +68,18 @@
  * The relay's counters, KVR_ST_RELAY + KVR_RC_<id>: X(id, metric, labels, help), who counts in
  * the comment. Rows with a metric are exported by io/metrics.c as `metric{labels}`.
  */
-#define KVR_RELAY_STATS_TABLE(X)                                                                   \
-    X(DELTAS, "kvrelay_relay_deltas_published_total", "", "Deltas published.") /* publisher */     \
-    X(DELTA_BYTES, "kvrelay_relay_delta_bytes_published_total", "",                               \
-      "Bytes of the published delta messages.") /* publisher */                                   \
+#define KVR_RELAY_STATS_TABLE(X) \
+    X(DELTAS, "kvrelay_relay_deltas_published_total", "", "Deltas published.") /* publisher */ \
+    X(DELTA_BYTES, "kvrelay_relay_delta_bytes_published_total", "", \
+      "Bytes of the published delta messages.")                                                  /* publisher */ \
     X(FRAMES, "kvrelay_relay_frames_sent_total", "", "FilterUpdate frames sent to subscribers.") /* workers */ \
-    X(BYTES, "kvrelay_relay_bytes_sent_total", "", "FilterUpdate bytes sent to subscribers.") /* workers */ \
-    X(HEARTBEATS, "kv_dc_relay_pool_heartbeats_total", "", "Pool-stream heartbeats sent.") /* workers */ \
-    X(LAGGED, "kv_dc_relay_subscriber_lagged_total", "", "Streams closed for queue lag.") /* workers */ \
+    X(BYTES, "kvrelay_relay_bytes_sent_total", "", "FilterUpdate bytes sent to subscribers.")    /* workers */ \
+    X(HEARTBEATS, "kv_dc_relay_pool_heartbeats_total", "", "Pool-stream heartbeats sent.")       /* workers */ \
+    X(LAGGED, "kv_dc_relay_subscriber_lagged_total", "", "Streams closed for queue lag.")        /* workers */ \
     X(REJECTED, "kv_dc_relay_subscriber_limit_rejected_total", "{stream=\"all\",scope=\"total\"}", \
-      "Admission rejections.") /* workers */                                                      \
-    X(LOAD_WINDOWS, "kv_dc_relay_load_updates_total", "", "Load windows emitted.") /* workers */   \
-    X(STREAMS_OPENED, NULL, "", NULL) /* workers: streams admitted */                             \
+      "Admission rejections.")                                                                  /* workers */ \
+    X(LOAD_WINDOWS, "kv_dc_relay_load_updates_total", "", "Load windows emitted.")              /* workers */ \
+    X(STREAMS_OPENED, NULL, "", NULL)                                                           /* workers: streams admitted */ \
     X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */
 
 #define KVR_PUB_BUCKETS 12
@@ -91,17 +91,17 @@ enum {
 #define KVR_RC_ENUM_(id, metric, labels, help) KVR_RC_##id,
     KVR_RELAY_STATS_TABLE(KVR_RC_ENUM_)
 #undef KVR_RC_ENUM_
-    KVR_RC_COUNT
+        KVR_RC_COUNT
 };
 
 /* Each row's first slot, then the next row's after its span. */
 enum {
-#define KVR_ST_ENUM_(id, slots, metric, help) KVR_ST_##id, KVR_ST_##id##_END_ = KVR_ST_##id + (slots) - 1,
+#define KVR_ST_ENUM_(id, slots, metric, help) KVR_ST_##id, KVR_ST_##id##_END_ = KVR_ST_##id + (slots)-1,
     KVR_STATS_TABLE(KVR_ST_ENUM_)
 #undef KVR_ST_ENUM_
-    KVR_ST_USED /* slots the table takes */
+        KVR_ST_USED /* slots the table takes */
 };
-#define KVR_ST_MAX 256 /* slots in a block: 2 KiB */
+#define KVR_ST_MAX    256                     /* slots in a block: 2 KiB */
 #define KVR_ST_LEVELS KVR_ST_PUT_RESERVATIONS /* the first level: levels run to KVR_ST_USED */
 
 /* The segment's layout: the slots every running process agrees on. */

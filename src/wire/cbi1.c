@@ -291,7 +291,10 @@ void kvr_cbi1_asm_reset(kvr_cbi1_asm_t *a)
     a->next_chunk = 0;
 }
 
-int kvr_cbi1_asm_active(const kvr_cbi1_asm_t *a) { return a->next_chunk != 0; }
+int kvr_cbi1_asm_active(const kvr_cbi1_asm_t *a)
+{
+    return a->next_chunk != 0;
+}
 
 int kvr_cbi1_asm_feed(kvr_cbi1_asm_t *a, const kvr_cbi1_frame_t *f)
 {

@@ -32,21 +32,21 @@
 #include "common.h"
 #include "wire/ckf.h"
 
-#define KVR_CBI1_MAGIC                "CBI1"
-#define KVR_CBI1_WIRE_VERSION         1u
-#define KVR_CBI1_HEADER_LEN           48u
-#define KVR_CBI1_CHUNK_PREFIX         16u
-#define KVR_CBI1_DELTA_PREFIX         12u
-#define KVR_CBI1_IMAGE_LEN            12u
-#define KVR_CBI1_CHUNK_BUCKETS        524288u                              /* 512 Ki */
-#define KVR_CBI1_MAX_BUCKET_COUNT     (1ULL << 24)
-#define KVR_CBI1_MAX_FRAME            (48u + 16u + KVR_CBI1_CHUNK_BUCKETS * 8u) /* 4194368 */
-#define KVR_CBI1_MAX_DELTA_IMAGES     ((KVR_CBI1_MAX_FRAME - 48u - 12u) / 12u) /* 349525 */
-#define KVR_CBI1_FLAG_SNAPSHOT_CHUNK  1u
-#define KVR_CBI1_FLAG_DELTA           2u
-#define KVR_CBI1_FORMAT_VERSION       1u
-#define KVR_CBI1_FINGERPRINT_BITS     16u
-#define KVR_CBI1_SLOTS_PER_BUCKET     4u
+#define KVR_CBI1_MAGIC               "CBI1"
+#define KVR_CBI1_WIRE_VERSION        1u
+#define KVR_CBI1_HEADER_LEN          48u
+#define KVR_CBI1_CHUNK_PREFIX        16u
+#define KVR_CBI1_DELTA_PREFIX        12u
+#define KVR_CBI1_IMAGE_LEN           12u
+#define KVR_CBI1_CHUNK_BUCKETS       524288u /* 512 Ki */
+#define KVR_CBI1_MAX_BUCKET_COUNT    (1ULL << 24)
+#define KVR_CBI1_MAX_FRAME           (48u + 16u + KVR_CBI1_CHUNK_BUCKETS * 8u) /* 4194368 */
+#define KVR_CBI1_MAX_DELTA_IMAGES    ((KVR_CBI1_MAX_FRAME - 48u - 12u) / 12u)  /* 349525 */
+#define KVR_CBI1_FLAG_SNAPSHOT_CHUNK 1u
+#define KVR_CBI1_FLAG_DELTA          2u
+#define KVR_CBI1_FORMAT_VERSION      1u
+#define KVR_CBI1_FINGERPRINT_BITS    16u
+#define KVR_CBI1_SLOTS_PER_BUCKET    4u
 
 /*
  * Status values. 0 is success, 1 "snapshot complete" (assembly only); every failure is

@@ -28,8 +28,14 @@
  * shared one); relaxed atomics keep concurrent readers in other processes free of torn
  * words (plain movs on x86-64). No ordering: a reader may see a mixture of two moments,
  * which is why subscribers are served from copies (docs/concurrency.md, the filter row). */
-static inline uint64_t ld(const uint64_t *p) { return kvr_atomic_load_relaxed(p); }
-static inline void st(uint64_t *p, uint64_t v) { kvr_atomic_store_relaxed(p, v); }
+static inline uint64_t ld(const uint64_t *p)
+{
+    return kvr_atomic_load_relaxed(p);
+}
+static inline void st(uint64_t *p, uint64_t v)
+{
+    kvr_atomic_store_relaxed(p, v);
+}
 
 /* ---- sizing and addressing ------------------------------------------------------------ */
 
@@ -330,7 +336,10 @@ void kvr_ckf_contains_many(const kvr_ckf_t *f, const uint64_t *h, size_t n, uint
     }
 }
 
-size_t kvr_ckf_dirty_count(const kvr_ckf_t *f) { return f->n_dirty; }
+size_t kvr_ckf_dirty_count(const kvr_ckf_t *f)
+{
+    return f->n_dirty;
+}
 
 size_t kvr_ckf_drain(kvr_ckf_t *f, kvr_ckf_image_t *out)
 {

@@ -25,13 +25,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVR_IDENTITY_DIGEST_LEN     16
-#define KVR_IDENTITY_POOL_VERSION   1
-#define KVR_IDENTITY_MAX_ENTRIES    32
-#define KVR_IDENTITY_MAX_KEY_LEN    128
-#define KVR_IDENTITY_MAX_VALUE_LEN  1024
-#define KVR_IDENTITY_HASH_STANDARD  1 /* hash-format identity versions */
-#define KVR_IDENTITY_HASH_EAGLE     2
+#define KVR_IDENTITY_DIGEST_LEN    16
+#define KVR_IDENTITY_POOL_VERSION  1
+#define KVR_IDENTITY_MAX_ENTRIES   32
+#define KVR_IDENTITY_MAX_KEY_LEN   128
+#define KVR_IDENTITY_MAX_VALUE_LEN 1024
+#define KVR_IDENTITY_HASH_STANDARD 1 /* hash-format identity versions */
+#define KVR_IDENTITY_HASH_EAGLE    2
 
 /* A byte string (UTF-8 text in practice); not NUL-terminated. */
 typedef struct kvr_bytes {

@@ -153,14 +153,22 @@ int kvr_mirror_contains(const kvr_mirror_t *m, uint64_t h)
 const char *kvr_mirror_strerror(int status)
 {
     static const char *const names[] = {
-        "KVR_MIRROR_E_FAILED",          "KVR_MIRROR_E_PRODUCER",
-        "KVR_MIRROR_E_KIND",            "KVR_MIRROR_E_KIND_FLAGS",
-        "KVR_MIRROR_E_DC_ID",           "KVR_MIRROR_E_EPOCH",
-        "KVR_MIRROR_E_BASE_EPOCH",      "KVR_MIRROR_E_CHUNK_BASE",
-        "KVR_MIRROR_E_CHUNK_AFTER_LIVE", "KVR_MIRROR_E_DELTA_NO_SNAPSHOT",
-        "KVR_MIRROR_E_DELTA_ASSEMBLING", "KVR_MIRROR_E_GAP",
-        "KVR_MIRROR_E_REPEAT",          "KVR_MIRROR_E_DELTA_SEQUENCE",
-        "KVR_MIRROR_E_HEARTBEAT_PAYLOAD", "KVR_MIRROR_E_HEARTBEAT_EARLY",
+        "KVR_MIRROR_E_FAILED",
+        "KVR_MIRROR_E_PRODUCER",
+        "KVR_MIRROR_E_KIND",
+        "KVR_MIRROR_E_KIND_FLAGS",
+        "KVR_MIRROR_E_DC_ID",
+        "KVR_MIRROR_E_EPOCH",
+        "KVR_MIRROR_E_BASE_EPOCH",
+        "KVR_MIRROR_E_CHUNK_BASE",
+        "KVR_MIRROR_E_CHUNK_AFTER_LIVE",
+        "KVR_MIRROR_E_DELTA_NO_SNAPSHOT",
+        "KVR_MIRROR_E_DELTA_ASSEMBLING",
+        "KVR_MIRROR_E_GAP",
+        "KVR_MIRROR_E_REPEAT",
+        "KVR_MIRROR_E_DELTA_SEQUENCE",
+        "KVR_MIRROR_E_HEARTBEAT_PAYLOAD",
+        "KVR_MIRROR_E_HEARTBEAT_EARLY",
         "KVR_MIRROR_E_HEARTBEAT_SEQUENCE",
     };
     if (status == KVR_MIRROR_OK)

@@ -98,7 +98,10 @@ int kvr_mirror_apply(kvr_mirror_t *m, const kvr_mirror_update_t *u);
 /* 1 when LIVE and h's fingerprint is present; 0 otherwise (including when not LIVE). */
 int kvr_mirror_contains(const kvr_mirror_t *m, uint64_t h);
 
-static inline kvr_mirror_state_t kvr_mirror_state(const kvr_mirror_t *m) { return m->state; }
+static inline kvr_mirror_state_t kvr_mirror_state(const kvr_mirror_t *m)
+{
+    return m->state;
+}
 
 /* Symbol of a mirror or CBI1 status. Never NULL. */
 const char *kvr_mirror_strerror(int status);

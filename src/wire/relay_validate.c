@@ -13,7 +13,7 @@
 
 /* ---- reasons (docs/relay-contract.md §1.2) -------------------------------------------- */
 
-#define REASON_GRPC_(name, grpc) [KVR_RELAY_REASON_##name] = grpc,
+#define REASON_GRPC_(name, grpc)  [KVR_RELAY_REASON_##name] = grpc,
 #define REASON_COUNT_(name, grpc) +1
 
 /* The gRPC status of each reason, from KVR_RELAY_REASON_TABLE; the symbols themselves are
@@ -183,7 +183,7 @@ int kvr_relay_producer_equal(const Dynamo__Kvrelay__V1__ProducerIdentity *a,
         if (pa->identity_version != pb->identity_version || pa->dc_id != pb->dc_id)
             return 0;
         const Dynamo__Kvrelay__V1__IndexerDomainId *da = pa->indexer_domain,
-                                                    *db = pb->indexer_domain;
+                                                   *db = pb->indexer_domain;
         if (!da || !db) {
             if (da != db)
                 return 0;

@@ -25,11 +25,11 @@
 #include "wire/mirror.h"
 #include "wire/relay.pb-c.h"
 
-#define KVR_RELAY_PROTOCOL_VERSION 1u
-#define KVR_RELAY_CONTRACT_MARKER  0x4B565231u /* "KVR1"; fixed32 at field 127 */
+#define KVR_RELAY_PROTOCOL_VERSION      1u
+#define KVR_RELAY_CONTRACT_MARKER       0x4B565231u /* "KVR1"; fixed32 at field 127 */
 #define KVR_RELAY_POOL_IDENTITY_VERSION 1u
-#define KVR_RELAY_SUBSCRIBER_ID_MAX 128u
-#define KVR_RELAY_REASON_TRAILER "kv-relay-error-reason"
+#define KVR_RELAY_SUBSCRIBER_ID_MAX     128u
+#define KVR_RELAY_REASON_TRAILER        "kv-relay-error-reason"
 
 /* gRPC status codes used by the relay. */
 enum {
@@ -49,21 +49,21 @@ enum {
  * of the generated enum descriptor in tests/unit/test_relay_validate.c check that every reason
  * of the .proto is listed.
  */
-#define KVR_RELAY_REASON_TABLE(X)                                                                 \
-    X(UNSPECIFIED, KVR_GRPC_INTERNAL)                                                             \
-    X(CONTRACT_MISMATCH, KVR_GRPC_FAILED_PRECONDITION)                                            \
-    X(INVALID_REQUEST, KVR_GRPC_INVALID_ARGUMENT)                                                 \
-    X(UNSUPPORTED_FEATURE, KVR_GRPC_FAILED_PRECONDITION)                                          \
-    X(POOL_NOT_FOUND, KVR_GRPC_NOT_FOUND)                                                         \
-    X(PRODUCER_CHANGED, KVR_GRPC_FAILED_PRECONDITION)                                             \
-    X(RESOURCE_LIMIT, KVR_GRPC_RESOURCE_EXHAUSTED)                                                \
-    X(SUBSCRIBER_LAGGED, KVR_GRPC_RESOURCE_EXHAUSTED)                                             \
-    X(SNAPSHOT_PROGRESS_TIMEOUT, KVR_GRPC_RESOURCE_EXHAUSTED)                                     \
-    X(PUBLICATION_UNAVAILABLE, KVR_GRPC_UNAVAILABLE)                                              \
-    X(INVALID_PUBLICATION, KVR_GRPC_FAILED_PRECONDITION)                                          \
+#define KVR_RELAY_REASON_TABLE(X) \
+    X(UNSPECIFIED, KVR_GRPC_INTERNAL) \
+    X(CONTRACT_MISMATCH, KVR_GRPC_FAILED_PRECONDITION) \
+    X(INVALID_REQUEST, KVR_GRPC_INVALID_ARGUMENT) \
+    X(UNSUPPORTED_FEATURE, KVR_GRPC_FAILED_PRECONDITION) \
+    X(POOL_NOT_FOUND, KVR_GRPC_NOT_FOUND) \
+    X(PRODUCER_CHANGED, KVR_GRPC_FAILED_PRECONDITION) \
+    X(RESOURCE_LIMIT, KVR_GRPC_RESOURCE_EXHAUSTED) \
+    X(SUBSCRIBER_LAGGED, KVR_GRPC_RESOURCE_EXHAUSTED) \
+    X(SNAPSHOT_PROGRESS_TIMEOUT, KVR_GRPC_RESOURCE_EXHAUSTED) \
+    X(PUBLICATION_UNAVAILABLE, KVR_GRPC_UNAVAILABLE) \
+    X(INVALID_PUBLICATION, KVR_GRPC_FAILED_PRECONDITION) \
     X(INTERNAL, KVR_GRPC_INTERNAL)
 
-#define KVR_RELAY_REASON_ENUM_(name, grpc)                                                        \
+#define KVR_RELAY_REASON_ENUM_(name, grpc) \
     KVR_RELAY_REASON_##name = DYNAMO__KVRELAY__V1__RELAY_ERROR_REASON__RELAY_ERROR_REASON_##name,
 
 /* KVR_RELAY_REASON_<symbol without its prefix>. NONE (= UNSPECIFIED) doubles as "valid" in
@@ -85,19 +85,19 @@ kvr_relay_reason_t kvr_relay_reason_parse(const char *s, size_t len);
 
 typedef enum kvr_relay_ierr {
     KVR_RELAY_IERR_OK = 0,
-    KVR_RELAY_IERR_CONTRACT_MARKER,       /* malformed */
-    KVR_RELAY_IERR_PROTOCOL_VERSION,      /* malformed */
-    KVR_RELAY_IERR_MISSING_FIELD,         /* malformed */
-    KVR_RELAY_IERR_POOL_VERSION_ZERO,     /* malformed: identity_version 0 */
-    KVR_RELAY_IERR_POOL_VERSION,          /* UNSUPPORTED: identity_version not 0 or 1 */
-    KVR_RELAY_IERR_DIGEST_LENGTH,         /* malformed: digest not 16 bytes */
-    KVR_RELAY_IERR_SOURCE_UNSPECIFIED,    /* malformed: source 0 */
-    KVR_RELAY_IERR_SOURCE_UNKNOWN,        /* UNSUPPORTED: source not 0, 1, 2 */
+    KVR_RELAY_IERR_CONTRACT_MARKER,        /* malformed */
+    KVR_RELAY_IERR_PROTOCOL_VERSION,       /* malformed */
+    KVR_RELAY_IERR_MISSING_FIELD,          /* malformed */
+    KVR_RELAY_IERR_POOL_VERSION_ZERO,      /* malformed: identity_version 0 */
+    KVR_RELAY_IERR_POOL_VERSION,           /* UNSUPPORTED: identity_version not 0 or 1 */
+    KVR_RELAY_IERR_DIGEST_LENGTH,          /* malformed: digest not 16 bytes */
+    KVR_RELAY_IERR_SOURCE_UNSPECIFIED,     /* malformed: source 0 */
+    KVR_RELAY_IERR_SOURCE_UNKNOWN,         /* UNSUPPORTED: source not 0, 1, 2 */
     KVR_RELAY_IERR_ZERO_LAYOUT_GENERATION, /* malformed */
-    KVR_RELAY_IERR_ZERO_FORMAT_FIELD,     /* malformed: format_version/bucket_count/bits/slots 0 */
+    KVR_RELAY_IERR_ZERO_FORMAT_FIELD,      /* malformed: format_version/bucket_count/bits/slots 0 */
     KVR_RELAY_IERR_UNSUPPORTED_CKF_FORMAT, /* UNSUPPORTED: version != 1, bits != 16, slots != 4 */
     KVR_RELAY_IERR_BUCKET_COUNT_TOO_LARGE, /* UNSUPPORTED: > 2^24 */
-    KVR_RELAY_IERR_BUCKET_COUNT,          /* malformed: not a power of two >= 2 */
+    KVR_RELAY_IERR_BUCKET_COUNT,           /* malformed: not a power of two >= 2 */
 } kvr_relay_ierr_t;
 
 /* 1 for the errors that mean "unsupported" (reference is_unsupported()). */

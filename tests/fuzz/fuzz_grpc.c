@@ -65,7 +65,10 @@ static ssize_t body_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t le
     return (ssize_t)n;
 }
 
-#define H(n, v) {(uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE}
+#define H(n, v) \
+    { \
+        (uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE \
+    }
 
 static void write_seed(const char *dir, const char *name, const char *path, const uint8_t *msg, size_t mlen)
 {

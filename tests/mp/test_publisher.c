@@ -59,8 +59,13 @@ static uint64_t wait_generation(rx_t *x, uint64_t above)
 static void rx_open_log(rx_t *x, uint64_t log_capacity)
 {
     char *argv[] = {"t", NULL};
-    kvr_seg_config_t sc = {.memory = 8 << 20, .page_size = 4096, .max_blocks = 512, .hugepages = KVR_HUGEPAGES_OFF,
-                           .log_capacity = log_capacity};
+    kvr_seg_config_t sc = {
+        .memory = 8 << 20,
+        .page_size = 4096,
+        .max_blocks = 512,
+        .hugepages = KVR_HUGEPAGES_OFF,
+        .log_capacity = log_capacity,
+    };
 
     kvr_log_level = KVR_LOG_ERROR;
     cr_assert_eq(kvr_config_load(&x->cfg, 1, argv, stderr), KVR_OK);
@@ -312,7 +317,7 @@ Test(relay, change_log_overflow_rebuilds_from_the_index, .timeout = 60)
 /* ------------------------------------------------------------------ slot protocol (issue 11) */
 
 #define STORM_CHILDREN 6
-#define STORM_SECONDS 6.0
+#define STORM_SECONDS  6.0
 
 static uint32_t sub_state(rx_t *x, int i)
 {

@@ -19,11 +19,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define SKIP_UNLESS_ASSERTING()                                                                    \
-    do {                                                                                           \
-        if (!KVR_DASSERTS_ON)                                                                      \
+#define SKIP_UNLESS_ASSERTING() \
+    do { \
+        if (!KVR_DASSERTS_ON) \
             cr_skip_test("debug assertions are off in this build (release): build with DEBUG=1, " \
-                         "ASAN=1 or UBSAN=1 to run it");                                           \
+                         "ASAN=1 or UBSAN=1 to run it"); \
     } while (0)
 
 typedef void (*case_fn)(fx_t *f);

@@ -9,7 +9,10 @@
 
 #define KVHASH_VECTORS "tests/data/kvhash/vectors.txt"
 
-static const char *opt(const char *s) { return strcmp(s, "-") == 0 ? NULL : s; }
+static const char *opt(const char *s)
+{
+    return strcmp(s, "-") == 0 ? NULL : s;
+}
 
 static uint64_t salt_of(const char *lora, const char *ns)
 {

@@ -37,8 +37,9 @@ Test(log, json_object_with_escapes_and_fields)
     char want[512], *p;
 
     snprintf(want, sizeof(want), "\",\"level\":\"warn\",\"role\":\"worker 3\",\"pid\":%d,\"message\":"
-             "\"say \\\"hi\\\"\\\\ now\\n\\u0001 \\u00ff caf\xc3\xa9 a=1 b=x c=-2.5 d=01 (e=7, f=y)\","
-             "\"fields\":{\"a\":1,\"b\":\"x\",\"c\":-2.5,\"d\":\"01\",\"e\":7,\"f\":\"y\"}}\n", (int)getpid());
+                                 "\"say \\\"hi\\\"\\\\ now\\n\\u0001 \\u00ff caf\xc3\xa9 a=1 b=x c=-2.5 d=01 (e=7, f=y)\","
+                                 "\"fields\":{\"a\":1,\"b\":\"x\",\"c\":-2.5,\"d\":\"01\",\"e\":7,\"f\":\"y\"}}\n",
+             (int)getpid());
     cr_assert_eq(strncmp(out, "{\"time\":\"", 9), 0, "%s", out);
     p = out + 9; /* 2026-12-01T08:58:45.247Z */
     cr_assert_eq(strlen(p) > 24 && p[4] == '-' && p[10] == 'T' && p[19] == '.' && p[23] == 'Z', 1, "%s", out);

@@ -168,13 +168,13 @@ Test(relay_validate, subscriber_id_rules)
     } t[] = {
         {"pylon", 5, 1},
         {"", 0, 0},
-        {"router-\xc3\xa9", 9, 1},       /* é */
-        {"\xe2\x82\xac euro", 8, 1},      /* € */
+        {"router-\xc3\xa9", 9, 1},         /* é */
+        {"\xe2\x82\xac euro", 8, 1},       /* € */
         {"emoji \xf0\x9f\x98\x80", 10, 1}, /* U+1F600 */
         {"tab\there", 8, 0},
         {"nul\0inside", 10, 0},
         {"del\x7f", 4, 0},
-        {"c1 \xc2\x85", 5, 0},  /* U+0085 NEL is Cc */
+        {"c1 \xc2\x85", 5, 0},   /* U+0085 NEL is Cc */
         {"nbsp \xc2\xa0", 7, 1}, /* U+00A0 is not Cc */
         {"bad \xff", 5, 0},
         {"overlong \xc0\xaf", 11, 0},
@@ -246,26 +246,86 @@ Test(relay_validate, subscribe_kv_pool_producer)
 
 /* Each identity case: mutate a valid fixture, expect the detail and the reason. */
 typedef void (*mutate_fn)(producer_fixture_t *);
-static void m_pool_missing(producer_fixture_t *f) { f->p.pool_id = NULL; }
-static void m_version_zero(producer_fixture_t *f) { f->pool.identity_version = 0; }
-static void m_version_two(producer_fixture_t *f) { f->pool.identity_version = 2; }
-static void m_domain_missing(producer_fixture_t *f) { f->pool.indexer_domain = NULL; }
-static void m_cache_missing(producer_fixture_t *f) { f->domain.cache_semantics = NULL; }
-static void m_digest_15(producer_fixture_t *f) { f->routing.digest.len = 15; }
-static void m_source_zero(producer_fixture_t *f) { f->cache.source = 0; }
-static void m_source_unknown(producer_fixture_t *f) { f->cache.source = 3; }
-static void m_layout_zero(producer_fixture_t *f) { f->p.layout_generation = 0; }
-static void m_format_missing(producer_fixture_t *f) { f->p.ckf_format = NULL; }
-static void m_bits_zero(producer_fixture_t *f) { f->fmt.fingerprint_bits = 0; }
-static void m_buckets_zero(producer_fixture_t *f) { f->fmt.bucket_count = 0; }
-static void m_format_v2(producer_fixture_t *f) { f->fmt.format_version = 2; }
-static void m_bits_8(producer_fixture_t *f) { f->fmt.fingerprint_bits = 8; }
-static void m_slots_8(producer_fixture_t *f) { f->fmt.slots_per_bucket = 8; }
-static void m_buckets_2_25(producer_fixture_t *f) { f->fmt.bucket_count = 1ULL << 25; }
-static void m_buckets_3(producer_fixture_t *f) { f->fmt.bucket_count = 3; }
-static void m_buckets_1(producer_fixture_t *f) { f->fmt.bucket_count = 1; }
-static void m_seed_zero(producer_fixture_t *f) { f->fmt.seed = 0; }
-static void m_incarnation_zero(producer_fixture_t *f) { f->p.producer_incarnation = 0; }
+static void m_pool_missing(producer_fixture_t *f)
+{
+    f->p.pool_id = NULL;
+}
+static void m_version_zero(producer_fixture_t *f)
+{
+    f->pool.identity_version = 0;
+}
+static void m_version_two(producer_fixture_t *f)
+{
+    f->pool.identity_version = 2;
+}
+static void m_domain_missing(producer_fixture_t *f)
+{
+    f->pool.indexer_domain = NULL;
+}
+static void m_cache_missing(producer_fixture_t *f)
+{
+    f->domain.cache_semantics = NULL;
+}
+static void m_digest_15(producer_fixture_t *f)
+{
+    f->routing.digest.len = 15;
+}
+static void m_source_zero(producer_fixture_t *f)
+{
+    f->cache.source = 0;
+}
+static void m_source_unknown(producer_fixture_t *f)
+{
+    f->cache.source = 3;
+}
+static void m_layout_zero(producer_fixture_t *f)
+{
+    f->p.layout_generation = 0;
+}
+static void m_format_missing(producer_fixture_t *f)
+{
+    f->p.ckf_format = NULL;
+}
+static void m_bits_zero(producer_fixture_t *f)
+{
+    f->fmt.fingerprint_bits = 0;
+}
+static void m_buckets_zero(producer_fixture_t *f)
+{
+    f->fmt.bucket_count = 0;
+}
+static void m_format_v2(producer_fixture_t *f)
+{
+    f->fmt.format_version = 2;
+}
+static void m_bits_8(producer_fixture_t *f)
+{
+    f->fmt.fingerprint_bits = 8;
+}
+static void m_slots_8(producer_fixture_t *f)
+{
+    f->fmt.slots_per_bucket = 8;
+}
+static void m_buckets_2_25(producer_fixture_t *f)
+{
+    f->fmt.bucket_count = 1ULL << 25;
+}
+static void m_buckets_3(producer_fixture_t *f)
+{
+    f->fmt.bucket_count = 3;
+}
+static void m_buckets_1(producer_fixture_t *f)
+{
+    f->fmt.bucket_count = 1;
+}
+static void m_seed_zero(producer_fixture_t *f)
+{
+    f->fmt.seed = 0;
+}
+static void m_incarnation_zero(producer_fixture_t *f)
+{
+    f->p.producer_incarnation = 0;
+}
 
 Test(relay_validate, producer_unsupported_vs_malformed)
 {
@@ -306,9 +366,9 @@ Test(relay_validate, producer_unsupported_vs_malformed)
         kvr_relay_verdict_t v = check(KVR_RELAY_RPC_SUBSCRIBE_KV_POOL, MARKER, "sub", &f.p);
         cr_expect_eq(v.reason, t[i].reason, "case %zu via request", i);
         int code = t[i].reason == KVR_RELAY_REASON_NONE ? KVR_GRPC_OK
-                   : t[i].reason == KVR_RELAY_REASON_UNSUPPORTED_FEATURE
-                       ? KVR_GRPC_FAILED_PRECONDITION
-                       : KVR_GRPC_INVALID_ARGUMENT;
+                 : t[i].reason == KVR_RELAY_REASON_UNSUPPORTED_FEATURE
+                     ? KVR_GRPC_FAILED_PRECONDITION
+                     : KVR_GRPC_INVALID_ARGUMENT;
         cr_expect_eq(v.grpc_status, code, "case %zu", i);
         if (t[i].detail != KVR_RELAY_IERR_OK && t[i].m != m_pool_missing &&
             t[i].m != m_format_missing && t[i].m != m_domain_missing && t[i].m != m_cache_missing)

@@ -44,8 +44,15 @@ static void rm_path(void)
 
 static kvr_seg_config_t cfg_of(uint64_t memory, int reset)
 {
-    kvr_seg_config_t c = {.memory = memory, .page_size = 4096, .max_blocks = 256, .ckf_buckets = 64,
-                          .hugepages = KVR_HUGEPAGES_AUTO, .path = path, .reset = reset};
+    kvr_seg_config_t c = {
+        .memory = memory,
+        .page_size = 4096,
+        .max_blocks = 256,
+        .ckf_buckets = 64,
+        .hugepages = KVR_HUGEPAGES_AUTO,
+        .path = path,
+        .reset = reset,
+    };
     return c;
 }
 
@@ -492,7 +499,7 @@ Test(segment, uses_huge_pages_when_reserved_else_falls_back, .timeout = 60)
     kvr_seg_hdr_t h;
     kvr_seg_t seg;
     long orig = read_long(nr), free_now = read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages") -
-                                  read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages");
+                                          read_long("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages");
     long need;
     kvr_store_t st;
 

@@ -219,7 +219,7 @@ Test(store, eviction_is_lru_and_get_refreshes)
     cr_assert_eq(fx_put(&f, "D", 60 * 4096 - 1), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_get(&f.st, "A", 1, &r), KVR_OK); /* A becomes most recent */
     kvr_store_unpin(&f.st, &r);
-    cr_assert_eq(fx_put(&f, "B", 60 * 4096 - 1), KVR_PUT_DEDUP); /* so does B */
+    cr_assert_eq(fx_put(&f, "B", 60 * 4096 - 1), KVR_PUT_DEDUP);   /* so does B */
     cr_assert_eq(fx_put(&f, "E", 60 * 4096 - 1), KVR_PUT_CREATED); /* evicts C */
     cr_assert_not(kvr_store_exists(&f.st, "C", 1, NULL));
     cr_assert_eq(fx_put(&f, "F", 60 * 4096 - 1), KVR_PUT_CREATED); /* evicts D */

@@ -131,10 +131,16 @@ static void fill(char *p, size_t n, unsigned seed)
         p[i] = (char)((i * 131 + seed) >> 3);
 }
 
-#define BOTH(name)                                                                                 \
-    static void name(const char *engine);                                                          \
-    Test(uring_engines, name##_io_uring) { name("uring"); }                                        \
-    Test(uring_engines, name##_epoll) { name("epoll"); }                                           \
+#define BOTH(name) \
+    static void name(const char *engine); \
+    Test(uring_engines, name##_io_uring) \
+    { \
+        name("uring"); \
+    } \
+    Test(uring_engines, name##_epoll) \
+    { \
+        name("epoll"); \
+    } \
     static void name(const char *engine)
 
 /* MSG_WAITALL over three iovecs, the bytes sent in three pieces with loop turns between:

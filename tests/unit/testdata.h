@@ -75,7 +75,10 @@ static inline int td_next(FILE *f, char *line, size_t size, char **tok, int max)
     return 0;
 }
 
-static inline uint64_t td_u64(const char *s) { return strtoull(s, NULL, 0); }
+static inline uint64_t td_u64(const char *s)
+{
+    return strtoull(s, NULL, 0);
+}
 
 /* Parses hex text into out (returns the byte count). */
 static inline size_t td_hex_str(const char *s, uint8_t *out, size_t cap)

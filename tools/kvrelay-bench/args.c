@@ -171,11 +171,37 @@ static int parse_mix(const char *s)
 }
 
 enum {
-    O_TARGET = 256, O_PROTOCOL, O_HTTP2, O_STREAMS, O_TOKEN, O_WORKLOAD, O_MIX, O_SIZE, O_KEYS, O_PREFIX, O_POP,
-    O_DEDUP, O_CONNS, O_THREADS, O_DURATION, O_REQUESTS, O_WARMUP, O_PRELOAD, O_JSON, O_QUIET, O_NOVERIFY,
-    O_MAXERR, O_GRPC, O_SUBS, O_RATE, O_TIMEOUT, O_MISSES, O_HELP
+    O_TARGET = 256,
+    O_PROTOCOL,
+    O_HTTP2,
+    O_STREAMS,
+    O_TOKEN,
+    O_WORKLOAD,
+    O_MIX,
+    O_SIZE,
+    O_KEYS,
+    O_PREFIX,
+    O_POP,
+    O_DEDUP,
+    O_CONNS,
+    O_THREADS,
+    O_DURATION,
+    O_REQUESTS,
+    O_WARMUP,
+    O_PRELOAD,
+    O_JSON,
+    O_QUIET,
+    O_NOVERIFY,
+    O_MAXERR,
+    O_GRPC,
+    O_SUBS,
+    O_RATE,
+    O_TIMEOUT,
+    O_MISSES,
+    O_HELP
 };
 
+/* clang-format off */ /* a table aligned by hand */
 static const struct option longopts[] = {
     {"target", required_argument, NULL, O_TARGET},     {"protocol", required_argument, NULL, O_PROTOCOL},
     {"http2", no_argument, NULL, O_HTTP2},              {"streams", required_argument, NULL, O_STREAMS},
@@ -192,6 +218,7 @@ static const struct option longopts[] = {
     {"rate", required_argument, NULL, O_RATE},         {"timeout", required_argument, NULL, O_TIMEOUT},
     {"misses", required_argument, NULL, O_MISSES},     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0}};
+/* clang-format on */
 
 /* Which options the command line gave: the others get defaults that depend on it. */
 struct seen {
@@ -387,7 +414,8 @@ static void apply_defaults(const struct seen *have)
 {
     if (!have->target)
         snprintf(G.target, sizeof(G.target), "%s",
-                 G.proto == PROTO_RESP ? "127.0.0.1:6379" : G.proto == PROTO_MEMCACHE ? "127.0.0.1:11211" : "127.0.0.1:9130");
+                 G.proto == PROTO_RESP ? "127.0.0.1:6379" : G.proto == PROTO_MEMCACHE ? "127.0.0.1:11211"
+                                                                                      : "127.0.0.1:9130");
     if (G.http2 && G.proto != PROTO_HTTP)
         die_usage("--http2 is for --protocol http%s", "");
     if (have->streams && !G.http2)
@@ -409,7 +437,9 @@ static void apply_defaults(const struct seen *have)
         G.mix_total = 1;
     } else if (G.workload != WL_MIXED) {
         memset(G.mix, 0, sizeof(G.mix));
-        G.mix[G.workload == WL_PUT ? OP_PUT : G.workload == WL_GET ? OP_GET : G.workload == WL_HEAD ? OP_HEAD : OP_EXISTS] = 1;
+        G.mix[G.workload == WL_PUT ? OP_PUT : G.workload == WL_GET ? OP_GET
+                                          : G.workload == WL_HEAD  ? OP_HEAD
+                                                                   : OP_EXISTS] = 1;
         G.mix_total = 1;
     }
     if (!have->keys && G.workload != WL_RELAY) {
@@ -417,7 +447,8 @@ static void apply_defaults(const struct seen *have)
             G.keys = 1000000;
         } else {
             uint64_t mean = (G.size_min + G.size_max) / 2, k = (1ull << 30) / (mean ? mean : 1);
-            G.keys = k < 16 ? 16 : k > 10000 ? 10000 : k;
+            G.keys = k < 16 ? 16 : k > 10000 ? 10000
+                                             : k;
         }
     }
     if (G.zipf && G.keys > 100000000ull)

@@ -82,13 +82,15 @@ int kvb_data_init(int cache_checksums)
 size_t kvb_key_name(uint64_t k, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "%s-%llu", G.prefix, (unsigned long long)k);
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n
+                                       : cap - 1;
 }
 
 size_t kvb_key_path(uint64_t k, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "%s-%llu", prefix_enc, (unsigned long long)k);
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n
+                                       : cap - 1;
 }
 
 uint64_t kvb_key_size(uint64_t k)

@@ -30,9 +30,14 @@
 #define IOV_BATCH 256
 #define RETRY_NS  100000000ull /* a failed connect is retried after 100 ms */
 
-enum { CS_DOWN, CS_CONNECTING, CS_UP };
-enum { SINK_DROP, SINK_HASH, SINK_KEEP };
-enum { RP_HEAD, RP_BODY };
+enum { CS_DOWN,
+       CS_CONNECTING,
+       CS_UP };
+enum { SINK_DROP,
+       SINK_HASH,
+       SINK_KEEP };
+enum { RP_HEAD,
+       RP_BODY };
 #define EK_AUTO (-2) /* per request: EK_SHORT once a response began, else EK_CONNECT */
 
 typedef struct seg {
@@ -59,7 +64,7 @@ typedef struct kvb_req {
     char keep[256];
     size_t keeplen;
     XXH3_state_t *xs;
-    kvb_block_t blk;        /* PUT body */
+    kvb_block_t blk;         /* PUT body */
     uint64_t rd_off, wr_off; /* HTTP/2 body positions (nghttp2 read / send callbacks) */
     uint64_t seqhash;
 } kvb_req_t;
@@ -117,12 +122,12 @@ void kvb_schedule_reopen(kvb_conn_t *c, uint64_t at);
 void kvb_req_finish(kvb_conn_t *c, kvb_req_t *r, int ek, int miss); /* ek: -1 success, else a kind */
 void kvb_conn_close_fd(kvb_conn_t *c);
 void kvb_conn_fail(kvb_conn_t *c, int ek, const char *why); /* every request on it ends with ek */
-void kvb_conn_fill(kvb_conn_t *c);                           /* start requests on free slots */
+void kvb_conn_fill(kvb_conn_t *c);                          /* start requests on free slots */
 
 /* ---------------------------------------------------------------- engine_proto.c */
 
-void kvb_http_classify(kvb_req_t *r);                  /* what an HTTP status means; sets the sink */
-void kvb_req_complete(kvb_conn_t *c, kvb_req_t *r);    /* the whole response is in */
+void kvb_http_classify(kvb_req_t *r);               /* what an HTTP status means; sets the sink */
+void kvb_req_complete(kvb_conn_t *c, kvb_req_t *r); /* the whole response is in */
 void kvb_build_stream_request(kvb_conn_t *c, kvb_req_t *r);
 void kvb_stream_flush(kvb_conn_t *c);
 void kvb_stream_readable(kvb_conn_t *c);

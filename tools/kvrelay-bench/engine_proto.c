@@ -85,7 +85,7 @@ void kvb_req_complete(kvb_conn_t *c, kvb_req_t *r)
             if (got != want) {
                 r->ek = EK_CORRUPT;
                 kvb_note_req(w, EK_CORRUPT, r, "%llu bytes with XXH3 %016llx, the block PUT has %016llx",
-                         (unsigned long long)r->got, (unsigned long long)got, (unsigned long long)want);
+                             (unsigned long long)r->got, (unsigned long long)got, (unsigned long long)want);
             }
         }
     }
@@ -326,7 +326,6 @@ static int line_head(kvb_conn_t *c, kvb_req_t *r, const uint8_t *p, size_t n, si
     }
     return -1;
 }
-
 
 static void protocol_error(kvb_conn_t *c, const char *what, const uint8_t *p, size_t n)
 {

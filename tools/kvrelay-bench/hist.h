@@ -21,9 +21,9 @@ void kvb_hist_merge(kvb_hist_t *d, const kvb_hist_t *s);
 uint64_t kvb_hist_quantile(const kvb_hist_t *h, double q);
 
 typedef struct kvb_stats {
-    uint64_t ok[OP_N];     /* successes, misses included when --misses ok */
+    uint64_t ok[OP_N]; /* successes, misses included when --misses ok */
     uint64_t miss_ok[OP_N];
-    uint64_t bytes[OP_N];  /* payload bytes of successes: PUT bodies, verified GET bodies */
+    uint64_t bytes[OP_N]; /* payload bytes of successes: PUT bodies, verified GET bodies */
     uint64_t err[OP_N][EK_N];
     uint64_t status[OP_N][600]; /* HTTP status codes seen (HTTP only) */
     kvb_hist_t lat[OP_N];       /* latency of successes, ns */

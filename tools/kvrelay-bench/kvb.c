@@ -14,5 +14,7 @@ const char *const kvb_workload_name[WL_N] = {"put", "get", "head", "exists", "mi
 
 const char *kvb_proto_label(void)
 {
-    return G.proto == PROTO_RESP ? "resp" : G.proto == PROTO_MEMCACHE ? "memcache" : G.http2 ? "h2c" : "http/1.1";
+    return G.proto == PROTO_RESP ? "resp" : G.proto == PROTO_MEMCACHE ? "memcache"
+                                      : G.http2                       ? "h2c"
+                                                                      : "http/1.1";
 }

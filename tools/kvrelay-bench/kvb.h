@@ -35,7 +35,12 @@
 #include <time.h>
 
 /* Operations, in report order. */
-enum kvb_op { OP_PUT, OP_GET, OP_HEAD, OP_EXISTS, OP_DELETE, OP_N };
+enum kvb_op { OP_PUT,
+              OP_GET,
+              OP_HEAD,
+              OP_EXISTS,
+              OP_DELETE,
+              OP_N };
 
 /* Error kinds. A miss (404, nil, END, EN) is an error of kind "miss" unless --misses ok. */
 enum kvb_ek {
@@ -51,9 +56,18 @@ enum kvb_ek {
     EK_N
 };
 
-enum kvb_proto { PROTO_HTTP, PROTO_RESP, PROTO_MEMCACHE };
-enum kvb_wl { WL_PUT, WL_GET, WL_HEAD, WL_EXISTS, WL_MIXED, WL_RELAY, WL_N };
-enum kvb_phase { PH_PRELOAD, PH_MAIN };
+enum kvb_proto { PROTO_HTTP,
+                 PROTO_RESP,
+                 PROTO_MEMCACHE };
+enum kvb_wl { WL_PUT,
+              WL_GET,
+              WL_HEAD,
+              WL_EXISTS,
+              WL_MIXED,
+              WL_RELAY,
+              WL_N };
+enum kvb_phase { PH_PRELOAD,
+                 PH_MAIN };
 
 extern const char *const kvb_op_name[OP_N];
 extern const char *const kvb_ek_name[EK_N];
@@ -93,7 +107,7 @@ extern kvb_cfg_t G;
 
 /* Run control shared by the threads; written by main between phases. */
 typedef struct kvb_ctl {
-    volatile int stop;     /* SIGINT, or a fatal setup failure */
+    volatile int stop; /* SIGINT, or a fatal setup failure */
     int fatal;
     uint64_t t_start;      /* main phase begins (ns, CLOCK_MONOTONIC) */
     uint64_t t_measure;    /* warmup ends: completions of requests started from here count */

@@ -37,8 +37,8 @@ typedef struct ack {
 } ack_t;
 
 static ack_t *ack_chunk[ACK_CHUNKS];
-static uint64_t nacks;        /* published with release by the one writer (thread 0) */
-static int puts_done;         /* release: nacks is final */
+static uint64_t nacks; /* published with release by the one writer (thread 0) */
+static int puts_done;  /* release: nacks is final */
 static uint64_t t_puts_done;
 static uint64_t run_seed;
 

@@ -84,7 +84,9 @@ static void json_setup(FILE *f, double elapsed)
     kvb_json_str(f, G.target);
     fprintf(f, ", \"protocol\": \"%s\", \"http2\": %s, \"streams\": %d, \"transport\": \"%s\", \"workload\": \"%s\", "
                "\"mix\": {",
-            G.proto == PROTO_RESP ? "resp" : G.proto == PROTO_MEMCACHE ? "memcache" : "http", G.http2 ? "true" : "false",
+            G.proto == PROTO_RESP ? "resp" : G.proto == PROTO_MEMCACHE ? "memcache"
+                                                                       : "http",
+            G.http2 ? "true" : "false",
             G.streams, kvb_proto_label(), kvb_workload_name[G.workload]);
     first = 1;
     for (int o = 0; o < OP_N; o++)

@@ -18,7 +18,8 @@ typedef struct kvb_conn kvb_conn_t; /* engine_int.h */
 struct kvb_relay_w;                 /* relay.c */
 
 /* The first int of every object registered with a worker's epoll says what it is. */
-enum { KVB_FD_CONN = 1, KVB_FD_SUB = 2 };
+enum { KVB_FD_CONN = 1,
+       KVB_FD_SUB = 2 };
 
 struct kvb_worker {
     int id;
