@@ -303,6 +303,28 @@ void kvb_conn_close_fd(kvb_conn_t *c)
 }
 
 /* The connection failed (or must be dropped): every request on it ends with `ek`. */
+ssize_t kvb_conn_read(kvb_conn_t *c)
+{
+    for (;;) {
+        ssize_t n = read(c->fd, c->w->tbuf, TBUF_CAP);
+        char why[128];
+
+        if (n > 0)
+            return n;
+        if (n == 0) {
+            kvb_conn_fail(c, EK_AUTO, "connection closed by the server");
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        snprintf(why, sizeof(why), "read: %s", strerror(errno));
+        kvb_conn_fail(c, EK_AUTO, why);
+        return -1;
+    }
+}
+
 void kvb_conn_fail(kvb_conn_t *c, int ek, const char *why)
 {
     for (int i = 0; i < c->nreqs; i++) {

@@ -168,32 +168,19 @@ void kvb_h2_flush(kvb_conn_t *c)
 void kvb_h2_readable(kvb_conn_t *c)
 {
     kvb_worker_t *w = c->w;
-    for (;;) {
-        ssize_t n = read(c->fd, w->tbuf, TBUF_CAP);
-        if (n > 0) {
-            ssize_t rv = nghttp2_session_mem_recv(c->h2, w->tbuf, (size_t)n);
-            if (rv < 0) {
-                char why[128];
-                snprintf(why, sizeof(why), "HTTP/2: %s", nghttp2_strerror((int)rv));
-                kvb_conn_fail(c, EK_PROTOCOL, why);
-                return;
-            }
-            continue;
-        }
-        if (n == 0) {
-            kvb_conn_fail(c, EK_AUTO, "connection closed by the server");
-            return;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+    ssize_t n, rv;
+
+    while ((n = kvb_conn_read(c)) > 0) {
+        rv = nghttp2_session_mem_recv(c->h2, w->tbuf, (size_t)n);
+        if (rv < 0) {
             char why[128];
-            snprintf(why, sizeof(why), "read: %s", strerror(errno));
-            kvb_conn_fail(c, EK_AUTO, why);
+            snprintf(why, sizeof(why), "HTTP/2: %s", nghttp2_strerror((int)rv));
+            kvb_conn_fail(c, EK_PROTOCOL, why);
             return;
         }
-        break;
     }
+    if (n < 0)
+        return;
     kvb_conn_fill(c);
 }
 

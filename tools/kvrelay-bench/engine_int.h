@@ -122,7 +122,10 @@ void kvb_schedule_reopen(kvb_conn_t *c, uint64_t at);
 void kvb_req_finish(kvb_conn_t *c, kvb_req_t *r, int ek, int miss); /* ek: -1 success, else a kind */
 void kvb_conn_close_fd(kvb_conn_t *c);
 void kvb_conn_fail(kvb_conn_t *c, int ek, const char *why); /* every request on it ends with ek */
-void kvb_conn_fill(kvb_conn_t *c);                          /* start requests on free slots */
+/* One read into the worker's buffer (EINTR retried): > 0 the bytes read; 0 nothing more for now;
+ * -1 the server closed the connection or the read failed, already failed with kvb_conn_fail. */
+ssize_t kvb_conn_read(kvb_conn_t *c);
+void kvb_conn_fill(kvb_conn_t *c); /* start requests on free slots */
 
 /* ---------------------------------------------------------------- engine_proto.c */
 

@@ -445,24 +445,9 @@ void kvb_stream_flush(kvb_conn_t *c)
 void kvb_stream_readable(kvb_conn_t *c)
 {
     kvb_worker_t *w = c->w;
-    for (;;) {
-        ssize_t n = read(c->fd, w->tbuf, TBUF_CAP);
-        if (n > 0) {
-            if (stream_input(c, w->tbuf, (size_t)n))
-                return;
-            continue;
-        }
-        if (n == 0) {
-            kvb_conn_fail(c, EK_AUTO, "connection closed by the server");
+    ssize_t n;
+
+    while ((n = kvb_conn_read(c)) > 0)
+        if (stream_input(c, w->tbuf, (size_t)n))
             return;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            char why[128];
-            snprintf(why, sizeof(why), "read: %s", strerror(errno));
-            kvb_conn_fail(c, EK_AUTO, why);
-        }
-        return;
-    }
 }
