@@ -26,25 +26,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = os.environ.get("KVRELAY_BUILD", "build")
-BINARY = (Path(BUILD) if os.path.isabs(BUILD) else REPO / BUILD) / "kvrelay-supervisor"
-
-
-
-def _sanitized():
-    if "asan" in BUILD or "ubsan" in BUILD:
-        return True
-    try:
-        with open(BINARY, "rb") as f:
-            blob = f.read()
-        return b"__asan_init" in blob or b"__ubsan_handle" in blob
-    except OSError:
-        return False
-
-
-# Slower builds (sanitizers) get more time for every bounded wait.
-SLOW = float(os.environ.get("KVRELAY_E2E_SLOW", "0")) or (3.0 if _sanitized() else 1.0)
+# REPO, BUILD, BINARY and the one SLOW factor live in harness.py (shared with relay/ and clients/).
+from harness import BINARY, BUILD, REPO, SLOW, wait_until  # noqa: F401  (re-exported to tests)
 
 MiB = 1 << 20
 KiB = 1 << 10
