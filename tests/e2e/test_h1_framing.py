@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import KiB, SLOW, kv_path, module_server, parse_raw_response, raw_connect, read_until_close, unique_key
-from test_dataplane import Reader, _json_error, _req
+from h1_raw import Reader, _json_error, _req
 
 
 @pytest.fixture(scope="module")
