@@ -126,7 +126,7 @@ TCP_STATES = {
 
 def tcp_sockets(port=None):
     """Rows of /proc/net/tcp (IPv4) as dicts: local/remote (host, port), state name,
-    tx_queue, rx_queue; filtered to those whose local or remote port is `port`."""
+    tx_queue, rx_queue, inode; filtered to those whose local or remote port is `port`."""
     out = []
     try:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
@@ -142,6 +142,7 @@ def tcp_sockets(port=None):
         row = {
             "local": (lh, int(lp, 16)), "remote": (rh, int(rp, 16)),
             "state": TCP_STATES.get(f[3], f[3]), "tx_queue": int(tx, 16), "rx_queue": int(rx, 16),
+            "inode": int(f[9]) if len(f) > 9 else 0,
         }
         if port is None or port in (row["local"][1], row["remote"][1]):
             out.append(row)
@@ -179,3 +180,32 @@ def wait_peer_read(sock, timeout, what=None):
     """Waits until the server has read everything sent on sock so far (see peer_unread)."""
     return wait_until(lambda: peer_unread(sock) == 0, timeout,
                       what=what or f"the server to read what connection :{sock.getsockname()[1]} sent")
+
+
+def socket_inodes(pid):
+    """Inodes of the sockets process pid holds open (from /proc/pid/fd)."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def peer_ports(pid, port):
+    """Client ports of the established connections process pid serves on its local `port`."""
+    inodes = socket_inodes(pid)
+    return {r["remote"][1] for r in tcp_sockets(port)
+            if r["inode"] in inodes and r["local"][1] == port and r["state"] == "ESTABLISHED"}
+
+
+def client_ports(port):
+    """Local ports of every established connection to `port` on this machine (the client ends)."""
+    return {r["local"][1] for r in tcp_sockets(port) if r["remote"][1] == port and r["state"] == "ESTABLISHED"}

@@ -14,8 +14,14 @@ import time
 import pytest
 
 from conftest import KiB, MiB, SLOW, kv_path, make_block, raw_connect, read_one_response
+from harness import peer_unread, wait_log, wait_peer_read, wait_until
 from h1_raw import (_cpu_s, _got_continue, _json_error, _mem_available_kb, _meminfo_kb, _req, _rss_anon_kb,
                     _tcp_mem_kb)
+
+
+def _wait_reserved(srv, n, what):
+    """Waits until /debug/store shows n PUT reservations: the PUTs that hold the budget."""
+    wait_until(lambda: srv.debug_store()["reserved_blocks"] == n, 10 * SLOW, what=what)
 
 
 def test_chunked_uploads_in_flight_are_bounded(kvrelay):
@@ -27,7 +33,7 @@ def test_chunked_uploads_in_flight_are_bounded(kvrelay):
             s = raw_connect(srv)
             s.sendall(_req("PUT", kv_path(f"chunk-hold-{i}"), [("Transfer-Encoding", "chunked")], b"4\r\nabcd\r\n"))
             socks.append(s)
-        time.sleep(0.3 * SLOW)
+            wait_peer_read(s, 5 * SLOW, what=f"the worker to read chunked upload {i}")
         s = raw_connect(srv)
         socks.append(s)
         s.sendall(_req("PUT", kv_path("chunk-ninth"), [("Transfer-Encoding", "chunked")], b"0\r\n\r\n"))
@@ -85,10 +91,10 @@ def test_memory_storm_stays_bounded(kvrelay):
                 if stop.is_set():
                     break
                 s.sendall(bytes([b]))
-                time.sleep(0.05)
+                time.sleep(0.05)  # trickling the head one byte at a time is the load under test
             while not stop.is_set():
                 s.sendall(b"t")
-                time.sleep(0.1)
+                time.sleep(0.1)  # and so is a body that trickles
             s.close()
         except OSError:
             pass
@@ -109,7 +115,7 @@ def test_memory_storm_stays_bounded(kvrelay):
         r = srv.request("GET", "/healthz", timeout=5)
         lat.append(time.monotonic() - t0)
         assert r.status == 200
-        time.sleep(0.2)
+        time.sleep(0.2)  # sampling interval of the 12 s measurement window, not a wait
     stop.set()
     for t in threads:
         t.join(20 * SLOW)
@@ -125,13 +131,13 @@ def test_memory_storm_stays_bounded(kvrelay):
     for k, v in keep.items():
         r = srv.get(k)
         assert r.status == 404 or r.body == v, k
-    deadline = time.monotonic() + 10 * SLOW
-    while time.monotonic() < deadline:
+
+    def released():
         doc = srv.debug_store()
-        if doc["reserved_blocks"] == 0 and doc["pinned_blocks"] == 0:
-            break
-        time.sleep(0.2)
-    assert doc["ok"] and doc["reserved_blocks"] == 0 and doc["pinned_blocks"] == 0, doc
+        return doc if doc["reserved_blocks"] == 0 and doc["pinned_blocks"] == 0 else None
+
+    doc = wait_until(released, 10 * SLOW, interval=0.2, what="every reservation and pin of the storm to be released")
+    assert doc["ok"], doc
 
 
 def test_puts_beyond_the_inflight_budget_wait_then_503(kvrelay):
@@ -146,12 +152,12 @@ def test_puts_beyond_the_inflight_budget_wait_then_503(kvrelay):
     def keep_moving():  # progress keeps a alive past --io-timeout while b waits
         while not moving.is_set():
             a.sendall(b"a")
-            time.sleep(0.25)
+            time.sleep(0.25)  # pacing: one byte every 0.25 s is progress, not a finished body
 
     t = threading.Thread(target=keep_moving)
     t.start()
     try:
-        time.sleep(0.3 * SLOW)
+        _wait_reserved(srv, 1, "a's PUT to hold the budget")
         b = raw_connect(srv)
         t0 = time.monotonic()
         b.sendall(_req("PUT", kv_path("budget-b"), [("Content-Length", str(6 * MiB))]))
@@ -168,10 +174,10 @@ def test_puts_beyond_the_inflight_budget_wait_then_503(kvrelay):
     # now one that completes while another waits
     c = raw_connect(srv)
     c.sendall(_req("PUT", kv_path("budget-c"), [("Content-Length", str(6 * MiB))]) + b"c" * MiB)
-    time.sleep(0.3 * SLOW)
+    _wait_reserved(srv, 1, "c's PUT to hold the budget")
     d = raw_connect(srv)
     d.sendall(_req("PUT", kv_path("budget-d"), [("Content-Length", str(6 * MiB))]))
-    time.sleep(0.3 * SLOW)
+    wait_peer_read(d, 5 * SLOW, what="the worker to read d's head (d now waits for the budget)")
     c.sendall(b"c" * (5 * MiB))
     assert read_one_response(c, 10 * SLOW).status == 201
     d.sendall(b"d" * (6 * MiB))
@@ -192,12 +198,13 @@ def test_puts_waiting_for_the_budget_go_in_arrival_order(kvrelay):
     size = 6 * MiB
     a = raw_connect(srv)
     a.sendall(_req("PUT", kv_path("fifo-a"), [("Content-Length", str(size))]) + b"a" * MiB)
-    time.sleep(0.3 * SLOW)
+    _wait_reserved(srv, 1, "a's PUT to hold the budget")
     waiters = {k: raw_connect(srv) for k in "bcd"}
     for k in "bcd":
         waiters[k].sendall(_req("PUT", kv_path(f"fifo-{k}"), [("Content-Length", str(size)),
                                                               ("Expect", "100-continue")]))
-        time.sleep(0.2 * SLOW)
+        # the arrival order is the order the worker read the heads in
+        wait_peer_read(waiters[k], 5 * SLOW, what=f"the worker to read {k}'s head")
     for k in "bcd":
         assert not _got_continue(waiters[k], 0.2), f"{k} admitted while a holds the budget"
     a.sendall(b"a" * (size - MiB))
@@ -231,14 +238,21 @@ def test_out_of_descriptors_pauses_accept_without_spinning(kvrelay):
     worker = srv.worker_pids()[0]
     keep = raw_connect(srv)
     keep.sendall(b"GET " + kv_path("fd-canary").encode() + b" HTTP/1.1\r\n")  # a head in progress
+    wait_peer_read(keep, 10 * SLOW, what="the worker to read the kept connection's partial head")
     held = []
-    for _ in range(150):
+    for i in range(150):
         s = socket.create_connection((srv.host, srv.port), timeout=2)
         s.sendall(b"GET /healthz HTTP/1.1\r\n")  # busy: not idle, never complete
         held.append(s)
-    time.sleep(1.0 * SLOW)
+        # Each connection is busy only once the worker has read its bytes; until then it is idle
+        # and would be closed to make room (logged once per episode, with no "none idle" line:
+        # the flake this wait removes). Past the limit the worker stops reading new ones.
+        wait_until(lambda: peer_unread(s) == 0 or "none idle" in srv.log_text(), 10 * SLOW,
+                   what=f"the worker to read connection {i}'s head or to stop accepting")
+    # the worker has hit the limit with every connection busy and paused accept
+    wait_log(srv.log_text, "none idle", 10 * SLOW, what="the worker to pause accept at the descriptor limit")
     cpu0 = _cpu_s(worker)
-    time.sleep(2.0)
+    time.sleep(2.0)  # the window the worker's CPU time is measured over, not a wait
     spent = _cpu_s(worker) - cpu0
     assert spent < 0.3, f"worker used {spent:.2f} s of CPU in 2 s at the descriptor limit"
     keep.sendall(b"Host: x\r\n\r\n")
@@ -246,13 +260,12 @@ def test_out_of_descriptors_pauses_accept_without_spinning(kvrelay):
     assert r.status == 200 and r.body == b"canary"
     for s in held:
         s.close()
-    deadline = time.monotonic() + 10 * SLOW
-    ok = False
-    while time.monotonic() < deadline and not ok:
+
+    def served():
         r = srv.request("GET", kv_path("fd-canary"), timeout=3)
-        ok = r.status == 200 and r.body == b"canary"
-        time.sleep(0.2)
-    assert ok, "new connections are not served again after descriptors were freed"
+        return (r.status == 200 and r.body == b"canary") or None
+
+    wait_until(served, 10 * SLOW, interval=0.2, what="new connections to be served again after descriptors were freed")
     log = srv.log_text()
     assert "none idle" in log, log[-2000:]
     keep.close()
@@ -293,7 +306,7 @@ def test_h2o_paths_stay_under_their_body_budget(kvrelay, tls_cert, tmp_path, mod
                 peak = max(peak, _rss_anon_kb(w))
             except OSError:
                 pass
-        time.sleep(0.05)
+        time.sleep(0.05)  # sampling interval of the memory peak while the uploads run
     codes = [p.communicate(timeout=10)[0].decode() for p in procs]
     print(f"h2o {mode}: worker RssAnon peak {peak >> 10} MiB, answers {sorted(set(codes))}")
     assert codes == ["201"] * 16, codes

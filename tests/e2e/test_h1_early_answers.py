@@ -53,7 +53,7 @@ def _bytes_accepted_before_answer(srv, head, total, headers_extra=()):
             try:
                 sent += s.send(chunk[: min(len(chunk), total - sent)])
             except BlockingIOError:
-                time.sleep(0.001)
+                time.sleep(0.001)  # send buffer full: back off before offering more bytes
             except OSError:
                 break
         s.setblocking(True)

@@ -24,7 +24,7 @@ def _paced_put(srv, key, data, rate, chunk=256 * KiB):
             s.sendall(data[off : off + chunk])
             lag = (off + chunk) / rate - (time.monotonic() - t0)
             if lag > 0:
-                time.sleep(lag)
+                time.sleep(lag)  # pacing the upload at `rate`: the slow client under test
         return read_one_response(s, 10 * SLOW)
     finally:
         s.close()
@@ -44,7 +44,7 @@ def _paced_get(srv, key, rate, chunk=256 * KiB):
             buf += more
             lag = len(buf) / rate - (time.monotonic() - t0)
             if lag > 0:
-                time.sleep(lag)
+                time.sleep(lag)  # pacing the download at `rate`: the slow reader under test
             head, sep, rest = bytes(buf[:2048]).partition(b"\r\n\r\n")
             if sep:
                 n = int([ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")][0])

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import KiB, MiB, SLOW, kv_path, make_block, raw_connect
 from h1_raw import Reader, _req
+from harness import wait_until
 
 
 def test_send_zc_gets_are_byte_exact_and_release_their_pins(kvrelay):
@@ -55,7 +56,7 @@ def test_recv_lowat_bodies_round_trip_and_the_tail_never_waits(kvrelay, lowat):
     n, key = 2 * MiB, f"lw-{lowat}-late"
     data = bytes(make_block(n, key))
     s.sendall(_req("PUT", kv_path(key), [("Content-Length", n)], data[:-1000]))
-    time.sleep(0.5)
+    time.sleep(0.5)  # the tail comes late on purpose: what the test is about
     t0 = time.monotonic()
     s.sendall(data[-1000:])
     assert rd.response(3 * SLOW).status == 201
@@ -69,15 +70,10 @@ def test_recv_lowat_bodies_round_trip_and_the_tail_never_waits(kvrelay, lowat):
     # a client that stops 100 KiB into a 2 MiB body and goes away: nothing stays reserved
     c = raw_connect(srv)
     c.sendall(_req("PUT", kv_path(f"lw-{lowat}-cut"), [("Content-Length", 2 * MiB)], b"x" * (100 * KiB)))
-    time.sleep(0.3)
+    # the cut PUT's head has been read and its reservation taken before the client leaves
+    wait_until(lambda: srv.debug_store()["reserved_blocks"] == 1, 10 * SLOW,
+               what="the cut PUT to hold a reservation")
     c.close()
     assert srv.put(f"lw-{lowat}-after", b"y" * (3 * L)).status == 201
-    deadline = time.monotonic() + 10 * SLOW
-    while time.monotonic() < deadline:
-        try:
-            srv.assert_consistent()
-            break
-        except AssertionError:
-            time.sleep(0.2)
-    srv.assert_consistent()
+    srv.assert_consistent(limit=10.0)  # polls until the cut PUT's reservation is gone
     assert srv.get(f"lw-{lowat}-cut").status == 404

@@ -63,7 +63,7 @@ def test_sigkill_of_workers_under_mixed_load_loses_nothing_acknowledged(kvrelay)
                     key = rnd.choice(list(acked))
                     size, digest = acked[key]
             if key is None:
-                time.sleep(0.01)
+                time.sleep(0.01)  # nothing acknowledged yet to read back; the load loop polls
                 continue
             try:
                 c.request("GET", kv_path(key))
@@ -86,7 +86,7 @@ def test_sigkill_of_workers_under_mixed_load_loses_nothing_acknowledged(kvrelay)
     t_end = time.monotonic() + 8
     rnd = random.Random(7)
     while time.monotonic() < t_end:
-        time.sleep(0.8)
+        time.sleep(0.8)  # pacing: a worker is killed every 0.8 s while the load runs
         pids = srv.worker_pids()
         if pids:
             os.kill(rnd.choice(pids), 9)

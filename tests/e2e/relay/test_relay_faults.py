@@ -30,6 +30,7 @@ from .kvrelay_consumer import (
     producer_key,
 )
 from .test_relay_contract import converge, drain_replica
+from harness import client_ports, peer_ports, wait_until  # noqa: E402  (tests/e2e/harness.py)
 
 # A client that buffers as little as possible: no BDP probing (which grows the HTTP/2 window to
 # megabytes) and 1 KiB of stream look-ahead, so a reader that stops stalls the server's sends
@@ -347,6 +348,10 @@ def test_worker_sigkill_ends_only_its_streams(relay):
     gen = r.debug_relay()["generation"]
     pub = r.debug_relay()["publisher_pid"]
 
+    # every stream has a connection of its own (r.new_stub()); the connections open before the
+    # first stream are the relay client's default channel, which carries no stream
+    grpc_port = int(srv.grpc.rpartition(":")[2])
+    baseline = client_ports(grpc_port)
     streams = []
     victims, survivors = [], []
     for attempt in range(3):
@@ -355,8 +360,11 @@ def test_worker_sigkill_ends_only_its_streams(relay):
         workers = r.worker_pids()
         assert len(workers) == 2, f"workers {workers}"
         victim = workers[attempt % 2]
+        on_victim = peer_ports(victim, grpc_port) - baseline
         os.kill(victim, signal.SIGKILL)
-        time.sleep(2.0 * SLOW)  # streams of the dead worker end at once (connection gone)
+        # streams of the dead worker end at once (connection gone): one per connection it had
+        wait_until(lambda: sum(rd.end is not None for _, rd in streams) >= len(on_victim), 10 * SLOW,
+                   what=f"the {len(on_victim)} streams of the killed worker {victim} to end")
         victims = [(rep, rd) for rep, rd in streams if rd.end is not None]
         survivors = [(rep, rd) for rep, rd in streams if rd.end is None]
         srv.wait_workers(2, exclude=[victim])
