@@ -786,6 +786,54 @@ def _watch_servers():
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+# ---------------------------------------------------------------------------------------------
+# --shuffle-seed: run the tests in a seeded random order, to find tests that depend on the order.
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle-seed", type=int, default=None, metavar="N",
+        help="shuffle the collected tests with seed N: the order of the modules, and the tests "
+             "within each module (a module's tests stay together, so its module-scoped server "
+             "starts once). The same N gives the same order.",
+    )
+
+
+def _shuffle_seed(config):
+    return config.getoption("--shuffle-seed", default=None)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seed = _shuffle_seed(config)
+    if seed is None:
+        return
+    import random
+
+    rnd = random.Random(seed)
+    modules = {}  # insertion-ordered: the collected order of the modules is the starting point
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    groups = list(modules.values())
+    rnd.shuffle(groups)
+    for g in groups:
+        rnd.shuffle(g)
+    items[:] = [item for g in groups for item in g]
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"shuffle-seed {seed}: {len(items)} tests in {len(groups)} modules shuffled")
+
+
+def pytest_report_header(config):
+    seed = _shuffle_seed(config)
+    return f"shuffle-seed: {seed}" if seed is not None else None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    seed = _shuffle_seed(config)
+    if seed is not None:
+        terminalreporter.write_line(f"test order shuffled with --shuffle-seed {seed} (rerun with it to repeat)")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Safety net: no server outlives the session, whatever a fixture did."""
     for srv in list(LIVE_SERVERS):
