@@ -209,3 +209,29 @@ def peer_ports(pid, port):
 def client_ports(port):
     """Local ports of every established connection to `port` on this machine (the client ends)."""
     return {r["local"][1] for r in tcp_sockets(port) if r["remote"][1] == port and r["state"] == "ESTABLISHED"}
+
+
+def accept_queue(port):
+    """Connections to `port` that the kernel has completed and no process has accepted yet
+    (the rx_queue of the LISTEN sockets on port: one per worker with SO_REUSEPORT)."""
+    return sum(r["rx_queue"] for r in tcp_sockets(port) if r["state"] == "LISTEN" and r["local"][1] == port)
+
+
+def wait_accepted(port, timeout, what=None):
+    """Waits until the server has accepted every connection made to `port` so far."""
+    return wait_until(lambda: accept_queue(port) == 0, timeout,
+                      what=what or f"the server on :{port} to accept every pending connection")
+
+
+def server_end_open(client_port, server_port):
+    """True while the server still holds its end of the connection client_port -> server_port
+    open (ESTABLISHED, or CLOSE_WAIT: the client has closed, the server not yet)."""
+    return any(r["local"][1] == server_port and r["remote"][1] == client_port
+               and r["state"] in ("ESTABLISHED", "CLOSE_WAIT") for r in tcp_sockets(server_port))
+
+
+def wait_server_closed(client_port, server_port, timeout, what=None):
+    """Waits until the server has closed its end of the connection from client_port (take the
+    port with sock.getsockname()[1] before closing sock)."""
+    return wait_until(lambda: not server_end_open(client_port, server_port), timeout,
+                      what=what or f"the server to close its end of :{client_port} -> :{server_port}")

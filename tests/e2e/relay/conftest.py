@@ -317,7 +317,7 @@ class RelayServer:
                     last, stable_since = key, time.monotonic()
             else:
                 last = None
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval; quiet means unchanged for 0.3 s
         raise AssertionError(f"relay never quiesced: {self.debug_relay()}")
 
     def stats(self):

@@ -39,13 +39,7 @@ SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024
 
 
 def wait_for(cond, limit, what, step=0.05):
-    deadline = time.monotonic() + limit * SLOW
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"{what}: not within {limit}s"
-        time.sleep(step)
+    return wait_until(cond, limit * SLOW, interval=step, what=what)
 
 
 def put_blocks(r, hashes, prefix, size=256, conn=None):
@@ -101,7 +95,7 @@ def test_lagging_subscriber_cut_other_in_order(relay):
             resp = r.put(f"lag-{n}", b"z" * 64, seqhash=0x1000000 + n, conn=conn)
             assert resp.status in (200, 201), resp
             n += 1
-            time.sleep(0.003)
+            time.sleep(0.003)  # pacing of the deltas, so the reader can keep up while the laggard cannot
             if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] < 2:
                 break
     finally:
@@ -112,7 +106,7 @@ def test_lagging_subscriber_cut_other_in_order(relay):
     # a few more deltas after the cut: the reader still gets them all
     for i in range(20):
         put_blocks(r, [0x2000000 + i], f"after-cut-{i}")
-        time.sleep(0.003)
+        time.sleep(0.003)  # pacing of the deltas, as above
 
     # The laggard now reads: deltas in order from its snapshot, then the lag error.
     got = 0
@@ -173,7 +167,7 @@ def test_laggard_cut_once_16_frames_are_queued(relay):
             resp = r.put(f"q-{n}", b"q" * 64, seqhash=0x4000000 + n, conn=conn)
             assert resp.status in (200, 201), resp
             n += 1
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing of the deltas until the queue bound cuts the laggard
             if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] == 0:
                 cut = True
                 break
