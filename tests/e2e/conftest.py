@@ -419,7 +419,7 @@ class Server:
                     assert self.port > 0, lines
                     self.grpc = lines.get("grpc")
                     return
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval of this bounded wait (it also watches for an early exit)
         pytest.fail(
             f"{self.name}: no port file {self.port_file} after {limit:.0f}s\n--- log ---\n"
             f"{self.log_tail()}",
@@ -435,7 +435,7 @@ class Server:
             last = self.request("GET", "/healthz", timeout=2.0, token=None)
             if last.status == 200:
                 return
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval of this bounded wait (it also watches for an early exit)
         pytest.fail(
             f"{self.name}: /healthz never answered 200 (last {last!r})\n--- log ---\n"
             f"{self.log_tail()}",
@@ -443,12 +443,13 @@ class Server:
         )
 
     def wait_ready(self, limit=10.0):
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            if self.request("GET", "/readyz", timeout=2.0, token=None).status == 200:
-                return True
-            time.sleep(0.05)
-        return False
+        """True once /readyz answers 200 within limit seconds, else False."""
+        try:
+            wait_until(lambda: self.request("GET", "/readyz", timeout=2.0, token=None).status == 200, limit,
+                       what=f"{self.name}: /readyz 200")
+        except AssertionError:
+            return False
+        return True
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -474,7 +475,7 @@ class Server:
         while kids and time.monotonic() < deadline:
             kids = {p for p in kids if _pid_alive_child_of(p, self.proc.pid)}
             if kids:
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll interval of this bounded wait for the children to go
         self.orphans = set(kids)
         for p in kids:
             try:
@@ -531,14 +532,11 @@ class Server:
 
     def wait_workers(self, n, exclude=(), limit=15.0):
         """Waits until exactly n workers run and none of `exclude` is among them."""
-        deadline = time.monotonic() + limit * SLOW
-        pids = []
-        while time.monotonic() < deadline:
+        def workers():
             pids = self.worker_pids()
-            if len(pids) == n and not (set(pids) & set(exclude)):
-                return pids
-            time.sleep(0.05)
-        raise AssertionError(f"workers never became {n} without {list(exclude)}: {pids}")
+            return pids if len(pids) == n and not (set(pids) & set(exclude)) else None
+
+        return wait_until(workers, limit * SLOW, what=lambda: f"{n} workers without {list(exclude)} (now {self.worker_pids()})")
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -649,7 +647,7 @@ class Server:
                 raise AssertionError(
                     "store inconsistent: " + "; ".join(problems) + f"\ndebug={d}\nstats={s}"
                 )
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval of this bounded wait for pins and zombies to settle
 
 
 def _pid_alive_child_of(pid, ppid):
@@ -686,7 +684,7 @@ def wait_stopped(pid, limit):
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.002)
+        time.sleep(0.002)  # poll interval of this bounded wait for SIGSTOP to take effect
 
 
 def _proc_role(pid):

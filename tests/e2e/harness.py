@@ -11,6 +11,9 @@ Rules a new test follows (and why these exist):
 * A sleep that is part of what the test does (trickling bytes to test a timeout, pacing a
   load) may stay, with a comment on the same or previous line saying so.
 
+* A test must not depend on the tests before it: `pytest --shuffle-seed N tests/e2e` (an
+  option of conftest.py) runs the modules, and the tests within each, in a seeded order.
+
 This module imports nothing from conftest.py, so conftest.py and any test can import it.
 """
 
@@ -61,7 +64,8 @@ def wait_until(predicate, timeout, interval=0.05, what="condition"):
     timeout is in seconds and is used as given (callers multiply by SLOW). The predicate
     is always called at least once, and once more at the deadline, so a slow poll cannot
     miss a condition that became true just before time ran out. On timeout raises
-    AssertionError naming `what` and the last value (or exception) the predicate gave.
+    AssertionError naming `what` (a string, or a function giving one at that moment) and the
+    last value (or exception) the predicate gave.
     """
     deadline = time.monotonic() + timeout
     last = None
@@ -75,6 +79,7 @@ def wait_until(predicate, timeout, interval=0.05, what="condition"):
                 return last
         now = time.monotonic()
         if now >= deadline:
+            what = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}; last value: {last!r}")
         time.sleep(min(interval, max(0.0, deadline - now)))  # poll interval, not synchronisation
 
@@ -125,13 +130,15 @@ TCP_STATES = {
 
 
 def tcp_sockets(port=None):
-    """Rows of /proc/net/tcp (IPv4) as dicts: local/remote (host, port), state name,
+    """Rows of /proc/net/tcp and tcp6 as dicts: local/remote (host, port), state name,
     tx_queue, rx_queue, inode; filtered to those whose local or remote port is `port`."""
     out = []
-    try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        return out
+    lines = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # gRPC's clients use v4-mapped IPv6 sockets
+        try:
+            lines += Path(table).read_text().splitlines()[1:]
+        except OSError:
+            pass
     for line in lines:
         f = line.split()
         if len(f) < 5:

@@ -30,7 +30,7 @@ from .kvrelay_consumer import (
     producer_key,
 )
 from .test_relay_contract import converge, drain_replica
-from harness import client_ports, peer_ports, wait_until  # noqa: E402  (tests/e2e/harness.py)
+from harness import client_ports, peer_ports, tcp_sockets, wait_until  # noqa: E402  (tests/e2e/harness.py)
 
 # A client that buffers as little as possible: no BDP probing (which grows the HTTP/2 window to
 # megabytes) and 1 KiB of stream look-ahead, so a reader that stops stalls the server's sends
@@ -358,7 +358,9 @@ def test_worker_sigkill_ends_only_its_streams(relay):
         os.kill(victim, signal.SIGKILL)
         # streams of the dead worker end at once (connection gone): one per connection it had
         wait_until(lambda: sum(rd.end is not None for _, rd in streams) >= len(on_victim), 10 * SLOW,
-                   what=f"the {len(on_victim)} streams of the killed worker {victim} to end")
+                   what=lambda: (f"the {len(on_victim)} streams of the killed worker {victim} to end: "
+                                 f"{sum(rd.end is not None for _, rd in streams)} of {len(streams)} ended; "
+                                 f"client ends {[(r['local'][1], r['state']) for r in tcp_sockets(grpc_port) if r['local'][1] in on_victim]}"))
         victims = [(rep, rd) for rep, rd in streams if rd.end is not None]
         survivors = [(rep, rd) for rep, rd in streams if rd.end is None]
         srv.wait_workers(2, exclude=[victim])
