@@ -237,38 +237,56 @@ def test_out_of_descriptors_pauses_accept_without_spinning(kvrelay):
     assert srv.put("fd-canary", b"canary").status == 201
     worker = srv.worker_pids()[0]
     keep = raw_connect(srv)
-    keep.sendall(b"GET " + kv_path("fd-canary").encode() + b" HTTP/1.1\r\n")  # a head in progress
-    wait_peer_read(keep, 10 * SLOW, what="the worker to read the kept connection's partial head")
     held = []
-    for i in range(150):
-        s = socket.create_connection((srv.host, srv.port), timeout=2)
-        s.sendall(b"GET /healthz HTTP/1.1\r\n")  # busy: not idle, never complete
-        held.append(s)
-        # Each connection is busy only once the worker has read its bytes; until then it is idle
-        # and would be closed to make room (logged once per episode, with no "none idle" line:
-        # the flake this wait removes). Past the limit the worker stops reading new ones.
-        wait_until(lambda: peer_unread(s) == 0 or "none idle" in srv.log_text(), 10 * SLOW,
-                   what=f"the worker to read connection {i}'s head or to stop accepting")
-    # the worker has hit the limit with every connection busy and paused accept
-    wait_log(srv.log_text, "none idle", 10 * SLOW, what="the worker to pause accept at the descriptor limit")
-    cpu0 = _cpu_s(worker)
-    time.sleep(2.0)  # the window the worker's CPU time is measured over, not a wait
-    spent = _cpu_s(worker) - cpu0
-    assert spent < 0.3, f"worker used {spent:.2f} s of CPU in 2 s at the descriptor limit"
-    keep.sendall(b"Host: x\r\n\r\n")
-    r = read_one_response(keep, 5 * SLOW)
-    assert r.status == 200 and r.body == b"canary"
-    for s in held:
-        s.close()
+
+    def read_or_paused(sock):
+        if "none idle" in srv.log_text():
+            return "paused"
+        try:
+            return peer_unread(sock) == 0
+        except OSError:  # the worker closed it already (to make room): nothing left to wait for
+            return "closed"
+
+    try:
+        keep.sendall(b"GET " + kv_path("fd-canary").encode() + b" HTTP/1.1\r\n")  # a head in progress
+        wait_peer_read(keep, 10 * SLOW, what="the worker to read the kept connection's partial head")
+        for i in range(150):
+            s = socket.create_connection((srv.host, srv.port), timeout=2)
+            held.append(s)
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")  # busy: not idle, never complete
+            # Each connection is busy only once the worker has read its bytes; until then it is
+            # idle and would be closed to make room (logged once per episode, with no "none idle"
+            # line). Past the limit the worker stops reading new ones. Known race left in the
+            # server (src/io/h1_accept.c): the next accept is armed while the connection just
+            # accepted is still idle, so at --max-connections the check can pass, the worker runs
+            # into EMFILE and closes that newest connection; then this test fails as before.
+            wait_until(lambda: read_or_paused(s), 10 * SLOW,
+                       what=f"the worker to read connection {i}'s head or to stop accepting")
+        # the worker has hit the limit with every connection busy and paused accept
+        wait_log(srv.log_text, "none idle", 10 * SLOW, what="the worker to pause accept at the descriptor limit")
+        cpu0 = _cpu_s(worker)
+        time.sleep(2.0)  # the window the worker's CPU time is measured over, not a wait
+        spent = _cpu_s(worker) - cpu0
+        assert spent < 0.3, f"worker used {spent:.2f} s of CPU in 2 s at the descriptor limit"
+        keep.sendall(b"Host: x\r\n\r\n")
+        r = read_one_response(keep, 5 * SLOW)
+        assert r.status == 200 and r.body == b"canary"
+    finally:
+        # also on failure: 150 sockets left open would push the next test that lowers
+        # RLIMIT_NOFILE (test_io_engine re-runs this one) over its limit
+        for s in held:
+            s.close()
 
     def served():
         r = srv.request("GET", kv_path("fd-canary"), timeout=3)
         return (r.status == 200 and r.body == b"canary") or None
 
-    wait_until(served, 10 * SLOW, interval=0.2, what="new connections to be served again after descriptors were freed")
-    log = srv.log_text()
-    assert "none idle" in log, log[-2000:]
-    keep.close()
+    try:
+        wait_until(served, 10 * SLOW, interval=0.2, what="new connections to be served again after descriptors were freed")
+        log = srv.log_text()
+        assert "none idle" in log, log[-2000:]
+    finally:
+        keep.close()
 
 
 # ------------------------------------------------------------------ the h2o paths' bound
