@@ -26,25 +26,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = os.environ.get("KVRELAY_BUILD", "build")
-BINARY = (Path(BUILD) if os.path.isabs(BUILD) else REPO / BUILD) / "kvrelay-supervisor"
-
-
-
-def _sanitized():
-    if "asan" in BUILD or "ubsan" in BUILD:
-        return True
-    try:
-        with open(BINARY, "rb") as f:
-            blob = f.read()
-        return b"__asan_init" in blob or b"__ubsan_handle" in blob
-    except OSError:
-        return False
-
-
-# Slower builds (sanitizers) get more time for every bounded wait.
-SLOW = float(os.environ.get("KVRELAY_E2E_SLOW", "0")) or (3.0 if _sanitized() else 1.0)
+# REPO, BUILD, BINARY and the one SLOW factor live in harness.py (shared with relay/ and clients/).
+from harness import BINARY, BUILD, REPO, SLOW, wait_until  # noqa: F401  (re-exported to tests)
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -436,7 +419,7 @@ class Server:
                     assert self.port > 0, lines
                     self.grpc = lines.get("grpc")
                     return
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval of this bounded wait (it also watches for an early exit)
         pytest.fail(
             f"{self.name}: no port file {self.port_file} after {limit:.0f}s\n--- log ---\n"
             f"{self.log_tail()}",
@@ -452,7 +435,7 @@ class Server:
             last = self.request("GET", "/healthz", timeout=2.0, token=None)
             if last.status == 200:
                 return
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval of this bounded wait (it also watches for an early exit)
         pytest.fail(
             f"{self.name}: /healthz never answered 200 (last {last!r})\n--- log ---\n"
             f"{self.log_tail()}",
@@ -460,12 +443,13 @@ class Server:
         )
 
     def wait_ready(self, limit=10.0):
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            if self.request("GET", "/readyz", timeout=2.0, token=None).status == 200:
-                return True
-            time.sleep(0.05)
-        return False
+        """True once /readyz answers 200 within limit seconds, else False."""
+        try:
+            wait_until(lambda: self.request("GET", "/readyz", timeout=2.0, token=None).status == 200, limit,
+                       what=f"{self.name}: /readyz 200")
+        except AssertionError:
+            return False
+        return True
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -491,7 +475,7 @@ class Server:
         while kids and time.monotonic() < deadline:
             kids = {p for p in kids if _pid_alive_child_of(p, self.proc.pid)}
             if kids:
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll interval of this bounded wait for the children to go
         self.orphans = set(kids)
         for p in kids:
             try:
@@ -548,14 +532,11 @@ class Server:
 
     def wait_workers(self, n, exclude=(), limit=15.0):
         """Waits until exactly n workers run and none of `exclude` is among them."""
-        deadline = time.monotonic() + limit * SLOW
-        pids = []
-        while time.monotonic() < deadline:
+        def workers():
             pids = self.worker_pids()
-            if len(pids) == n and not (set(pids) & set(exclude)):
-                return pids
-            time.sleep(0.05)
-        raise AssertionError(f"workers never became {n} without {list(exclude)}: {pids}")
+            return pids if len(pids) == n and not (set(pids) & set(exclude)) else None
+
+        return wait_until(workers, limit * SLOW, what=lambda: f"{n} workers without {list(exclude)} (now {self.worker_pids()})")
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -666,7 +647,7 @@ class Server:
                 raise AssertionError(
                     "store inconsistent: " + "; ".join(problems) + f"\ndebug={d}\nstats={s}"
                 )
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval of this bounded wait for pins and zombies to settle
 
 
 def _pid_alive_child_of(pid, ppid):
@@ -703,7 +684,7 @@ def wait_stopped(pid, limit):
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.002)
+        time.sleep(0.002)  # poll interval of this bounded wait for SIGSTOP to take effect
 
 
 def _proc_role(pid):
@@ -801,6 +782,54 @@ def _watch_servers():
             problems.append(f"{s.name}: sanitizer report in log: ...{new[max(0, m.start() - 200):m.start() + 2000]}")
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# --shuffle-seed: run the tests in a seeded random order, to find tests that depend on the order.
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle-seed", type=int, default=None, metavar="N",
+        help="shuffle the collected tests with seed N: the order of the modules, and the tests "
+             "within each module (a module's tests stay together, so its module-scoped server "
+             "starts once). The same N gives the same order.",
+    )
+
+
+def _shuffle_seed(config):
+    return config.getoption("--shuffle-seed", default=None)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seed = _shuffle_seed(config)
+    if seed is None:
+        return
+    import random
+
+    rnd = random.Random(seed)
+    modules = {}  # insertion-ordered: the collected order of the modules is the starting point
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    groups = list(modules.values())
+    rnd.shuffle(groups)
+    for g in groups:
+        rnd.shuffle(g)
+    items[:] = [item for g in groups for item in g]
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"shuffle-seed {seed}: {len(items)} tests in {len(groups)} modules shuffled")
+
+
+def pytest_report_header(config):
+    seed = _shuffle_seed(config)
+    return f"shuffle-seed: {seed}" if seed is not None else None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    seed = _shuffle_seed(config)
+    if seed is not None:
+        terminalreporter.write_line(f"test order shuffled with --shuffle-seed {seed} (rerun with it to repeat)")
 
 
 def pytest_sessionfinish(session, exitstatus):

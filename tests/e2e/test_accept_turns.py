@@ -36,7 +36,7 @@ def _wait_total(srv, conn, total, limit):
     deadline = time.monotonic() + limit
     loads = _loads(srv, conn)
     while sum(loads.values()) != total and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.02)  # poll interval of this bounded wait (the caller asserts the reading)
         loads = _loads(srv, conn)
     return loads
 

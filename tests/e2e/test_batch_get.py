@@ -9,11 +9,11 @@ is out (or refused, or abandoned).
 
 import socket
 import struct
-import time
 
 import pytest
 
-from conftest import MiB, make_block, quote_key
+from conftest import SLOW, MiB, make_block, quote_key
+from harness import wait_until
 
 KiB = 1 << 10
 MAX_BLOCK = 4 * MiB
@@ -204,21 +204,20 @@ def test_batch_pins_in_flight_per_worker_are_bounded(kvrelay):
     body = _lines(["held"] * 128)  # 16 MiB per answer, far past any socket buffer
     held = [_hold(srv, body) for _ in range(8)]
     try:
-        deadline = time.monotonic() + 10
-        while srv.debug_store()["pinned_blocks"] != 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: srv.debug_store()["pinned_blocks"] == 1, 10 * SLOW, interval=0.02,
+                   what="the 8 held batches to pin the block")
         status, hdrs, data = plain_post(srv, "/batch/get", _lines(["small"]))
         assert status == 503 and hdrs.get(b"retry-after") == b"1", (status, data)
         _json_error(status, data, 503, "Busy")
         assert srv.get("small").body == b"s"  # a single GET still has pins
         held.pop().close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def served():
             status, _h, data = plain_post(srv, "/batch/get", _lines(["small"]))
-            if status == 200:
-                break
-            time.sleep(0.05)
-        assert status == 200 and parse(data, 1) == [b"s"]
+            return data if status == 200 else None
+
+        data = wait_until(served, 10 * SLOW, what="a batch GET to be served again once a held one closed")
+        assert parse(data, 1) == [b"s"]
     finally:
         for s in held:
             s.close()

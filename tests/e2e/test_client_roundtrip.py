@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import REPO, SLOW, MiB, KiB, free_port, kv_path, make_block
+from harness import tcp_sockets, wait_until
 
 sys.path.insert(0, str(REPO / "clients" / "python"))
 import kvrelay_client  # noqa: E402
@@ -249,7 +250,10 @@ def test_client_reconnects_after_idle_timeout(kvrelay):
     srv = kvrelay("--memory", "64M", "--workers", "1", "--idle-timeout", "500ms")
     with KvRelayClient(url=srv.base_url, max_connections=1) as c:
         assert c.put("idle", b"abc")
-        time.sleep(1.5)
+        # the server closes the idle connection after --idle-timeout: its end leaves ESTABLISHED
+        wait_until(lambda: not any(r["local"][1] == srv.port and r["state"] == "ESTABLISHED"
+                                   for r in tcp_sockets(srv.port)),
+                   5 * SLOW, what="the server to close the idle keep-alive connection")
         assert c.get("idle") == b"abc"
         assert c.connections_opened == 2, "the idle connection should have been closed by the server"
         assert c.errors == 0

@@ -136,7 +136,7 @@ class Prometheus:
                     self.base = f"http://{m.group(1)}"
             elif self._ready():
                 return self
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval of this bounded wait for readiness
         raise AssertionError(f"prometheus not ready after {limit * SLOW:.0f}s:\n{self.log()}")
 
     def _ready(self):
@@ -176,7 +176,7 @@ class Prometheus:
             vals = self.values(expr)
             if vals and cond(vals):
                 return vals
-            time.sleep(0.25)
+            time.sleep(0.25)  # poll interval of this bounded wait for the query's condition
         raise AssertionError(f"{what}: {expr} gave {vals} after {limit * SLOW:.0f}s\n{self.log()[-3000:]}")
 
     def stop(self):

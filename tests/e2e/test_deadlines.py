@@ -19,6 +19,7 @@ import threading
 import time
 
 from conftest import KiB, MiB, SLOW, http_request, kv_path, make_block, raw_connect, read_one_response
+from harness import wait_accepted, wait_peer_read, wait_until
 
 ATTACKER = "127.0.0.2"  # loopback is 127.0.0.0/8: a second client address on this machine
 
@@ -105,7 +106,7 @@ class Prober(threading.Thread):
             if r.status != 201 or g is None or g.status != 200 or g.body != data:
                 self.failures.append((key, r.status, g and g.status, r.error))
             i += 1
-            time.sleep(0.02)
+            time.sleep(0.02)  # pacing of the probe's requests
 
     def p99(self):
         lat = sorted(self.lat)
@@ -276,7 +277,7 @@ def test_bodies_slower_than_the_minimum_rate_are_cut_and_free_what_they_hold(kvr
                     break  # answered before the end of the body
                 s.sendall(data[sent:sent + step])
                 sent += step
-                time.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+                time.sleep(max(0.0, t0 + sent / rate - time.monotonic()))  # pacing at `rate`
         except OSError:
             pass
         r = read_one_response(s, 10 * SLOW)
@@ -309,17 +310,15 @@ def test_bodies_slower_than_the_minimum_rate_are_cut_and_free_what_they_hold(kvr
                 got += chunk
             if len(got) >= size + 100 and b"\r\n\r\n" in got and len(got.split(b"\r\n\r\n", 1)[1]) >= size:
                 break
-            time.sleep(0.01)
+            time.sleep(0.01)  # pacing: reads at `rate`, the slow reader under test
         s.close()
         return bytes(got.split(b"\r\n\r\n", 1)[1]) if b"\r\n\r\n" in got else b""
 
     assert paced_get(2 * MiB) == data
     slow = paced_get(128 * KiB)
     assert len(slow) < size
-    deadline = time.monotonic() + 5 * SLOW
-    while srv.debug_store()["pinned_blocks"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.debug_store()["pinned_blocks"] == 0
+    wait_until(lambda: srv.debug_store()["pinned_blocks"] == 0, 5 * SLOW,
+               what="the cut GET's pin to be released")
     assert "slower than --min-body-rate" in srv.log_text()
     srv.assert_consistent()
 
@@ -328,7 +327,8 @@ def _idle_then_new_clients(srv, idle_n=600, new_n=8):
     """Opens idle_n connections that send nothing, then new_n clients that each GET /healthz on
     a new connection; returns each new client's time to its answer (None: none within 5 s)."""
     idle = [socket.create_connection((srv.host, srv.port), timeout=10) for _ in range(idle_n)]
-    time.sleep(0.5 * SLOW)
+    # the workers have taken every idle connection (closing older ones to make room)
+    wait_accepted(srv.port, 10 * SLOW, what=f"the workers to accept the {idle_n} idle connections")
     times = [None] * new_n
 
     def client(i):
@@ -376,16 +376,16 @@ def test_at_max_connections_the_longest_idle_goes_first(kvrelay):
     busy = raw_connect(srv)
     busy.sendall(f"PUT {kv_path('maxc-busy')} HTTP/1.1\r\nHost: x\r\nContent-Length: {2 * MiB}\r\n\r\n".encode()
                  + b"b" * MiB)
+    wait_peer_read(busy, 5 * SLOW, what="the worker to read the busy PUT's head and first MiB")
     idle = []
-    for _ in range(19):
+    for i in range(19):
         idle.append(socket.create_connection((srv.host, srv.port), timeout=10))
-        time.sleep(0.02)
-    time.sleep(0.3 * SLOW)
+        # accepted before the next one comes: the order of the accepts is the order of idleness
+        wait_accepted(srv.port, 5 * SLOW, what=f"the worker to accept idle connection {i}")
     r = http_request(srv.host, srv.port, "GET", "/healthz", timeout=5)
     assert r.status == 200
-    time.sleep(0.3 * SLOW)
     w = Watch(idle)
-    w.poll(0.5)
+    wait_until(lambda: w.poll(0.1) or w.closed, 5 * SLOW, what="the worker to close an idle connection")
     closed = sorted(idle.index(w.socks[fd]) for fd in w.closed)
     assert closed and closed[0] == 0, closed  # the longest idle first
     busy.sendall(b"b" * MiB)

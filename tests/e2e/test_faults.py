@@ -28,6 +28,7 @@ from conftest import (
     send_while_reading,
     unique_key,
 )
+from harness import wait_peer_read, wait_until
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,11 +122,12 @@ def test_sigkill_workers_under_load(kvrelay):
     original = srv.worker_pids()
     assert len(original) == 2, f"--workers 2 should give 2 workers: {original}"
     load = Load(srv, threads=4, duration=4.0).start()
-    time.sleep(0.9 * SLOW)
+    wait_until(lambda: len(load.acked) >= 8, 10 * SLOW, what="the load to have PUTs acknowledged before the first kill")
     before_stats = srv.stats()
     before_requests = _sum_requests_total(srv)
     os.kill(original[0], signal.SIGKILL)
-    time.sleep(1.0 * SLOW)
+    # the second kill comes once the first worker has been replaced, still under the load
+    srv.wait_workers(2, exclude=[original[0]])
     os.kill(original[1], signal.SIGKILL)
     load.join()
 
@@ -170,12 +172,10 @@ def test_sigterm_idle_exits_zero(kvrelay):
 
 
 def _assert_gone(pids, limit=3.0):
-    deadline = time.monotonic() + limit * SLOW
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X")]
-        time.sleep(0.05)
-    assert not alive, f"children outlived the supervisor: {alive}"
+    def alive():
+        return [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X")]
+
+    wait_until(lambda: not alive(), limit * SLOW, what=f"the children {list(pids)} to be gone (alive: {alive()})")
 
 
 def _state(pid):
@@ -220,7 +220,7 @@ def test_sigterm_under_load_drains(kvrelay):
                     s.sendall(data[off : off + step])
                     if off == 0:
                         started.wait()
-                    time.sleep(0.03)
+                    time.sleep(0.03)  # pacing: a slow upload is still in flight at the SIGTERM
                 results[key] = read_one_response(s, 10 * SLOW)
             finally:
                 s.close()
@@ -247,7 +247,7 @@ def test_sigterm_under_load_drains(kvrelay):
                     status, hdrs, body = parse_raw_response(bytes(buf))
                     if status is not None and len(body) >= int(hdrs.get("content-length", "-1")) >= 0:
                         break
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # pacing: a slow reader is still in flight at the SIGTERM
                 status, hdrs, body = parse_raw_response(bytes(buf))
                 results[key] = (status, body)
             finally:
@@ -270,7 +270,7 @@ def test_sigterm_under_load_drains(kvrelay):
                 if sigterm_at:
                     refused_after += 1
                 hammer_log.append(("refused", None))
-                time.sleep(0.02)
+                time.sleep(0.02)  # pacing of the hammer's reconnects
                 continue
             try:
                 try:
@@ -290,7 +290,7 @@ def test_sigterm_under_load_drains(kvrelay):
                         hammer_log.append(("ok", status))
             finally:
                 s.close()
-            time.sleep(0.01)
+            time.sleep(0.01)  # pacing of the hammer's requests
 
     threads = [threading.Thread(target=slow_upload, args=(n,), daemon=True) for n in range(3)]
     threads += [threading.Thread(target=slow_download, args=(n,), daemon=True) for n in range(2)]
@@ -302,12 +302,14 @@ def test_sigterm_under_load_drains(kvrelay):
         for t in threads + hammers:
             t.start()
         started.wait()
-        time.sleep(0.2)
+        wait_until(lambda: any(x[0] == "ok" for x in hammer_log), 10 * SLOW,
+                   what="a hammer connection to be served before the SIGTERM")
         t0 = time.monotonic()
         sigterm_at.append(t0)
         srv.proc.send_signal(signal.SIGTERM)
 
-        time.sleep(0.3)
+        wait_until(lambda: srv.log_text().count("draining (grace") >= len(workers), 10 * SLOW,
+                   what="every worker to log that it is draining")
         # an idle keep-alive connection asking /readyz while draining: never "ready"
         try:
             idle.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -485,8 +487,11 @@ def case_chunked_body_over_cap(srv):
 def case_truncated_body_close(srv):
     s = raw_connect(srv)
     s.sendall(b"PUT /kv/trunc1 HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"t" * 50000)
+    wait_peer_read(s, 5 * SLOW, what="the server to read the head and the first half of the body")
     s.close()
-    time.sleep(0.2)
+    # the server has seen the close and given the truncated PUT's reservation back
+    wait_until(lambda: srv.debug_store()["reserved_blocks"] == 0, 5 * SLOW,
+               what="the truncated PUT's reservation to be released")
     assert srv.get("trunc1").status == 404, "a truncated PUT became visible"
 
 
@@ -529,19 +534,17 @@ def case_stalled_reader(srv):
         s.sendall(b"GET /kv/bigcanary HTTP/1.1\r\nHost: x\r\n\r\n")
         head = s.recv(1000)
         assert head.startswith(b"HTTP/1.1 200"), head
-        time.sleep(0.3)
-        assert srv.debug_store()["pinned_blocks"] >= 1, "a GET in flight should pin its block"
-        time.sleep(2.5)
+        wait_until(lambda: srv.debug_store()["pinned_blocks"] >= 1, 5 * SLOW,
+                   what="the GET in flight to pin its block")
+        time.sleep(2.5)  # the stall under test: no read for longer than --io-timeout (1 s)
         rest, how = read_until_close(s, 20 * SLOW, max_bytes=20 * MiB)
         total = len(head) + len(rest)
         assert total < len(BIG), f"stalled reader was never cut off (received all {total} bytes, {how})"
         assert how in ("eof", "reset"), how
     finally:
         s.close()
-    deadline = time.monotonic() + 5 * SLOW
-    while srv.debug_store()["pinned_blocks"] != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert srv.debug_store()["pinned_blocks"] == 0, "the stalled GET's pin leaked"
+    wait_until(lambda: srv.debug_store()["pinned_blocks"] == 0, 5 * SLOW, interval=0.1,
+               what="the stalled GET's pin to be released (leaked?)")
 
 
 def case_garbage_binary(srv):
@@ -713,7 +716,7 @@ def test_readyz_503_while_a_worker_is_down(kvrelay):
                     saw["503"] += 1
                 elif down_since is not None and time.monotonic() - down_since > 0.05 and not (set(srv.worker_pids()) - before):
                     saw["200-while-down"] += 1
-            time.sleep(0.01)
+            time.sleep(0.01)  # poll interval of the /readyz watch while the worker is replaced
         for c in conns:
             c.close()
         assert new, f"worker {victim} was not replaced"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import KiB, SLOW, kv_path, module_server, parse_raw_response, raw_connect, read_until_close, unique_key
-from test_dataplane import Reader, _json_error, _req
+from h1_raw import Reader, _json_error, _req
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def _send_pieces(srv, pieces, nresp, gap_s=0.002):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for i, p in enumerate(pieces):
             if i:
-                time.sleep(gap_s)
+                time.sleep(gap_s)  # pacing so each piece tends to arrive in a read of its own
             s.sendall(p)
         rd = Reader(s)
         return [rd.response(5 * SLOW) for _ in range(nresp)]

@@ -2,7 +2,7 @@
 The two I/O engines (src/io/uring.c, docs/dataplane.md "I/O engines") against the real server.
 
   1. The HTTP/1.1 fast path's contract re-run over the epoll engine: the tests imported below
-     from test_dataplane.py, test_h1_framing.py and test_http_contract.py run here unchanged,
+     from test_h1_*.py (the split test_dataplane.py) and test_http_contract.py run here unchanged,
      with every server they start given `--io-engine epoll` (the `srv`, `plain`, `tls_srv`
      and `kvrelay` fixtures are overridden in this module), plus PUT/GET of 16 KiB..64 MiB,
      pipelining and many connections at once. Each server's log must name the epoll engine and its workers
@@ -20,21 +20,24 @@ import pytest
 from conftest import SLOW, MiB, KiB, kv_path, make_block, module_server, raw_connect
 
 # The contract tests re-run over epoll (collected in this module, so they use its fixtures).
-from test_dataplane import (  # noqa: F401
-    Reader,
-    _req,
+from h1_raw import Reader, _req  # noqa: F401
+from test_h1_parser_rules import (  # noqa: F401
     test_length_with_transfer_encoding_is_refused_and_closed,
     test_two_different_lengths_are_refused_and_closed,
     test_bad_content_length_is_a_json_400,
     test_chunked_put_round_trips_and_pipelines,
     test_chunked_body_over_its_cap_is_413,
-    test_chunked_uploads_in_flight_are_bounded,
     test_expect_100_continue,
     test_dedup_hit_consumes_the_body_and_keeps_the_connection,
     test_conflict_answered_from_the_head_then_body_consumed,
+)
+from test_h1_early_answers import (  # noqa: F401
     test_put_of_max_block_size_into_a_small_arena_is_413_at_once,
     test_401_after_at_most_the_head,
-    test_slow_but_moving_transfers_complete_and_stalled_ones_are_cut,
+)
+from test_h1_progress_timeouts import test_slow_but_moving_transfers_complete_and_stalled_ones_are_cut  # noqa: F401
+from test_h1_budgets import (  # noqa: F401
+    test_chunked_uploads_in_flight_are_bounded,
     test_puts_beyond_the_inflight_budget_wait_then_503,
     test_out_of_descriptors_pauses_accept_without_spinning,
 )

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import BINARY, SLOW, free_port, make_block, unique_key
+from harness import wait_until
 
 TOP = BINARY.parent / "kvrelay-top"
 KiB = 1 << 10
@@ -104,10 +105,7 @@ def test_plain_lines_carry_the_servers_numbers(kvrelay):
     try:
         p = top(srv, "-n", "3", "-i", "0.5")
         # enough new blocks for the 4M arena to evict before the final comparison
-        deadline = time.monotonic() + 30 * SLOW
-        while srv.stats()["evictions"] == 0:
-            assert time.monotonic() < deadline, "no eviction"
-            time.sleep(0.05)
+        wait_until(lambda: srv.stats()["evictions"] > 0, 30 * SLOW, what="an eviction")
     finally:
         puts.stop()
     assert p.returncode == 0, p.stderr.decode()

@@ -103,7 +103,7 @@ def test_metrics_families_and_values(kvrelay):
         if all(requests(after, m, st) - requests(before, m, st) >= n
                for (m, st), n in [*exact.items(), (("GET", 200), 5)]) or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll interval of this bounded wait for the counters to catch up
     rc, out = promtool_check(text)
     assert rc == 0, f"promtool check metrics failed:\n{out}"
 

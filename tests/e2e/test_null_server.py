@@ -13,13 +13,13 @@ import signal
 import socket
 import struct
 import subprocess
-import time
 import uuid
 
 import pytest
 import xxhash
 
 from conftest import BINARY, SLOW, _die_with_parent
+from harness import wait_server_closed, wait_until
 
 NULL = BINARY.parent / "bench" / "null_server"
 BENCH = BINARY.parent / "kvrelay-bench"
@@ -39,14 +39,14 @@ class NullServer:
         self.proc = subprocess.Popen([require(NULL), "--bind", "127.0.0.1:0", "--port-file", str(self.port_file), *args],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                      preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + 10 * SLOW
-        while time.monotonic() < deadline:
-            if self.port_file.exists() and self.port_file.read_text().strip():
-                self.port = int(self.port_file.read_text().split("=")[1])
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: self.proc.poll() is not None or self.port_file.read_text().strip(), 10 * SLOW,
+                       what="the null server's port file")
+        except AssertionError:
+            pass  # reported below with the log
+        if self.proc.poll() is None and self.port_file.exists() and self.port_file.read_text().strip():
+            self.port = int(self.port_file.read_text().split("=")[1])
+            return
         self.proc.kill()
         self.proc.wait(timeout=10)
         self.log.seek(0)
@@ -256,8 +256,9 @@ def test_connection_bound(tmp_path):
         except ConnectionResetError:
             got = b""
         assert got == b"", "a connection beyond --max-conns must be closed unanswered"
+        gone = held[0].getsockname()[1]
         held[0].close()
-        time.sleep(0.2)
+        wait_server_closed(gone, s.port, 5 * SLOW, what="the null server to close the connection it lost")
         again = socket.create_connection(("127.0.0.1", s.port), timeout=5 * SLOW)
         again.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
         assert again.recv(4096).startswith(b"HTTP/1.1 200"), "served again once a connection closed"
@@ -272,8 +273,8 @@ def test_workers_and_sigterm(tmp_path):
     kids = s.children()
     assert len(kids) == 2
     s.stop()  # asserts exit status 0
-    deadline = time.monotonic() + 5 * SLOW
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{k}") for k in kids):
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{k}") and "Z" not in open(f"/proc/{k}/stat").read().split()[2]
-                   for k in kids), "workers outlived the parent"
+
+    def running():  # alive and not a zombie
+        return [k for k in kids if os.path.exists(f"/proc/{k}") and "Z" not in open(f"/proc/{k}/stat").read().split()[2]]
+
+    wait_until(lambda: not running(), 5 * SLOW, what=f"the workers {kids} to end with the parent (workers outlived it)")

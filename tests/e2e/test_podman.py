@@ -58,6 +58,7 @@ import pytest
 import yaml
 
 from conftest import REPO, http_request, kv_path
+from harness import SLOW, wait_until
 from test_deploy_manifests import DEPLOY, by_kind, render
 
 PODMAN = shutil.which("podman")
@@ -190,15 +191,13 @@ def pod_manifests(tmp, segdir, http, grpc, token_b64):
 
 
 def wait_http(port, path, want, limit, token=None):
-    deadline = time.monotonic() + limit
-    last = None
-    while time.monotonic() < deadline:
-        h = {"Authorization": f"Bearer {token}"} if token else {}
-        last = http_request("127.0.0.1", port, "GET", path, headers=h, timeout=2)
-        if last.status == want:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"GET {path}: never {want} in {limit}s (last {last!r})")
+    h = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def answered():
+        r = http_request("127.0.0.1", port, "GET", path, headers=h, timeout=2)
+        return r if r.status == want else None
+
+    return wait_until(answered, limit * SLOW, interval=0.2, what=f"GET {path} to answer {want}")
 
 
 def grpc_health(port, service=""):
@@ -293,7 +292,7 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
             elif st == "running" and int(npid) != pid:
                 how = "restartPolicy Always"
             else:
-                time.sleep(0.1)
+                time.sleep(0.1)  # poll interval of this bounded wait for the exit or the restart
         assert how, f"the container neither exited nor restarted after SIGKILL: {st} {npid}"
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         wait_http(http, "/readyz", 200, 60)
@@ -306,12 +305,12 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         # A GET's pin is let go when its worker reaps the send's completion, which can come a
         # moment after the client has read the last byte; /debug/store may be answered by the
         # other worker in that moment. A pin the repair left behind would stay: polled, bounded.
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 5 * SLOW
         while True:
             d = http_request("127.0.0.1", http, "GET", "/debug/store", headers=auth).json()
             if d["pinned_blocks"] == 0 or time.monotonic() > deadline:
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval of this bounded wait (asserted just below)
         assert d["ok"] is True and d["unique_blocks"] == len(blocks) and d["pinned_blocks"] == 0, d
 
         # Stop: SIGTERM, drain, exit 0 within the grace period. podman before 5.1 sends SIGKILL

@@ -43,6 +43,7 @@ from conftest import (  # noqa: E402
     kv_path,
     run_binary,
 )
+from harness import tcp_sockets, wait_until  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -329,20 +330,18 @@ def test_sigkill_of_the_process_group_under_load_leaves_a_repairable_segment(ser
     pids = [a.pid] + a.children()
     assert len(pids) >= 4, pids
     load = Load(a, base, 20 * SLOW).start()
-    deadline = time.monotonic() + 10 * SLOW
-    while (len(load.acked) < 300 or load.gets < 300) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(load.acked) >= 300 and load.gets >= 300, (len(load.acked), load.gets)
+    wait_until(lambda: len(load.acked) >= 300 and load.gets >= 300, 10 * SLOW, interval=0.02,
+               what=f"300 PUTs acknowledged and 300 GETs (now {len(load.acked)}, {load.gets})")
     os.killpg(a.pid, signal.SIGKILL)  # the supervisor and all its children, at once
     a.proc.wait(10)
     load.join()
     assert a.proc.returncode == -signal.SIGKILL
     assert not load.errors, load.errors[:5]
     # every process of the group is gone (their flock on the file with them)
-    deadline = time.monotonic() + 10 * SLOW
-    while any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]
-              for p in pids if Path(f"/proc/{p}/stat").exists()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists()
+                               and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]
+                               for p in pids if Path(f"/proc/{p}/stat").exists()),
+               10 * SLOW, what=f"every process of the killed group {pids} to be gone")
     a.stop()
 
     b = servers(seg_path, *args, name="repaired")
@@ -440,9 +439,7 @@ class PrimedServer(GroupServer):
 
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10 * SLOW
-        while self.proc is None and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until(lambda: self.proc is not None, 10 * SLOW, interval=0.001, what="the primed binary to be spawned")
         os.close(r)
         return self
 
@@ -450,10 +447,7 @@ class PrimedServer(GroupServer):
         """Lets the binary run, and returns once it serves (or raises why it did not)."""
         os.write(self._go, b"go\n")
         os.close(self._go)
-        deadline = time.monotonic() + 60 * SLOW
-        while not self._outcome and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert self._outcome, "the primed server did not start in time"
+        wait_until(lambda: self._outcome, 60 * SLOW, interval=0.005, what="the primed server to start")
         if self._outcome[0] is not None:
             raise self._outcome[0]
         return self
@@ -477,6 +471,13 @@ def _half_sent_puts(srv, prefix, n, length=50000):
                   .encode() + b"h" * (length // 10))
         socks.append(s)
     return socks
+
+
+def _heads_read(srv, socks, body_sent):
+    """True when the server has read at least each request's head: no more than the body
+    bytes sent are left in its receive queue of each connection."""
+    unread = {r["remote"][1]: r["rx_queue"] for r in tcp_sockets(srv.port) if r["local"][1] == srv.port}
+    return all(unread.get(s.getsockname()[1], 1 << 30) <= body_sent for s in socks)
 
 
 def test_restart_right_after_sigkill_of_the_group_waits_for_the_lock(tmp_path, seg_path):
@@ -507,12 +508,13 @@ def test_restart_right_after_sigkill_of_the_group_waits_for_the_lock(tmp_path, s
         for rnd in range(1, rounds + 1):
             srv.kills_expected = True
             load = PutLoad(srv, f"r{rnd:02d}", rng)
-            deadline = time.monotonic() + 5 * SLOW
-            while len(load.acked) < 10 and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_until(lambda: len(load.acked) >= 10, 5 * SLOW, interval=0.005,
+                       what=f"round {rnd}: 10 PUTs acknowledged")
             half = _half_sent_puts(srv, f"half/r{rnd:02d}", 64)
             nxt = primed(f"lock{rnd}")
-            time.sleep(0.05)  # the workers have read the heads and wait for the bodies
+            # the workers have read the heads and wait for the bodies (or for the budget)
+            wait_until(lambda: _heads_read(srv, half, 50000 // 10), 10 * SLOW,
+                       what=f"round {rnd}: the workers to read the 64 half-sent PUTs' heads")
             os.killpg(srv.pid, signal.SIGKILL)  # the supervisor and all its children, at once
             # the next start goes at once, before the killed group is reaped or gone
             try:
@@ -558,7 +560,7 @@ fd = os.open(sys.argv[1], os.O_RDWR)
 fcntl.flock(fd, fcntl.LOCK_EX)
 if os.fork() == 0:
     os.write(1, b"held\\n")
-    time.sleep(float(sys.argv[2]))
+    time.sleep(float(sys.argv[2]))  # holds the lock this long: the duration under test
     os._exit(0)
 os._exit(0)
 """

@@ -92,7 +92,7 @@ def test_sigstop_worker_is_found_hung_and_replaced(kvrelay):
     try:
         deadline = t0 + (HANG_S + 1.0) * SLOW + 2.0
         while not saw_503 and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # poll interval; the watchers time the first 503 themselves
         stop.set()
         for th in threads:
             th.join(5)
@@ -158,7 +158,7 @@ def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
                 (after if replaced else during).append((round(sent, 2), status))
                 if replaced and len(after) >= 5:
                     break
-            time.sleep(0.05)
+            time.sleep(0.05)  # sampling interval: /readyz is probed every 50 ms across the hang
         print(f"readyz before {before}\nduring {during}\nafter {after}\n{unanswered} unanswered")
         log = srv.log_text()
         assert before and all(st == 200 for _, st in before), f"503 before half the hang timeout: {before}"
@@ -192,7 +192,7 @@ def test_kill_storm_keeps_one_worker_serving(kvrelay):
             # up to 4 fresh connections (SO_REUSEPORT spreads them over the workers' sockets)
             served = any(_probe(srv, "/healthz", 0.25 * SLOW) == 200 for _ in range(4))
             ticks["ok" if served else "down"] += 1
-            time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))  # pacing: one probe round per 0.1 s
 
     load = Load(srv, threads=2, duration=STORM_S + 1, max_bytes_per_thread=120 * (1 << 20)).start()
     pt = threading.Thread(target=prober, daemon=True)
@@ -209,7 +209,7 @@ def test_kill_storm_keeps_one_worker_serving(kvrelay):
                     kills.append(victim)
                 except ProcessLookupError:
                     pass
-            time.sleep(1.0)
+            time.sleep(1.0)  # pacing of the storm: one SIGKILL a second
     finally:
         stop.set()
         pt.join(10)
@@ -248,7 +248,7 @@ def _replace_repeatedly(srv, nworkers, sig, rounds):
             new = now - before
             if new and len(now) == nworkers and victim not in now:
                 break
-            time.sleep(0.01)
+            time.sleep(0.01)  # poll interval: the time to the replacement is measured to 10 ms
         assert new, f"worker {victim} was not replaced within 15 s"
         took.append(round(time.monotonic() - t0, 3))
         victim = new.pop()

@@ -13,12 +13,12 @@ engine's module names first (engines.py).
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import wait_stopped  # noqa: E402  (tests/e2e/conftest.py)
+from harness import wait_until  # noqa: E402  (tests/e2e/harness.py)
 
 REPO = Path(__file__).resolve().parents[3]
 CLIENT_SRC = REPO / "clients" / "python"
@@ -48,13 +48,10 @@ def kill_server(srv, limit=10.0):
             pass
     srv.proc.kill()
     srv.proc.wait(timeout=limit)
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        alive = [p for p in kids if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
-        if not alive:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"children {alive} survived SIGKILL")
+    def alive():
+        return [p for p in kids if os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None)]
+
+    wait_until(lambda: not alive(), limit, interval=0.02, what=f"the children {kids} to die of SIGKILL")
 
 
 def _state(pid):

@@ -78,7 +78,7 @@ class Canned:
                 conn.settimeout(1.0)
                 conn.recv(65536)
                 conn.sendall(self.reply)
-                time.sleep(0.05)
+                time.sleep(0.05)  # the scripted server's behaviour: a pause before it closes
             except OSError:
                 pass
             finally:

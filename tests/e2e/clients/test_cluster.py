@@ -10,6 +10,7 @@ import time
 from .conftest import kill_server
 
 from conftest import SLOW  # noqa: E402
+from harness import wait_until  # noqa: E402
 
 import kvrelay  # noqa: E402
 from kvrelay.cluster import Cluster, hrw_score, make_store, rank_nodes  # noqa: E402
@@ -110,10 +111,7 @@ def test_cluster_dead_node_is_reprobed(kvrelay):
         assert c.get(k1[1]) is None and node.failures == 1
 
         def wait_usable():
-            deadline = time.monotonic() + 2.0  # max_backoff_s is 1.0
-            while not node.usable() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert node.usable()
+            wait_until(node.usable, 2.0, interval=0.02, what="the node's back-off to end")  # max_backoff_s is 1.0
 
         # once the back-off is over the next request probes it (refused: back off again)
         wait_usable()
@@ -146,17 +144,18 @@ def test_cluster_dns_membership(kvrelay):
         assert [n.name for n in c.nodes] == [f"127.0.0.1:{srv.port}"]
         assert c.put("dns-key", b"v") and c.get("dns-key") == b"v"
         table["kv.default.svc"] = ["127.0.0.1", "10.255.255.1", "10.255.255.2"]
+        # the client's own clock: past dns_refresh_s (0.1 s) its next call re-resolves (no other party)
         time.sleep(0.15)
         c.owners("x")  # re-resolves
         assert sorted(n.name for n in c.nodes) == sorted(f"{a}:{srv.port}" for a in table["kv.default.svc"])
         # a failing resolution keeps the members
         del table["kv.default.svc"]
-        time.sleep(0.15)
+        time.sleep(0.15)  # past dns_refresh_s again, as above
         c.owners("x")
         assert len(c.nodes) == 3
         # ...and so does an empty answer
         table["kv.default.svc"] = []
-        time.sleep(0.15)
+        time.sleep(0.15)  # past dns_refresh_s again, as above
         c.owners("x")
         assert len(c.nodes) == 3
     finally:

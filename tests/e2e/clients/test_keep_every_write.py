@@ -28,6 +28,7 @@ from .test_sglang import HostPool, make_backend as make_v1_backend
 from .test_sglang_v2 import Indices, make_backend as make_v2_backend
 
 from conftest import SLOW, free_port  # noqa: E402
+from harness import tcp_sockets, wait_until  # noqa: E402
 
 from kvrelay import Client  # noqa: E402
 from kvrelay import client as client_mod  # noqa: E402
@@ -198,7 +199,10 @@ def test_restart_and_idle_timeout_lose_no_write(kvrelay):
             w.warm("idle")
         assert all(w.store.connections_opened >= 2 for w in writers), [w.store.connections_opened for w in writers]
         retired = [w.store.connections_retired for w in writers]
-        time.sleep(2.5)
+        # quiet until the server's --idle-timeout has closed every kept-alive connection
+        wait_until(lambda: not any(r["local"][1] == srv.port and r["state"] == "ESTABLISHED"
+                                   for r in tcp_sockets(srv.port)),
+                   10 * SLOW, what="the server to close every idle kept-alive connection")
         assert_all_stored(srv, stream(writers, "idle"), "2.5 s of quiet past --idle-timeout 1s")
         after = [w.store.connections_retired for w in writers]
         assert all(a > r for a, r in zip(after, retired)), (retired, after)
@@ -290,7 +294,7 @@ def test_a_connection_closed_while_idle_is_never_handed_out():
     def script(i, conn):  # answers one request, then closes, as a server's idle timeout does
         if read_request(conn):
             conn.sendall(OK_REPLY)
-        time.sleep(0.05)
+        time.sleep(0.05)  # the scripted server's behaviour: a short pause, then the close
 
     srv = Scripted(script)
     try:
@@ -309,7 +313,7 @@ def test_a_connection_idle_past_idle_s_is_retired(kvrelay):
     with Client(url=srv.base_url, timeout_s=2.0 * SLOW, idle_s=0.2) as c:
         assert c.put("a", b"1") and c.get("a") == b"1"
         assert c.connections_opened == 1 and c.connections_retired == 0
-        time.sleep(0.35)
+        time.sleep(0.35)  # the client's own clock: past idle_s (0.2 s), no other party involved
         assert c.get("a") == b"1"
         assert c.connections_opened == 2 and c.connections_retired == 1
     with pytest.raises(ValueError):
@@ -331,7 +335,7 @@ def test_closed_before_any_answer_goes_again_on_a_new_connection(method):
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
         else:
             conn.sendall(OK_REPLY)
-        time.sleep(0.2)
+        time.sleep(0.2)  # the scripted server's behaviour: it lingers before closing
 
     srv = Scripted(script)
     try:
@@ -355,7 +359,8 @@ def test_resends_are_bounded_and_a_partial_answer_is_not_resent():
         with Client(url=f"http://127.0.0.1:{srv.port}", timeout_s=2.0 * SLOW) as c:
             assert c.put("k", b"v") is False
             assert c.resends == client_mod.MAX_RESENDS and c.errors == 1
-            time.sleep(0.1)
+            wait_until(lambda: srv.accepted >= client_mod.MAX_RESENDS + 1, 5 * SLOW,
+                       what="the scripted server to count the client's connections")
             assert srv.accepted == client_mod.MAX_RESENDS + 1
     finally:
         srv.close()
@@ -369,7 +374,7 @@ def test_resends_are_bounded_and_a_partial_answer_is_not_resent():
         with Client(url=f"http://127.0.0.1:{srv.port}", timeout_s=2.0 * SLOW) as c:
             assert c.get("k") is None
             assert c.resends == 0 and c.errors == 1
-            time.sleep(0.1)
+            wait_until(lambda: srv.accepted >= 1, 5 * SLOW, what="the scripted server to count the connection")
             assert srv.accepted == 1
     finally:
         srv.close()

@@ -92,7 +92,7 @@ class NativePluginDriver:
             with self.lock:
                 if fid in self.done:
                     return self.done.pop(fid)
-            time.sleep(0.002)
+            time.sleep(0.002)  # poll interval of this bounded wait for the future
         raise AssertionError(f"future {fid} never completed")
 
     def run(self, op, *args, timeout=60.0):

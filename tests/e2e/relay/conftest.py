@@ -9,7 +9,6 @@ Every wait has a deadline, every loop a count, every stream a gRPC deadline.
 """
 
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -18,15 +17,12 @@ import time
 import types
 import urllib.parse
 from array import array
-from pathlib import Path
 
 import pytest
 
 from .kvrelay_consumer import CONTRACT_MARKER, ERROR_REASON_KEY
 
-REPO = Path(__file__).resolve().parents[3]
-_BUILD = os.environ.get("KVRELAY_BUILD", "build")
-SLOW = 3.0 if ("asan" in _BUILD or "ubsan" in _BUILD) else 1.0
+from harness import REPO, SLOW, wait_until  # noqa: E402,F401  (tests/e2e/harness.py: the one SLOW)
 
 SERVICE = "dynamo.kvrelay.v1.KvEventRelay"
 STREAM_DEADLINE = 120.0 * SLOW  # no stream of these tests may outlive this
@@ -321,7 +317,7 @@ class RelayServer:
                     last, stable_since = key, time.monotonic()
             else:
                 last = None
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval; quiet means unchanged for 0.3 s
         raise AssertionError(f"relay never quiesced: {self.debug_relay()}")
 
     def stats(self):

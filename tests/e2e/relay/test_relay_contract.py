@@ -19,6 +19,7 @@ from .conftest import (
     assert_rpc_error,
     describe_end,
     hex_hash,
+    wait_until,
 )
 from .kvrelay_consumer import (
     CONTRACT_MARKER,
@@ -267,9 +268,7 @@ def test_pool_stream_replica_under_traffic(relay):
 
     tr = Traffic(r, ops=400).start()
     # a second subscriber joins mid-traffic: its snapshot is taken at some sequence N > 0
-    deadline = time.monotonic() + 10 * SLOW
-    while r.debug_relay()["published_seq"] < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: r.debug_relay()["published_seq"] >= 20, 10 * SLOW, what="20 publications of the traffic")
     rep2 = PoolReplica(producer, inc, name="sub-2")
     rd2 = r.reader(r.subscribe(producer, "sub-2", stub=r.new_stub()), "sub-2")
     # sub-1 is drained continuously while the traffic runs
@@ -674,7 +673,5 @@ def test_request_validation_subscribe_kv_pool(relay):
     rd = r.reader(r.subscribe(producer, "valid"), "valid")
     drain_replica(rd, rep, lambda x: x.ready, 5.0, "valid subscription")
     # the failed attempts left no subscriber behind
-    deadline = time.monotonic() + 3 * SLOW
-    while r.debug_relay()["live_pool_subscribers"] != 1:
-        assert time.monotonic() < deadline, f"live subscribers: {r.debug_relay()}"
-        time.sleep(0.05)
+    wait_until(lambda: r.debug_relay()["live_pool_subscribers"] == 1, 3 * SLOW,
+               what="the failed attempts to leave no subscriber behind (live_pool_subscribers 1)")

@@ -30,6 +30,7 @@ from .kvrelay_consumer import (
     producer_key,
 )
 from .test_relay_contract import converge, drain_replica
+from harness import client_ports, peer_ports, tcp_sockets, wait_until  # noqa: E402  (tests/e2e/harness.py)
 
 # A client that buffers as little as possible: no BDP probing (which grows the HTTP/2 window to
 # megabytes) and 1 KiB of stream look-ahead, so a reader that stops stalls the server's sends
@@ -38,13 +39,7 @@ SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024
 
 
 def wait_for(cond, limit, what, step=0.05):
-    deadline = time.monotonic() + limit * SLOW
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"{what}: not within {limit}s"
-        time.sleep(step)
+    return wait_until(cond, limit * SLOW, interval=step, what=what)
 
 
 def put_blocks(r, hashes, prefix, size=256, conn=None):
@@ -100,7 +95,7 @@ def test_lagging_subscriber_cut_other_in_order(relay):
             resp = r.put(f"lag-{n}", b"z" * 64, seqhash=0x1000000 + n, conn=conn)
             assert resp.status in (200, 201), resp
             n += 1
-            time.sleep(0.003)
+            time.sleep(0.003)  # pacing of the deltas, so the reader can keep up while the laggard cannot
             if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] < 2:
                 break
     finally:
@@ -111,7 +106,7 @@ def test_lagging_subscriber_cut_other_in_order(relay):
     # a few more deltas after the cut: the reader still gets them all
     for i in range(20):
         put_blocks(r, [0x2000000 + i], f"after-cut-{i}")
-        time.sleep(0.003)
+        time.sleep(0.003)  # pacing of the deltas, as above
 
     # The laggard now reads: deltas in order from its snapshot, then the lag error.
     got = 0
@@ -172,7 +167,7 @@ def test_laggard_cut_once_16_frames_are_queued(relay):
             resp = r.put(f"q-{n}", b"q" * 64, seqhash=0x4000000 + n, conn=conn)
             assert resp.status in (200, 201), resp
             n += 1
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing of the deltas until the queue bound cuts the laggard
             if n % 10 == 0 and r.debug_relay()["live_pool_subscribers"] == 0:
                 cut = True
                 break
@@ -347,6 +342,10 @@ def test_worker_sigkill_ends_only_its_streams(relay):
     gen = r.debug_relay()["generation"]
     pub = r.debug_relay()["publisher_pid"]
 
+    # every stream has a connection of its own (r.new_stub()); the connections open before the
+    # first stream are the relay client's default channel, which carries no stream
+    grpc_port = int(srv.grpc.rpartition(":")[2])
+    baseline = client_ports(grpc_port)
     streams = []
     victims, survivors = [], []
     for attempt in range(3):
@@ -355,8 +354,13 @@ def test_worker_sigkill_ends_only_its_streams(relay):
         workers = r.worker_pids()
         assert len(workers) == 2, f"workers {workers}"
         victim = workers[attempt % 2]
+        on_victim = peer_ports(victim, grpc_port) - baseline
         os.kill(victim, signal.SIGKILL)
-        time.sleep(2.0 * SLOW)  # streams of the dead worker end at once (connection gone)
+        # streams of the dead worker end at once (connection gone): one per connection it had
+        wait_until(lambda: sum(rd.end is not None for _, rd in streams) >= len(on_victim), 10 * SLOW,
+                   what=lambda: (f"the {len(on_victim)} streams of the killed worker {victim} to end: "
+                                 f"{sum(rd.end is not None for _, rd in streams)} of {len(streams)} ended; "
+                                 f"client ends {[(r['local'][1], r['state']) for r in tcp_sockets(grpc_port) if r['local'][1] in on_victim]}"))
         victims = [(rep, rd) for rep, rd in streams if rd.end is not None]
         survivors = [(rep, rd) for rep, rd in streams if rd.end is None]
         srv.wait_workers(2, exclude=[victim])
