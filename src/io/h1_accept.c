@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #define H1_ACCEPT_PAUSE_MS 100
@@ -24,13 +25,25 @@ uint32_t kvr_h1_held(const kvr_h1_t *s)
 
 /* ------------------------------------------------------------------ making room */
 
-/* Closes up to n of the longest-idle connections; returns how many. */
-static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
+/*
+ * Closes up to n of the longest-idle connections; returns how many. With spoken_too 0, a
+ * connection whose socket holds bytes we have not read yet is passed over: it has spoken (a
+ * newcomer's first request, accepted a moment ago, whose read is not done yet) and is not idle.
+ * Out of descriptors that costs one ioctl per connection looked at, at most the idle list, and
+ * only then; at --max-connections the bound comes first (spoken_too 1), as before.
+ */
+static unsigned reclaim(kvr_h1_t *s, unsigned n, int spoken_too, const char *why)
 {
+    h1_link_t *l, *next;
     unsigned k = 0;
 
-    while (k < n && !h1_list_empty(&s->idle)) {
-        h1c_t *c = H1_CONN_OF(s->idle.next, ilink);
+    for (l = s->idle.next; k < n && l != &s->idle; l = next) {
+        h1c_t *c = H1_CONN_OF(l, ilink);
+        int unread = 0;
+
+        next = l->next;
+        if (!spoken_too && ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0)
+            continue;
         h1_idle_leave(c);
         c->reclaimed = 1;
         s->nreclaim++;
@@ -143,7 +156,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
             kvr_h1_conn_new(s, res);
             /* past --max-connections the longest idle goes (the newcomer is the newest) */
             if (kvr_h1_held(s) - s->nreclaim > s->max_conns && !h1_list_empty(&s->idle) && s->idle.next != s->idle.prev)
-                reclaim(s, 1, "at --max-connections");
+                reclaim(s, 1, 1, "at --max-connections");
         }
         kvr_h1_accept_turn(s, 0);
         return;
@@ -152,7 +165,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
         /* Out of descriptors: close the longest-idle connections and accept again as soon as
          * one is freed (h1.c, conn_free); with none idle, stop accepting for a moment as nginx does
          * and keep serving what is open. */
-        if (!s->fd_warned && h1_list_empty(&s->idle)) {
+        if (reclaim(s, H1_RECLAIM_MAX, 0, strerror(-res)) == 0 && !s->fd_warned) {
             kvr_warn("h1: cannot accept (%s) with %llu connections open, none idle; pausing accept",
                      strerror(-res), (unsigned long long)s->nconns);
             s->fd_warned = 1;
@@ -161,7 +174,6 @@ static void on_accept(kvr_uring_op_t *op, int res)
             kvr_stat_add(s->api->store->my_stats, KVR_ST_ACCEPT_PAUSES, 1);
         s->fd_exhausted = 1;
         s->accept_paused_until = kvr_clock_ms() + H1_ACCEPT_PAUSE_MS;
-        reclaim(s, H1_RECLAIM_MAX, strerror(-res));
         return;
     }
     if (res != -ECANCELED)
