@@ -23,6 +23,7 @@ import threading
 import time
 
 from conftest import SLOW, KiB, MiB, kv_path, make_block, unique_key
+from harness import wait_until
 from test_metrics import parse, promtool_check, value
 
 BODY = 768 * KiB  # two of them do not fit the 1 MiB budget of the one worker
@@ -35,14 +36,19 @@ def metrics(srv):
 
 def wait_metrics(srv, what, cond, limit=10.0):
     """Polls /metrics until cond(samples) holds; returns those samples."""
-    deadline = time.monotonic() + limit * SLOW
-    m = metrics(srv)
-    while not cond(m):
-        assert time.monotonic() < deadline, f"{what}: not so after {limit * SLOW:.0f}s: " + repr(
-            {k[0]: v for k, v in m.items() if k[0].startswith(("kvrelay_put_", "kvrelay_accept", "kvrelay_idle"))})
-        time.sleep(0.05)
-        m = metrics(srv)
-    return m
+    seen = {}
+
+    def check():
+        seen["m"] = metrics(srv)
+        return cond(seen["m"])
+
+    def why():
+        m = seen.get("m", {})
+        return what + ": " + repr({k[0]: v for k, v in m.items()
+                                   if k[0].startswith(("kvrelay_put_", "kvrelay_accept", "kvrelay_idle"))})
+
+    wait_until(check, limit * SLOW, what=why)
+    return seen["m"]
 
 
 def levels(m):
@@ -196,8 +202,8 @@ def test_accept_pause_out_of_descriptors_is_counted(kvrelay):
             s.sendall(b"GET /healthz HTTP/1.1\r\n")
             socks.append(s)
         # the log says when a worker could not accept (pausing, or closing idle ones first)
-        while "(Too many open files)" not in srv.log_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "Too many open files" in srv.log_text(), max(0.0, deadline - time.monotonic()),
+                   what="the worker to run out of descriptors")
     finally:
         for s in socks:
             s.close()
