@@ -58,6 +58,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+INVOCATION="scripts/bench-dataplane.sh$(printf ' %q' "$@")" # as given, for the report's Run: line
 QUICK=0
 PROFILE=0
 OUT=bench/results
@@ -358,7 +359,7 @@ if [ "$PROFILE" = 1 ]; then
     echo "profiles=$RUN/profiles"
 fi
 $PY - "$RUN/run.json" "$WORK" "$ROOT" "$QUICK" "$MEM" "$REPS" "$DUR" "$ELAPSED" "$OUT/$STAMP-dataplane.md" \
-    "scripts/bench-dataplane.sh $([ "$QUICK" = 1 ] && echo --quick) --memory $MEM --sizes \"$SIZES\"" <<'EOF'
+    "$INVOCATION" <<'EOF'
 import json, sys
 keys = ("work", "root", "quick", "memory", "reps", "duration", "elapsed", "md", "invocation")
 json.dump(dict(zip(keys, sys.argv[2:])), open(sys.argv[1], "w"), indent=1)
