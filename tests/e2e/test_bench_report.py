@@ -110,3 +110,29 @@ def test_without_gnuplot_the_report_fails_naming_the_package(tmp_path):
     assert "gnuplot-nox" in p.stderr, p.stderr
     assert md.exists() and not embedded(md), "a report without plots should still be written, embedding none"
     assert not list(tmp_path.glob("*.svg"))
+
+
+def test_latest_committed_report_has_valid_svgs_and_the_readme_links_them():
+    """The newest data-plane report in bench/results embeds its plots, each a valid SVG beside it
+    with a line for every store of its table, and the README's performance section links that
+    report and its plots (the figures an operator sees first are the latest)."""
+    results = REPO / "bench" / "results"
+    reports = sorted(results.glob("*-dataplane.md"))
+    assert reports, "no data-plane report in bench/results"
+    md = reports[-1]
+    stem = md.name[:-len(".md")]
+    images = embedded(md)
+    fams = {f[len(stem) + 1:-len(".svg")] for _, f in images}
+    assert {"gbps", "p99", "cpu"} <= fams, f"{md.name} embeds {images}"
+    # the stores of the table: | op | size | conns | store | ...
+    rows = re.findall(r"^\| (GET|PUT) \| [^|]+ \| \d+ \| ([\w-]+) \|", md.read_text(), re.M)
+    stores = {s for _, s in rows}
+    assert {"kvrelay", "memcached"} <= stores, stores
+    for alt, f in images:
+        assert alt and f.startswith(stem + "-") and f.endswith(".svg"), f
+        check_svg(results / f, stores if f[len(stem) + 1:-len(".svg")] != "fill" else set())
+    readme = (REPO / "README.md").read_text()
+    perf = readme[readme.index("## Performance"):readme.index("## Layout")]
+    assert f"bench/results/{md.name}" in perf, "the README's table does not link the latest report"
+    for fam in ("gbps", "p99", "cpu"):
+        assert f"bench/results/{stem}-{fam}.svg" in perf, f"the README does not link the {fam} plot"
