@@ -10,7 +10,7 @@ import socket
 import ssl
 import time
 
-from conftest import Resp, parse_raw_response, read_until_close
+from conftest import Resp, parse_raw_response, raw_connect, read_until_close
 from harness import SLOW
 
 
@@ -117,3 +117,21 @@ def _tls_send(srv, payload, limit=5.0):
         return read_until_close(s, limit * SLOW)
     finally:
         s.close()
+
+
+def _one(srv, payload):
+    """Sends payload; returns its one response, asserting that no second one came and that the
+    server then closed the connection."""
+    s = raw_connect(srv)
+    try:
+        s.sendall(payload)
+        data, how = read_until_close(s, 5 * SLOW)
+    finally:
+        s.close()
+    status, hdrs, rest = parse_raw_response(data)
+    assert status is not None, data[:300]
+    n = int(hdrs.get("content-length", "0"))
+    r = Resp(status, hdrs, rest[:n], "1.1")
+    assert data.count(b"HTTP/1.1 ") == 1, f"bytes after the refused request ran as a request: {data!r}"
+    assert how in ("eof", "reset"), how
+    return r

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from conftest import KiB, SLOW, kv_path, module_server, parse_raw_response, raw_connect, read_until_close, unique_key
-from h1_raw import Reader, _json_error, _req
+from conftest import KiB, SLOW, kv_path, module_server, raw_connect, unique_key
+from h1_raw import Reader, _json_error, _one, _req
 
 
 @pytest.fixture(scope="module")
@@ -148,24 +148,6 @@ def test_pipelined_after_chunked_answered_409_or_dedup(srv):
 
 
 # ------------------------------------------------------------------ Transfer-Encoding
-
-
-def _one(srv, payload):
-    """Sends payload; returns the one response and whether the server then closed."""
-    s = raw_connect(srv)
-    try:
-        s.sendall(payload)
-        data, how = read_until_close(s, 5 * SLOW)
-    finally:
-        s.close()
-    status, hdrs, rest = parse_raw_response(data)
-    assert status is not None, data[:300]
-    n = int(hdrs.get("content-length", "0"))
-    from conftest import Resp
-    r = Resp(status, hdrs, rest[:n], "1.1")
-    assert data.count(b"HTTP/1.1 ") == 1, f"bytes after the refused request ran as a request: {data!r}"
-    assert how in ("eof", "reset"), how
-    return r
 
 
 def _te_put(key, te_headers, body=b"5\r\nhello\r\n0\r\n\r\n", follow=True):

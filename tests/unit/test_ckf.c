@@ -14,14 +14,6 @@
 
 #define TEST_SEED 0x123456789ABCDEF0ULL
 
-static uint64_t sm_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 Test(ckf, bucket_count_vectors)
 {
     FILE *f = td_open("tests/data/ckf/bucket_count.txt");
@@ -145,9 +137,9 @@ Test(ckf, swar)
     /* exhaustive against a plain loop on random words, with duplicate slots */
     uint64_t s = 7;
     for (int i = 0; i < 200000; i++) {
-        uint64_t r = sm_next(&s);
+        uint64_t r = td_splitmix(&s);
         uint64_t word = (i & 1) ? r : (r & 0x0003000300030003ULL);
-        uint16_t fp = (uint16_t)((i & 2) ? sm_next(&s) : (sm_next(&s) & 3));
+        uint16_t fp = (uint16_t)((i & 2) ? td_splitmix(&s) : (td_splitmix(&s) & 3));
         int first = -1;
         for (int k = 3; k >= 0; k--)
             if (kvr_ckf_word_slot(word, (unsigned)k) == fp)
@@ -168,7 +160,7 @@ Test(ckf, addressing_properties)
             kvr_ckf_addr_init(&a, seeds[si], bcs[bi]);
             uint64_t rs = 42;
             for (uint64_t i = 0; i < 100000; i++) {
-                uint64_t h = (i & 1) ? i : sm_next(&rs);
+                uint64_t h = (i & 1) ? i : td_splitmix(&rs);
                 kvr_ckf_probe_t p = kvr_ckf_prepare(&a, h);
                 cr_assert_neq(p.fp, 0);
                 cr_assert_neq(p.a, p.b);
@@ -201,7 +193,7 @@ Test(ckf, first_insert_goes_to_a_slot0)
 static uint64_t fill_until_full(kvr_ckf_t *c, uint64_t *rs)
 {
     uint64_t n = 0;
-    while (kvr_ckf_insert(c, sm_next(rs)) == KVR_OK)
+    while (kvr_ckf_insert(c, td_splitmix(rs)) == KVR_OK)
         n++;
     return n;
 }
@@ -240,12 +232,12 @@ Test(ckf, false_positive_rate, .timeout = 60)
     /* members are all found */
     uint64_t rs2 = 99;
     for (uint64_t i = 0; i < n; i++)
-        cr_assert(kvr_ckf_contains(&c, sm_next(&rs2)));
+        cr_assert(kvr_ckf_contains(&c, td_splitmix(&rs2)));
     /* probes from an independent stream: non-members (a 64-bit collision is negligible) */
     const uint64_t probes = 4000000;
     uint64_t ps = 0xFEEDFACECAFEBEEFULL, hits = 0;
     for (uint64_t i = 0; i < probes; i++)
-        hits += (uint64_t)kvr_ckf_contains(&c, sm_next(&ps));
+        hits += (uint64_t)kvr_ckf_contains(&c, td_splitmix(&ps));
     double fpr = (double)hits / (double)probes, target = 8.0 / 65536.0;
     cr_log_info("load %.4f: %lu false positives in %lu probes, rate %.3e (8/65536 = %.3e, "
                 "ratio %.3f)",
@@ -256,7 +248,7 @@ Test(ckf, false_positive_rate, .timeout = 60)
     uint8_t out[1000];
     ps = 5;
     for (int i = 0; i < 1000; i++)
-        hs[i] = (i & 1) ? sm_next(&ps) : (uint64_t)i;
+        hs[i] = (i & 1) ? td_splitmix(&ps) : (uint64_t)i;
     kvr_ckf_contains_many(&c, hs, 1000, out);
     for (int i = 0; i < 1000; i++)
         cr_assert_eq(out[i], kvr_ckf_contains(&c, hs[i]));
@@ -276,7 +268,7 @@ Test(ckf, failed_insert_is_undone)
         memcpy(before, buckets, sizeof(before));
         size_t dirty = kvr_ckf_dirty_count(&c);
         uint64_t items = c.items, kicks = c.kicks;
-        int rc = kvr_ckf_insert(&c, sm_next(&rs));
+        int rc = kvr_ckf_insert(&c, td_splitmix(&rs));
         if (rc == KVR_OK)
             continue;
         cr_assert_eq(rc, KVR_ENOSPACE);
@@ -304,13 +296,13 @@ Test(ckf, insert_then_remove_restores_buckets, .timeout = 30)
     cr_assert_eq(kvr_ckf_init(&c, buckets, bc, KVR_CKF_DEFAULT_SEED, 0, 0), KVR_OK);
     uint64_t rs = 17;
     for (uint64_t i = 0; i < bc / 2; i++) /* 12.5 % load */
-        cr_assert_eq(kvr_ckf_insert(&c, sm_next(&rs)), KVR_OK);
+        cr_assert_eq(kvr_ckf_insert(&c, td_splitmix(&rs)), KVR_OK);
     memcpy(snap, buckets, bc * 8);
     uint64_t kicks0 = c.kicks;
     enum { T = 2000 };
     static uint64_t t[T];
     for (int i = 0; i < T; i++) {
-        t[i] = sm_next(&rs);
+        t[i] = td_splitmix(&rs);
         cr_assert_eq(kvr_ckf_insert(&c, t[i]), KVR_OK);
     }
     cr_assert_eq(c.kicks, kicks0, "this batch (fixed seed) needs no kick");
@@ -324,7 +316,7 @@ Test(ckf, insert_then_remove_restores_buckets, .timeout = 30)
     uint64_t n = fill_until_full(&c, &rs2);
     cr_assert_gt(c.kicks, 0);
     for (uint64_t i = 0; i < n; i++)
-        cr_assert_eq(kvr_ckf_remove(&c, sm_next(&rs3)), KVR_OK);
+        cr_assert_eq(kvr_ckf_remove(&c, td_splitmix(&rs3)), KVR_OK);
     for (uint64_t i = 0; i < bc; i++)
         cr_assert_eq(buckets[i], 0);
     cr_assert_eq(c.items, 0);
@@ -344,11 +336,11 @@ Test(ckf, insert_remove_pairs_at_high_load, .timeout = 30)
     uint64_t rs = 23;
     const uint64_t members = bc * 4 * 9 / 10;
     for (uint64_t i = 0; i < members; i++)
-        cr_assert_eq(kvr_ckf_insert(&c, sm_next(&rs)), KVR_OK);
+        cr_assert_eq(kvr_ckf_insert(&c, td_splitmix(&rs)), KVR_OK);
     int exact = 0, moved = 0;
     for (int i = 0; i < 10000; i++) {
         memcpy(snap, buckets, bc * 8);
-        uint64_t kicks = c.kicks, h = sm_next(&rs);
+        uint64_t kicks = c.kicks, h = td_splitmix(&rs);
         int rc = kvr_ckf_insert(&c, h);
         if (rc == KVR_ENOSPACE) {
             cr_assert_arr_eq(snap, buckets, bc * 8);
@@ -365,7 +357,7 @@ Test(ckf, insert_remove_pairs_at_high_load, .timeout = 30)
     }
     uint64_t check = 23;
     for (uint64_t i = 0; i < members; i++)
-        cr_assert(kvr_ckf_contains(&c, sm_next(&check)), "member %lu lost", (unsigned long)i);
+        cr_assert(kvr_ckf_contains(&c, td_splitmix(&check)), "member %lu lost", (unsigned long)i);
     cr_log_info("at 90%% load: %d pairs restored exactly, %d moved entries by kicking", exact,
                 moved);
     cr_assert_gt(exact, 5000);
@@ -444,10 +436,10 @@ Test(ckf, drained_deltas_reproduce_filter)
     for (int round = 0; round < 200; round++) {
         for (int k = 0; k < 16; k++) {
             if ((round + k) % 3 == 2 && seen < c.items) {
-                cr_assert_eq(kvr_ckf_remove(&c, sm_next(&rr)), KVR_OK);
+                cr_assert_eq(kvr_ckf_remove(&c, td_splitmix(&rr)), KVR_OK);
                 seen++;
             } else {
-                (void)kvr_ckf_insert(&c, sm_next(&rs));
+                (void)kvr_ckf_insert(&c, td_splitmix(&rs));
             }
         }
         size_t n = kvr_ckf_drain(&c, im);

@@ -10,17 +10,9 @@
 #include "common.h"
 #include "core/owners.h"
 #include "wire/ckf.h"
+#include "testdata.h"
 
 #define TEST_SEED 0x123456789ABCDEF0ULL
-
-/* SplitMix64: the test's own source of hashes and choices (as in test_ckf.c). */
-static uint64_t sm_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 
 Test(ckf_owners, first_inserts_last_removes)
 {
@@ -69,10 +61,10 @@ Test(ckf_owners, model, .timeout = 30)
     static uint32_t cnt[H];
     uint64_t rs = 11;
     for (int i = 0; i < H; i++)
-        hs[i] = (i % 7 == 0) ? (uint64_t)i : sm_next(&rs); /* some low-entropy keys */
+        hs[i] = (i % 7 == 0) ? (uint64_t)i : td_splitmix(&rs); /* some low-entropy keys */
     for (int step = 0; step < 200000; step++) {
-        int i = (int)(sm_next(&rs) % H);
-        if (cnt[i] && (sm_next(&rs) & 1)) {
+        int i = (int)(td_splitmix(&rs) % H);
+        if (cnt[i] && (td_splitmix(&rs) & 1)) {
             cr_assert_eq(kvr_owners_del(&o, &c, hs[i]), KVR_OK);
             cnt[i]--;
         } else {

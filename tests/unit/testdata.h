@@ -15,6 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* SplitMix64: the tests' own reproducible source of hashes and choices (seeded per test). */
+static inline uint64_t td_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
 /* Bytes of a .hex file (malloc'd; *len set). Fails the test when unreadable. */
 static inline uint8_t *td_load_hex(const char *path, size_t *len)
 {
