@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "core/store.h"
 #include "shm/segment.h"
+#include "shm/segment_lock.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
