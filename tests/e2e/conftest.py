@@ -896,17 +896,31 @@ def parse_raw_response(data):
     return int(m.group(1)), hdrs, rest
 
 
+def response_length(buf):
+    """Bytes of the first HTTP/1.x response in buf (head plus Content-Length body) once its
+    head is complete, else None. Looks at the head only, so a reader that calls it per recv
+    stays linear in the body's size (a 48 MiB body copied per recv was quadratic and slow
+    enough under load to miss a drain's grace)."""
+    end = buf.find(b"\r\n\r\n", 0, 65536)
+    if end < 0:
+        return None
+    _, hdrs, _ = parse_raw_response(bytes(buf[: end + 4]))
+    return end + 4 + int(hdrs.get("content-length", "0"))
+
+
 def read_one_response(sock, limit_s):
     """Reads exactly one HTTP/1.1 response with a Content-Length body (bounded)."""
     buf = bytearray()
     deadline = time.monotonic() + limit_s
-    status, hdrs, body = None, {}, b""
+    status, hdrs, total = None, {}, None
     while time.monotonic() < deadline:
-        if b"\r\n\r\n" in buf:
-            status, hdrs, body = parse_raw_response(bytes(buf))
-            n = int(hdrs.get("content-length", "0"))
-            if len(body) >= n:
-                return Resp(status, hdrs, body[:n], "1.1")
+        if total is None:
+            total = response_length(buf)
+            if total is not None:
+                status, hdrs, _ = parse_raw_response(bytes(buf[: buf.find(b"\r\n\r\n") + 4]))
+        if total is not None and len(buf) >= total:
+            head = buf.find(b"\r\n\r\n") + 4
+            return Resp(status, hdrs, bytes(buf[head:total]), "1.1")
         sock.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
         try:
             chunk = sock.recv(1 << 20)
