@@ -76,12 +76,29 @@ def _tcp_mem_kb():
     return 0
 
 
-def _meminfo_kb(field):
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+def _shared_kb(pids):
+    """Memory held by the shared objects these processes map (the segment's memfd and any other
+    shared mapping), each object counted once by its allocated blocks. It is the server's own
+    figure: Shmem in /proc/meminfo is machine-wide and moves with whatever else runs."""
+    seen, kb = set(), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 5)
+            if len(fields) < 6 or fields[1][3] != "s":
+                continue
+            try:
+                st = os.stat(f"/proc/{pid}/map_files/{fields[0]}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                kb += st.st_blocks * 512 // 1024
+    return kb
 
 
 def _mem_available_kb():
