@@ -193,11 +193,12 @@ def test_restart_and_idle_timeout_lose_no_write(kvrelay):
     writers = [PlainWriter(srv.base_url), SGLangV1Writer(srv), SGLangV2Writer(srv),
                LMCacheWriter(srv, "lmcache_newer"), LMCacheWriter(srv, "lmcache_older")]
     try:
-        # every pool holds several kept-alive connections, then 2.5 s of quiet: the server's
-        # --idle-timeout 1s closes them all
+        # every pool holds kept-alive connections (several when its 8 warm-up writes overlap; one
+        # is enough for what follows, and a busy machine may run them one after another), then
+        # quiet: the server's --idle-timeout 1s closes them all
         for w in writers:
             w.warm("idle")
-        assert all(w.store.connections_opened >= 2 for w in writers), [w.store.connections_opened for w in writers]
+        assert all(w.store.connections_opened >= 1 for w in writers), [w.store.connections_opened for w in writers]
         retired = [w.store.connections_retired for w in writers]
         # quiet until the server's --idle-timeout has closed every kept-alive connection
         wait_until(lambda: not any(r["local"][1] == srv.port and r["state"] == "ESTABLISHED"
