@@ -26,13 +26,12 @@ uint32_t kvr_h1_held(const kvr_h1_t *s)
 /* ------------------------------------------------------------------ making room */
 
 /*
- * Closes up to n of the longest-idle connections; returns how many. With spoken_too 0, a
- * connection whose socket holds bytes we have not read yet is passed over: it has spoken (a
- * newcomer's first request, accepted a moment ago, whose read is not done yet) and is not idle.
- * Out of descriptors that costs one ioctl per connection looked at, at most the idle list, and
- * only then; at --max-connections the bound comes first (spoken_too 1), as before.
+ * Closes up to n of the longest-idle connections; returns how many. A connection whose socket
+ * holds bytes we have not read yet is passed over: it has spoken (a newcomer's first request,
+ * accepted a moment ago, whose read is not done yet, or a kept-alive client's next request) and
+ * is not idle. That costs one ioctl per connection looked at, only when room is needed.
  */
-static unsigned reclaim(kvr_h1_t *s, unsigned n, int spoken_too, const char *why)
+static unsigned reclaim(kvr_h1_t *s, unsigned n, const char *why)
 {
     h1_link_t *l, *next;
     unsigned k = 0;
@@ -42,7 +41,7 @@ static unsigned reclaim(kvr_h1_t *s, unsigned n, int spoken_too, const char *why
         int unread = 0;
 
         next = l->next;
-        if (!spoken_too && ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0)
+        if (ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0)
             continue;
         h1_idle_leave(c);
         c->reclaimed = 1;
@@ -62,13 +61,27 @@ static unsigned reclaim(kvr_h1_t *s, unsigned n, int spoken_too, const char *why
     return k;
 }
 
+/* 1 when an idle connection could make room for a newcomer: one that has not spoken. A
+ * connection accepted a moment ago whose request is in its socket, unread, is on the idle
+ * list but about to be busy: arming an accept on its account would let the next newcomer in
+ * past the bound. Scans from the longest idle, which is usually silent: one ioctl. */
+static int room_to_make(kvr_h1_t *s)
+{
+    for (h1_link_t *l = s->idle.next; l != &s->idle; l = l->next) {
+        int unread = 0;
+        if (ioctl(H1_CONN_OF(l, ilink)->fd, FIONREAD, &unread) != 0 || unread == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ turns */
 
 void kvr_h1_arm_accept(kvr_h1_t *s)
 {
     if (s->accepting || s->draining || s->listen_fd < 0)
         return;
-    if (kvr_h1_held(s) - s->nreclaim >= s->max_conns && h1_list_empty(&s->idle)) {
+    if (kvr_h1_held(s) - s->nreclaim >= s->max_conns && !room_to_make(s)) {
         /* at --max-connections and nothing idle to close: newcomers wait in the listener's
          * queue (or are taken by another worker) until a connection here ends */
         if (!s->pressure)
@@ -153,10 +166,20 @@ static void on_accept(kvr_uring_op_t *op, int res)
         if (s->draining) {
             close(res);
         } else {
+            uint64_t before = s->nconns;
             kvr_h1_conn_new(s, res);
-            /* past --max-connections the longest idle goes (the newcomer is the newest) */
-            if (kvr_h1_held(s) - s->nreclaim > s->max_conns && !h1_list_empty(&s->idle) && s->idle.next != s->idle.prev)
-                reclaim(s, 1, 1, "at --max-connections");
+            /* past --max-connections the longest silent idle goes (the newcomer is the newest).
+             * When the idle connection the accept was armed for has spoken since, none but the
+             * newcomer is left to go: then the newcomer goes, so that the bound holds. */
+            if (s->nconns > before && kvr_h1_held(s) - s->nreclaim > s->max_conns &&
+                reclaim(s, 1, "at --max-connections") == 0) {
+                h1c_t *c = s->conns; /* kvr_h1_conn_new put the newcomer first */
+                KVR_LOG_RATELIMITED(KVR_LOG_WARN, "h1: at --max-connections %llu with none idle: closing a newcomer",
+                                    (unsigned long long)s->max_conns);
+                c->reclaimed = 1; /* not held any more, though its read is still to complete */
+                s->nreclaim++;
+                kvr_h1_conn_close(c);
+            }
         }
         kvr_h1_accept_turn(s, 0);
         return;
@@ -165,7 +188,7 @@ static void on_accept(kvr_uring_op_t *op, int res)
         /* Out of descriptors: close the longest-idle connections and accept again as soon as
          * one is freed (h1.c, conn_free); with none idle, stop accepting for a moment as nginx does
          * and keep serving what is open. */
-        if (reclaim(s, H1_RECLAIM_MAX, 0, strerror(-res)) == 0 && !s->fd_warned) {
+        if (reclaim(s, H1_RECLAIM_MAX, strerror(-res)) == 0 && !s->fd_warned) {
             kvr_warn("h1: cannot accept (%s) with %llu connections open, none idle; pausing accept",
                      strerror(-res), (unsigned long long)s->nconns);
             s->fd_warned = 1;

@@ -254,12 +254,11 @@ def test_out_of_descriptors_pauses_accept_without_spinning(kvrelay):
             s = socket.create_connection((srv.host, srv.port), timeout=2)
             held.append(s)
             s.sendall(b"GET /healthz HTTP/1.1\r\n")  # busy: not idle, never complete
-            # Each connection is busy only once the worker has read its bytes; until then it is
-            # idle and would be closed to make room (logged once per episode, with no "none idle"
-            # line). Past the limit the worker stops reading new ones. Known race left in the
-            # server (src/io/h1_accept.c): the next accept is armed while the connection just
-            # accepted is still idle, so at --max-connections the check can pass, the worker runs
-            # into EMFILE and closes that newest connection; then this test fails as before.
+            # Each connection is busy once the worker has read its bytes; a newcomer whose request
+            # is in its socket, unread, does not count as room to make (src/io/h1_accept.c,
+            # room_to_make), so at --max-connections the worker stops accepting and logs "none
+            # idle"; one that had not spoken yet when the next accept was armed may be closed as
+            # the newcomer past the bound ("closed": the bound held).
             wait_until(lambda: read_or_paused(s), 10 * SLOW,
                        what=f"the worker to read connection {i}'s head or to stop accepting")
         # the worker has hit the limit with every connection busy and paused accept
