@@ -81,4 +81,15 @@ static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t 
     return (klen + len + st->page_size - 1) >> st->arena.page_shift;
 }
 
+/* A namespace counter of this process (store_sh.h: its owner alone writes its row). */
+static inline void ns_stat_add(kvr_store_t *st, uint16_t ns, unsigned i, uint64_t v)
+{
+    uint64_t *c = &st->sh->ns_stats[st->slot >= 0 ? st->slot : KVR_STATS_RETIRED][ns].c[i];
+    kvr_atomic_store_relaxed(c, kvr_atomic_load_relaxed(c) + v);
+}
+
+/* Folds a dead (or, at a warm re-attach, gone) process's counters into the retired block and
+ * row, and zeroes its own (store_repair.c). The supervisor, with no writer of either running. */
+void kvr_store_retire_stats(kvr_store_t *st, int slot);
+
 #endif

@@ -64,11 +64,12 @@ void kvr_index_format(kvr_index_t *ix)
     }
 }
 
-void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen)
+void kvr_index_set_key(kvr_entry_t *e, uint16_t ns, const void *key, size_t klen)
 {
     size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
 
     e->key_len = (uint16_t)klen;
+    e->ns = ns;
     memcpy(e->key_head, key, n1);
     if (klen > KVR_KEY_HEAD)
         memcpy(e->key_tail, (const uint8_t *)key + KVR_KEY_HEAD,
@@ -76,18 +77,20 @@ void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen)
 }
 
 /*
- * Compares key with the entry's: inline head, inline tail, then (keys over 64 bytes) the
+ * Compares (ns, key) with the entry's: namespace and length, inline head, inline tail, then
+ * (keys over KVR_KEY_HEAD + KVR_KEY_TAIL bytes) the
  * rest from the arena. In the lock-free path the bytes may be changing under us; the
  * seqlock discards such a result, and every read stays within the entry or the arena.
  */
-static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const void *key, size_t klen)
+static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, uint16_t ns, const void *key, size_t klen)
 {
     const uint8_t *k = key;
     size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
     uint32_t fp;
 
     /* Relaxed: under the seqlock a torn value is discarded by the seq re-check. */
-    if (kvr_atomic_load_relaxed(&e->key_len) != klen || memcmp(e->key_head, k, n1) != 0)
+    if (kvr_atomic_load_relaxed(&e->key_len) != klen || kvr_atomic_load_relaxed(&e->ns) != ns ||
+        memcmp(e->key_head, k, n1) != 0)
         return 0;
     if (klen <= KVR_KEY_HEAD)
         return 1;
@@ -102,7 +105,7 @@ static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const v
                   klen - KVR_KEY_HEAD - KVR_KEY_TAIL) == 0;
 }
 
-uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash)
+uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash)
 {
     /* Under the lock: relaxed, the only writers are lock holders. */
     uint32_t i = kvr_atomic_load_relaxed(&ix->buckets[bucket_of(ix, khash)]);
@@ -110,14 +113,14 @@ uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t 
     KVR_DASSERT(index_locked(ix));
     while (i != KVR_NIL) {
         const kvr_entry_t *e = &ix->ent[i];
-        if (e->khash == khash && key_equal(ix, e, key, klen))
+        if (e->khash == khash && key_equal(ix, e, ns, key, klen))
             return i;
         i = e->chain_next;
     }
     return KVR_NIL;
 }
 
-int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash,
+int kvr_index_lookup_lockfree(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash,
                               uint64_t *length)
 {
     const uint64_t max = ix->sh->max_blocks;
@@ -139,7 +142,7 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
             const kvr_entry_t *e = &ix->ent[i];
             /* Relaxed reads of fields a writer may be changing; the seq check below
              * discards anything read during a change. key_len is bounded by the compare. */
-            if (kvr_atomic_load_relaxed(&e->khash) == khash && key_equal(ix, e, key, klen)) {
+            if (kvr_atomic_load_relaxed(&e->khash) == khash && key_equal(ix, e, ns, key, klen)) {
                 found = 1;
                 len = kvr_atomic_load_relaxed(&e->length);
                 break;
@@ -317,7 +320,7 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
             uint32_t i = live[k];
             kvr_entry_t *e = &ix->ent[i];
             uint32_t b = bucket_of(ix, e->khash);
-            if (kvr_index_lookup_locked(ix, kvr_index_key(ix, e), e->key_len, e->khash) != KVR_NIL) {
+            if (kvr_index_lookup_locked(ix, e->ns, kvr_index_key(ix, e), e->key_len, e->khash) != KVR_NIL) {
                 dup(ctx, i);
                 continue;
             }

@@ -44,7 +44,7 @@
  * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
  * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
  * generation renamed run. */
-#define KVR_SEG_LAYOUT_VERSION 2u
+#define KVR_SEG_LAYOUT_VERSION 3u /* 3: an entry's namespace, the store's per-namespace seeds and counters */
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */

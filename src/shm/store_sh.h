@@ -21,6 +21,21 @@ typedef struct {
     uint32_t count;
 } kvr_pin_t;
 
+/* A process's counters for one namespace: like kvr_stats_block_t, written by the slot's owner
+ * alone with relaxed stores, summed by readers, folded into the retired row at reap. */
+enum { KVR_NSST_GET_HITS,
+       KVR_NSST_GET_MISSES,
+       KVR_NSST_PUT_NEW,
+       KVR_NSST_PUT_DEDUP,
+       KVR_NSST_EVICTIONS,
+       KVR_NSST_EVICTED_BYTES,
+       KVR_NSST_DELETES,
+       KVR_NSST_N = 8 };
+typedef struct {
+    uint64_t c[KVR_NSST_N];
+} kvr_ns_stats_t;
+static_assert(sizeof(kvr_ns_stats_t) == KVR_CACHELINE, "a namespace's counters are one line");
+
 typedef struct {
     kvr_shlock_t lock;
     kvr_index_sh_t index;
@@ -38,6 +53,15 @@ typedef struct {
     uint64_t lock_recoveries; /* repairs because a holder died with the lock */
     uint8_t pad_[64 - (KVR_ARENA_CLASSES * 4 + 24 + 9 * 8) % 64];
     kvr_stats_block_t stats[KVR_MAX_PROCS + 1]; /* + the retired block */
+
+    /* Namespaces (id 0 is "default"; ids come from the tenants table). The seeds are drawn
+     * once when the store is formatted and never change: the index's chain hash of a key is
+     * XXH3 seeded with its namespace's seed, secret to clients. The per-namespace aggregates
+     * are kept under `lock` with the totals above and recomputed by the repair. */
+    uint64_t ns_seed[KVR_NS_MAX];
+    uint64_t ns_resident_bytes[KVR_NS_MAX];
+    uint64_t ns_blocks[KVR_NS_MAX];
+    kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");
 
