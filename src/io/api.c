@@ -155,7 +155,7 @@ static void json_begin(kvr_json_t *j, kvr_api_res_t *res)
 
 static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
-    int rc = kvr_store_get(a->store, KVR_NS_DEFAULT, key, klen, &res->ref);
+    int rc = kvr_store_get(a->store, res->ns, key, klen, &res->ref);
 
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
@@ -184,7 +184,7 @@ static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *k
 
     res->body = KVR_API_BODY_INLINE;
     res->head_only = 1;
-    if (!kvr_store_exists(a->store, KVR_NS_DEFAULT, key, klen, &len)) {
+    if (!kvr_store_exists(a->store, res->ns, key, klen, &len)) {
         kvr_api_set_status(res, 404);
         res->length = 0;
         return;
@@ -262,7 +262,7 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
     memcpy(res->key, key, klen);
     res->klen = (uint16_t)klen;
     res->put_len = rq->body_len;
-    rc = kvr_store_put_begin(a->store, KVR_NS_DEFAULT, key, klen, rq->body_len, canon, &res->txn);
+    rc = kvr_store_put_begin(a->store, res->ns, key, klen, rq->body_len, canon, &res->txn);
     if (rc == KVR_OK) {
         res->put = KVR_API_PUT_RESERVED; /* answered by kvr_api_put_end */
         a->inflight += rq->body_len;
@@ -321,7 +321,7 @@ void kvr_api_put_end(kvr_api_t *a, kvr_api_res_t *res, int ok)
     } else if (res->put == KVR_API_PUT_DEDUP) {
         res->put = KVR_API_PUT_NONE;
         if (!ok) /* the reference the head took goes again: as if the PUT never came */
-            (void)kvr_store_release(a->store, KVR_NS_DEFAULT, res->key, res->klen, &left);
+            (void)kvr_store_release(a->store, res->ns, res->key, res->klen, &left);
     } else {
         res->put = KVR_API_PUT_NONE; /* DEFERRED, WAIT: nothing was taken */
     }
@@ -331,7 +331,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 {
     kvr_json_t j;
     uint32_t left = 0;
-    int rc = kvr_store_release(a->store, KVR_NS_DEFAULT, key, klen, &left);
+    int rc = kvr_store_release(a->store, res->ns, key, klen, &left);
 
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
@@ -352,7 +352,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
     kvr_json_t j;
-    int e = kvr_store_exists(a->store, KVR_NS_DEFAULT, key, klen, NULL);
+    int e = kvr_store_exists(a->store, res->ns, key, klen, NULL);
 
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);
@@ -487,12 +487,14 @@ static int ready(kvr_api_t *a)
            st.publisher_running >= st.publisher_expected;
 }
 
-/* Constant-time bearer check. */
-static int authorized(kvr_api_t *a, const kvr_api_req_t *rq)
+/* Constant-time bearer check: sets the caller's namespace and admin flag on res. */
+static int authorized(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
 {
     char pad[KVR_CFG_STR_MAX];
     size_t n;
 
+    res->ns = KVR_NS_DEFAULT;
+    res->admin = 1;
     if (a->token_len == 0)
         return 1;
     if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)
@@ -633,7 +635,7 @@ void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
             send_text(res, 200, "ready\n");
         else
             send_text(res, 503, "not ready\n");
-    } else if (!authorized(a, rq)) {
+    } else if (!authorized(a, rq, res)) {
         kvr_api_error(res, 401, "Unauthorized", "missing or invalid bearer token");
         res->hdr_name = "www-authenticate";
         res->hdr_value = "Bearer";

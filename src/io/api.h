@@ -116,6 +116,10 @@ typedef struct {
     char *heap;
     /* BLOCK of a batch GET: several pinned blocks and their framing (api_batch.c, "batch GET") */
     struct kvr_api_multi_s *multi;
+    /* the caller, as its bearer token says (docs/tenancy.md): every store operation of the
+     * request runs in namespace ns; admin opens /debug and /metrics when tenants are on */
+    uint16_t ns;
+    uint8_t admin;
     /* PUT */
     unsigned put; /* KVR_API_PUT_* */
     kvr_put_txn_t txn;
