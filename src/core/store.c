@@ -266,8 +266,10 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     sh->unique_blocks--;
     sh->total_refs -= e->refs;
     sh->resident_bytes -= e->length;
-    sh->ns_blocks[e->ns]--;
-    sh->ns_resident_bytes[e->ns] -= e->length;
+    sh->ns_agg[e->ns].blocks--;
+    sh->ns_agg[e->ns].refs -= e->refs;
+    sh->ns_agg[e->ns].resident_bytes -= e->length;
+    sh->ns_agg[e->ns].logical_bytes -= e->length * e->refs;
     sh->logical_bytes -= e->length * e->refs;
     if (e->meta & KVR_ENT_ANNOUNCED) {
         chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
@@ -431,11 +433,14 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t kl
         if (e->length != len) {
             store_unlock(st);
             kvr_stat_add(st->my_stats, KVR_ST_PUT_CONFLICT, 1);
+            ns_stat_add(st, ns, KVR_NSST_PUT_CONFLICTS, 1);
             return KVR_ECONFLICT;
         }
         e->refs++;
         sh->total_refs++;
         sh->logical_bytes += len;
+        sh->ns_agg[ns].refs++;
+        sh->ns_agg[ns].logical_bytes += len;
         kvr_index_touch_locked(&st->ix, i);
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_PUT_DEDUP, 1);
@@ -507,7 +512,8 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
         kvr_error("store: reservation %u lost before commit", txn->entry);
         return KVR_ERR;
     }
-    other = kvr_index_lookup_locked(&st->ix, e->ns, kvr_index_key(&st->ix, e), e->key_len, e->khash);
+    ns = e->ns;
+    other = kvr_index_lookup_locked(&st->ix, ns, kvr_index_key(&st->ix, e), e->key_len, e->khash);
     if (other != KVR_NIL) {
         /* A concurrent put of the same key committed first. */
         kvr_entry_t *o = &st->ix.ent[other];
@@ -515,6 +521,8 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
             o->refs++;
             sh->total_refs++;
             sh->logical_bytes += o->length;
+            sh->ns_agg[ns].refs++;
+            sh->ns_agg[ns].logical_bytes += o->length;
             kvr_index_touch_locked(&st->ix, other);
             rc = KVR_PUT_DEDUP;
         } else {
@@ -523,8 +531,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
         free_entry_locked(st, txn->entry);
         store_unlock(st);
         kvr_stat_add(st->my_stats, rc == KVR_PUT_DEDUP ? KVR_ST_PUT_DEDUP : KVR_ST_PUT_CONFLICT, 1);
-        if (rc == KVR_PUT_DEDUP)
-            ns_stat_add(st, o->ns, KVR_NSST_PUT_DEDUP, 1);
+        ns_stat_add(st, ns, rc == KVR_PUT_DEDUP ? KVR_NSST_PUT_DEDUP : KVR_NSST_PUT_CONFLICTS, 1);
         return rc;
     }
     e->refs = 1;
@@ -534,11 +541,12 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     sh->total_refs++;
     sh->resident_bytes += e->length;
     sh->logical_bytes += e->length;
-    sh->ns_blocks[e->ns]++;
-    sh->ns_resident_bytes[e->ns] += e->length;
+    sh->ns_agg[e->ns].blocks++;
+    sh->ns_agg[e->ns].refs++;
+    sh->ns_agg[e->ns].resident_bytes += e->length;
+    sh->ns_agg[e->ns].logical_bytes += e->length;
     chlog_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
     e->meta |= KVR_ENT_ANNOUNCED;
-    ns = e->ns;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
     ns_stat_add(st, ns, KVR_NSST_PUT_NEW, 1);
@@ -722,6 +730,8 @@ int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen
     e->refs--;
     sh->total_refs--;
     sh->logical_bytes -= e->length;
+    sh->ns_agg[ns].refs--;
+    sh->ns_agg[ns].logical_bytes -= e->length;
     if (refs_left != NULL)
         *refs_left = e->refs;
     if (e->refs == 0)

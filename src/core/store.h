@@ -169,8 +169,8 @@ void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
 
 /* One namespace's share: what it holds now, and its counters summed over every process. */
 typedef struct {
-    uint64_t resident_bytes, blocks;
-    uint64_t get_hits, get_misses, put_new, put_dedup, evictions, evicted_bytes, deletes;
+    uint64_t blocks, refs, resident_bytes, logical_bytes;
+    uint64_t get_hits, get_misses, put_new, put_dedup, put_conflicts, evictions, evicted_bytes, deletes;
 } kvr_store_ns_stats_t;
 void kvr_store_ns_stats(kvr_store_t *st, uint16_t ns, kvr_store_ns_stats_t *out);
 

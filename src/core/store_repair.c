@@ -157,8 +157,7 @@ static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
     KVR_DASSERT(store_locked(st));
     sh->unique_blocks = sh->total_refs = sh->resident_bytes = sh->logical_bytes = 0;
     sh->pinned_entries = sh->zombies = 0;
-    memset(sh->ns_blocks, 0, sizeof(sh->ns_blocks));
-    memset(sh->ns_resident_bytes, 0, sizeof(sh->ns_resident_bytes));
+    memset(sh->ns_agg, 0, sizeof(sh->ns_agg));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         if (e->state == KVR_ENT_FREE)
@@ -173,8 +172,10 @@ static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
             sh->total_refs += e->refs;
             sh->resident_bytes += e->length;
             sh->logical_bytes += e->length * e->refs;
-            sh->ns_blocks[e->ns]++;
-            sh->ns_resident_bytes[e->ns] += e->length;
+            sh->ns_agg[e->ns].blocks++;
+            sh->ns_agg[e->ns].refs += e->refs;
+            sh->ns_agg[e->ns].resident_bytes += e->length;
+            sh->ns_agg[e->ns].logical_bytes += e->length * e->refs;
         }
     }
 }
@@ -336,8 +337,10 @@ done:
 /* The per-namespace aggregates against a scan of the LIVE entries. */
 static int check_ns_locked(kvr_store_t *st)
 {
-    uint64_t blocks[KVR_NS_MAX] = {0}, bytes[KVR_NS_MAX] = {0};
+    kvr_ns_agg_t scan[KVR_NS_MAX];
     int rc = KVR_OK;
+
+    memset(scan, 0, sizeof(scan));
 
     KVR_DASSERT(store_locked(st));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
@@ -345,14 +348,17 @@ static int check_ns_locked(kvr_store_t *st)
         if (e->state != KVR_ENT_LIVE)
             continue;
         CHECK(e->ns < KVR_NS_MAX, "entry %llu in namespace %u", (unsigned long long)i, e->ns);
-        blocks[e->ns]++;
-        bytes[e->ns] += e->length;
+        scan[e->ns].blocks++;
+        scan[e->ns].refs += e->refs;
+        scan[e->ns].resident_bytes += e->length;
+        scan[e->ns].logical_bytes += e->length * e->refs;
     }
     for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
-        CHECK(blocks[ns] == st->sh->ns_blocks[ns] && bytes[ns] == st->sh->ns_resident_bytes[ns],
-              "namespace %u: %llu blocks %llu bytes, the scan says %llu and %llu", ns,
-              (unsigned long long)st->sh->ns_blocks[ns], (unsigned long long)st->sh->ns_resident_bytes[ns],
-              (unsigned long long)blocks[ns], (unsigned long long)bytes[ns]);
+        CHECK(memcmp(&scan[ns], &st->sh->ns_agg[ns], sizeof(scan[ns])) == 0,
+              "namespace %u: %llu blocks %llu refs %llu bytes, the scan says %llu, %llu and %llu", ns,
+              (unsigned long long)st->sh->ns_agg[ns].blocks, (unsigned long long)st->sh->ns_agg[ns].refs,
+              (unsigned long long)st->sh->ns_agg[ns].resident_bytes, (unsigned long long)scan[ns].blocks,
+              (unsigned long long)scan[ns].refs, (unsigned long long)scan[ns].resident_bytes);
 done:
     return rc;
 }

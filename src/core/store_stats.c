@@ -29,8 +29,10 @@ void kvr_store_ns_stats(kvr_store_t *st, uint16_t ns, kvr_store_ns_stats_t *o)
     if (ns >= KVR_NS_MAX)
         return;
     if (store_lock(st) == KVR_OK) {
-        o->resident_bytes = st->sh->ns_resident_bytes[ns];
-        o->blocks = st->sh->ns_blocks[ns];
+        o->blocks = st->sh->ns_agg[ns].blocks;
+        o->refs = st->sh->ns_agg[ns].refs;
+        o->resident_bytes = st->sh->ns_agg[ns].resident_bytes;
+        o->logical_bytes = st->sh->ns_agg[ns].logical_bytes;
         store_unlock(st);
     }
     for (unsigned p = 0; p <= KVR_MAX_PROCS; p++) /* counters: relaxed, pair with nothing */
@@ -43,6 +45,7 @@ void kvr_store_ns_stats(kvr_store_t *st, uint16_t ns, kvr_store_ns_stats_t *o)
     o->evictions = c[KVR_NSST_EVICTIONS];
     o->evicted_bytes = c[KVR_NSST_EVICTED_BYTES];
     o->deletes = c[KVR_NSST_DELETES];
+    o->put_conflicts = c[KVR_NSST_PUT_CONFLICTS];
 }
 
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)

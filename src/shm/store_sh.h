@@ -30,11 +30,17 @@ enum { KVR_NSST_GET_HITS,
        KVR_NSST_EVICTIONS,
        KVR_NSST_EVICTED_BYTES,
        KVR_NSST_DELETES,
+       KVR_NSST_PUT_CONFLICTS,
        KVR_NSST_N = 8 };
 typedef struct {
     uint64_t c[KVR_NSST_N];
 } kvr_ns_stats_t;
 static_assert(sizeof(kvr_ns_stats_t) == KVR_CACHELINE, "a namespace's counters are one line");
+
+/* A namespace's share of the resident set: the totals below, restricted to it. */
+typedef struct {
+    uint64_t blocks, refs, resident_bytes, logical_bytes;
+} kvr_ns_agg_t;
 
 typedef struct {
     kvr_shlock_t lock;
@@ -59,8 +65,7 @@ typedef struct {
      * XXH3 seeded with its namespace's seed, secret to clients. The per-namespace aggregates
      * are kept under `lock` with the totals above and recomputed by the repair. */
     uint64_t ns_seed[KVR_NS_MAX];
-    uint64_t ns_resident_bytes[KVR_NS_MAX];
-    uint64_t ns_blocks[KVR_NS_MAX];
+    kvr_ns_agg_t ns_agg[KVR_NS_MAX];
     kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");

@@ -31,6 +31,7 @@ Test(store_ns, same_key_in_two_namespaces_is_two_blocks)
     fx_t f;
     uint8_t a[4096], b[4096], got[4096];
     uint32_t left = 99;
+    kvr_store_ns_stats_t sa, sb;
 
     fx_open(&f, 8 << 20, 4096, 64, 0);
     memset(a, 'a', sizeof(a));
@@ -43,6 +44,17 @@ Test(store_ns, same_key_in_two_namespaces_is_two_blocks)
     cr_assert_eq(put_ns(&f, NS_B, "K", b, 100), KVR_PUT_CREATED, "another length is not a conflict across namespaces");
     cr_assert_eq(put_ns(&f, NS_B, "K2", b, sizeof(b)), KVR_PUT_CREATED);
     cr_assert_eq(put_ns(&f, NS_A, "K", a, sizeof(a)), KVR_PUT_DEDUP, "within a namespace dedup still works");
+    cr_assert_eq(put_ns(&f, NS_A, "K", a, 10), KVR_ECONFLICT, "and so do conflicts");
+    kvr_store_ns_stats(&f.st, NS_A, &sa);
+    kvr_store_ns_stats(&f.st, NS_B, &sb);
+    cr_assert_eq(sa.blocks, 1);
+    cr_assert_eq(sa.refs, 2);
+    cr_assert_eq(sa.logical_bytes, 2 * sizeof(a));
+    cr_assert_eq(sa.put_conflicts, 1);
+    cr_assert_eq(sb.blocks, 2);
+    cr_assert_eq(sb.refs, 2);
+    cr_assert_eq(sb.resident_bytes, 100 + sizeof(b));
+    cr_assert_eq(sb.put_conflicts, 0);
     cr_assert_eq(get_ns(&f, NS_A, "K", got, sizeof(got)), KVR_OK);
     cr_assert_eq(memcmp(got, a, sizeof(a)), 0);
     cr_assert_eq(get_ns(&f, NS_B, "K", got, 100), KVR_OK);
@@ -144,8 +156,8 @@ Test(store_ns, repair_recounts_namespaces_and_reap_keeps_their_counters)
     cr_assert_eq(kvr_store_put(&st2, NS_A, "x", 1, d, sizeof(d), 1), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_put(&st2, NS_B, "x", 1, d, 10, 2), KVR_PUT_CREATED);
     /* wreck the aggregates: the repair rebuilds them from the entries */
-    f.st.sh->ns_blocks[NS_A] = 77;
-    f.st.sh->ns_resident_bytes[NS_B] = 0;
+    f.st.sh->ns_agg[NS_A].blocks = 77;
+    f.st.sh->ns_agg[NS_B].refs = 0;
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_ERR);
     cr_assert_eq(store_lock(&f.st), KVR_OK);
     kvr_store_repair_locked(&f.st, -1);
