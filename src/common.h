@@ -82,4 +82,7 @@ static inline uint8_t *kvr_put_be32(uint8_t *p, uint32_t v)
 typedef struct kvr_seg_s kvr_seg_t;     /* a process's handle on the shared segment */
 typedef struct kvr_store_s kvr_store_t; /* a process's handle on the block store */
 
+#define KVR_NS_MAX     64 /* namespaces: "default" (id 0) and up to 63 from --tenants */
+#define KVR_NS_DEFAULT 0
+
 #endif
