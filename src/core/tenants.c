@@ -282,7 +282,7 @@ int kvr_tenants_parse(const char *text, size_t len, kvr_tenants_t *t, char *err,
         c.line = 1;
         for (size_t i = 0; i < KVR_TENANTS_FILE_MAX; i++)
             c.line += text[i] == '\n';
-        return fail(&c, "the file is %zu bytes, at most %u (1 MiB)", len, KVR_TENANTS_FILE_MAX);
+        return fail(&c, "the file is longer than 1 MiB (%u bytes)", KVR_TENANTS_FILE_MAX);
     }
     while (pos < len) {
         const char *nl = memchr(text + pos, '\n', len - pos);

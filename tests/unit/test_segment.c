@@ -276,22 +276,22 @@ static int create_in_child_msg(kvr_seg_config_t c, char *msg, size_t n)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
 }
 
-/* A file written by a build of layout version 1 (before the dead shared fields were removed):
- * refused at the warm restart, naming both versions; --segment-reset starts empty instead. */
+/* A file written by a build of layout version 2 (before the tenants table): refused at the
+ * warm restart, naming both versions; --segment-reset starts empty instead. */
 Test(segment_file, a_segment_of_the_old_layout_is_refused_naming_both_versions, .fini = rm_path)
 {
     kvr_seg_t seg;
     kvr_store_t st;
-    uint32_t v1 = 1;
+    uint32_t v1 = 2;
     char msg[2048], want[128];
 
-    cr_assert_eq(KVR_SEG_LAYOUT_VERSION, 2, "this test knows the step from version 1 to 2");
+    cr_assert_eq(KVR_SEG_LAYOUT_VERSION, 3, "this test knows the step from version 2 to 3");
     mkpath("oldlayout");
     fresh(&seg, &st, 8 << 20, 5);
     kvr_seg_destroy(&seg);
     poke(offsetof(kvr_seg_hdr_t, layout_version), &v1, sizeof(v1));
     cr_assert_eq(create_in_child_msg(cfg_of(8 << 20, 0), msg, sizeof(msg)), 1, "an old layout is refused");
-    snprintf(want, sizeof(want), "layout version 1, this build reads version %u; refusing it", KVR_SEG_LAYOUT_VERSION);
+    snprintf(want, sizeof(want), "layout version 2, this build reads version %u; refusing it", KVR_SEG_LAYOUT_VERSION);
     cr_assert(strstr(msg, want) != NULL, "the refusal names both versions: %s", msg);
     cr_assert(strstr(msg, "--segment-reset starts empty") != NULL, "and the way out: %s", msg);
     cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0, "--segment-reset starts over");
