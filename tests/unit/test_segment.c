@@ -276,8 +276,8 @@ static int create_in_child_msg(kvr_seg_config_t c, char *msg, size_t n)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
 }
 
-/* A file written by a build of layout version 1 (before the dead shared fields were removed):
- * refused at the warm restart, naming both versions; --segment-reset starts empty instead. */
+/* A file written by a build of the layout version before this one: refused at the
+ * warm restart, naming both versions; --segment-reset starts empty instead. */
 Test(segment_file, a_segment_of_the_old_layout_is_refused_naming_both_versions, .fini = rm_path)
 {
     kvr_seg_t seg;
