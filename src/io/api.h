@@ -60,7 +60,7 @@ typedef struct {
     kvr_seg_t *seg;
     kvr_store_t *store;
     kvr_relay_t *relay;
-    size_t token_len;
+    struct kvr_api_auth_s *auth; /* the tenants view and this worker's answers (api_auth.c) */
     int draining;          /* this worker is draining: /readyz says 503 */
     uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
     uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
@@ -131,7 +131,8 @@ typedef struct {
     char inline_buf[KVR_API_INLINE_MAX];
 } kvr_api_res_t;
 
-void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);
+/* KVR_OK, or KVR_ERR when out of memory. */
+int kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);
 
 /* Method name -> KVR_M_*. */
 unsigned kvr_api_method(const char *m, size_t n);

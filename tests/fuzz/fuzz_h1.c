@@ -56,7 +56,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     lfd = kvr_listen_tcp("127.0.0.1:0", &port, 64);
     if (lfd < 0)
         abort();
-    kvr_api_init(&api, &cfg, &seg, &store, &relay);
+    if (kvr_api_init(&api, &cfg, &seg, &store, &relay) != KVR_OK)
+        abort();
     http = kvr_http_create(&cfg, &api);
     h1 = http != NULL ? kvr_h1_create(&cfg, &api, http, lfd, fds.accept) : NULL;
     if (h1 == NULL)
