@@ -531,7 +531,6 @@ static int ready(kvr_api_t *a)
            st.publisher_running >= st.publisher_expected;
 }
 
-
 /* ------------------------------------------------------------------ routing */
 
 static int get_or_head(unsigned m)

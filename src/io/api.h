@@ -61,11 +61,11 @@ typedef struct {
     kvr_store_t *store;
     kvr_relay_t *relay;
     struct kvr_api_auth_s *auth; /* the tenants view and this worker's answers (api_auth.c) */
-    int draining;          /* this worker is draining: /readyz says 503 */
-    uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
-    uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
-    uint64_t peer_cap;     /* what one peer address may hold of it (--peer-inflight-share) */
-    uint32_t batch_pins;   /* pins held by this worker's batch GET responses */
+    int draining;                /* this worker is draining: /readyz says 503 */
+    uint64_t inflight;           /* bytes of this worker's PUT reservations not yet committed */
+    uint64_t inflight_cap;       /* this worker's share of --max-inflight-bytes */
+    uint64_t peer_cap;           /* what one peer address may hold of it (--peer-inflight-share) */
+    uint32_t batch_pins;         /* pins held by this worker's batch GET responses */
 } kvr_api_t;
 
 /* What a transport knows of a request once its head is parsed. */

@@ -148,7 +148,7 @@ def test_reload_on_sighup_and_on_change(tenants):
     # a malformed file is refused with its line named, and the previous table stays
     srv.tenants_path.write_text(tenants_text(b_token=None, extra="team c bad-line\n"))
     os.kill(srv.pid, signal.SIGHUP)
-    wait_log(srv.log_text, "reload refused: line 5", 5 * SLOW)
+    wait_log(srv.log_text, "reload refused: line 4", 5 * SLOW)
     assert srv.get("r2", token=TOK_A).status == 200
     assert srv.get("r", token=TOK_B).status == 401
     # B comes back with a new token, without a signal: the file's change is noticed; B's block is
