@@ -11,6 +11,8 @@ import os
 import signal
 import statistics
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +160,30 @@ def test_reload_on_sighup_and_on_change(tenants):
                what="the changed file to be loaded")
     assert srv.get("r", token="tok-b-rotated").body == b"1234"
     assert srv.get("r", token=TOK_B).status == 401
+
+
+def test_a_warm_restart_keeps_every_block_in_its_namespace(kvrelay, tmp_path):
+    """The namespaces' ids live in the segment: after a restart on the same --segment-path, with
+    the file's lines in another order and a namespace added before the others, every block is
+    back in its own namespace."""
+    seg = Path("/dev/shm") / f"kvrelay-e2e-tenants-{uuid.uuid4().hex[:12]}.seg"
+    path = tmp_path / "tenants"
+    path.write_text(tenants_text())
+    args = ("--memory", "64M", "--workers", "2", "--segment-path", str(seg), "--tenants", str(path))
+    try:
+        srv = kvrelay(*args, token=TOK_A)
+        a, b = make_block(10000, "warm-a"), make_block(20000, "warm-b")
+        assert srv.put("K", a, token=TOK_A).status == 201
+        assert srv.put("K", b, token=TOK_B).status == 201
+        assert srv.put("only-a", a, token=TOK_A).status == 201
+        srv.stop()
+        path.write_text(f"team-new tok-new-1\nteam-b {TOK_B}\n" + tenants_text(b_token=None))
+        srv = kvrelay(*args, token=TOK_A)
+        assert srv.get("K", token=TOK_A).body == a
+        assert srv.get("K", token=TOK_A2).body == a
+        assert srv.get("K", token=TOK_B).body == b
+        assert srv.get("only-a", token=TOK_B).status == 404
+        assert srv.get("K", token="tok-new-1").status == 404, "a new namespace starts empty"
+        assert srv.request("GET", "/kv/stats", token=TOK_A).json()["unique_blocks"] == 2
+    finally:
+        seg.unlink(missing_ok=True)
