@@ -25,6 +25,15 @@ void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_sto
     a->store = store;
     a->relay = relay;
     a->token_len = strlen(cfg->token);
+    /* With --tenants every token is checked against the segment's table (the --token one too);
+     * without, the one token as before. A worker that cannot hold the copy refuses every token. */
+    if (cfg->tenants[0] != '\0') {
+        a->tenants = malloc(sizeof(*a->tenants));
+        if (a->tenants == NULL)
+            kvr_error("tenants: out of memory for the token table's copy: every token is refused");
+        else
+            kvr_tenants_view_init(a->tenants, seg);
+    }
     a->inflight_cap = (cfg->max_inflight_bytes ? cfg->max_inflight_bytes : cfg->memory / 4) /
                       (cfg->workers ? cfg->workers : 1);
     a->peer_cap = a->inflight_cap / 100 * cfg->peer_inflight_share;
@@ -487,12 +496,29 @@ static int ready(kvr_api_t *a)
            st.publisher_running >= st.publisher_expected;
 }
 
+/* With --tenants: any token of the tenants table (core/tenants_table.h; constant time). The
+ * namespace it names is not used yet: every request is served in "default". */
+static int authorized_tenant(kvr_api_t *a, const kvr_api_req_t *rq)
+{
+    uint16_t ns;
+    int admin;
+
+    kvr_tenants_view_refresh(a->tenants);
+    if (kvr_tenants_open_access(a->tenants))
+        return 1;
+    if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)
+        return 0;
+    return kvr_tenants_auth(a->tenants, rq->auth + 7, rq->auth_len - 7, &ns, &admin);
+}
+
 /* Constant-time bearer check. */
 static int authorized(kvr_api_t *a, const kvr_api_req_t *rq)
 {
     char pad[KVR_CFG_STR_MAX];
     size_t n;
 
+    if (a->cfg->tenants[0] != '\0')
+        return a->tenants != NULL && authorized_tenant(a, rq);
     if (a->token_len == 0)
         return 1;
     if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)

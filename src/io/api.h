@@ -28,6 +28,7 @@
 #include "core/config.h"
 #include "core/relay.h"
 #include "core/store.h"
+#include "core/tenants_table.h"
 #include "io/metrics.h"
 #include "shm/stats.h"
 
@@ -61,11 +62,12 @@ typedef struct {
     kvr_store_t *store;
     kvr_relay_t *relay;
     size_t token_len;
-    int draining;          /* this worker is draining: /readyz says 503 */
-    uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
-    uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
-    uint64_t peer_cap;     /* what one peer address may hold of it (--peer-inflight-share) */
-    uint32_t batch_pins;   /* pins held by this worker's batch GET responses */
+    kvr_tenants_view_t *tenants; /* with --tenants: this worker's copy of the token table (else NULL) */
+    int draining;                /* this worker is draining: /readyz says 503 */
+    uint64_t inflight;           /* bytes of this worker's PUT reservations not yet committed */
+    uint64_t inflight_cap;       /* this worker's share of --max-inflight-bytes */
+    uint64_t peer_cap;           /* what one peer address may hold of it (--peer-inflight-share) */
+    uint32_t batch_pins;         /* pins held by this worker's batch GET responses */
 } kvr_api_t;
 
 /* What a transport knows of a request once its head is parsed. */
