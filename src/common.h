@@ -22,6 +22,7 @@
 #define KVR_ENOSPACE  -5 /* no room even after eviction */
 #define KVR_EINVAL    -6 /* invalid argument (bad key, bad size) */
 #define KVR_EBUSY     -7 /* a per-process table (pins) is full */
+#define KVR_EQUOTA    -8 /* the namespace's memory quota cannot hold it */
 
 #define KVR_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define KVR_UNLIKELY(x) __builtin_expect(!!(x), 0)

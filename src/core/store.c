@@ -22,11 +22,6 @@
 #include <xxhash.h>
 
 void (*kvr_store_fault_hook)(int point);
-#define FAULT_POINT(p) \
-    do { \
-        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL)) \
-            kvr_store_fault_hook(p); \
-    } while (0)
 
 /* ------------------------------------------------------------------ setup */
 
@@ -43,6 +38,7 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->arena.page_shift = h->page_shift;
     st->arena.lock = &st->sh->lock;
     st->ix.sh = &st->sh->index;
+    st->ix.lru = st->sh->ns_lru;
     st->ix.ent = kvr_seg_at(seg, h->off_entries);
     st->ix.buckets = kvr_seg_at(seg, h->off_buckets);
     st->ix.arena = &st->arena;
@@ -252,7 +248,7 @@ static void free_entry_locked(kvr_store_t *st, uint32_t i)
  * Takes a LIVE block out of the resident set: it becomes invisible at once, its remove
  * event is logged, and its memory is freed now or, if pinned, at the last unpin. Locked.
  */
-static void remove_block_locked(kvr_store_t *st, uint32_t i)
+void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i)
 {
     kvr_store_sh_t *sh = st->sh;
     kvr_entry_t *e = &st->ix.ent[i];
@@ -281,50 +277,6 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     } else {
         free_entry_locked(st, i);
     }
-}
-
-/*
- * Makes room for `pages` pages and one entry by evicting least recently used unpinned
- * blocks. First checks that enough can be freed, so a put that cannot fit evicts nothing.
- * Returns KVR_OK or KVR_ENOSPACE. Locked.
- */
-static int make_room_locked(kvr_store_t *st, uint64_t pages)
-{
-    kvr_store_sh_t *sh = st->sh;
-    uint64_t have_pages = sh->arena.free_pages, have_entries = sh->index.nfree;
-    uint32_t i;
-
-    KVR_DASSERT(store_locked(st));
-    if (have_pages >= pages && have_entries >= 1)
-        return KVR_OK;
-    if (sh->no_evict || pages > sh->arena.npages)
-        return KVR_ENOSPACE;
-    /* Dry run from the LRU tail. */
-    for (i = sh->index.lru_tail; i != KVR_NIL && (have_pages < pages || have_entries < 1);
-         i = st->ix.ent[i].lru_prev) {
-        const kvr_entry_t *e = &st->ix.ent[i];
-        if (e->pins > 0)
-            continue;
-        have_pages += pages_for(st, e->key_len, e->length);
-        have_entries++;
-    }
-    if (have_pages < pages || have_entries < 1)
-        return KVR_ENOSPACE;
-    i = sh->index.lru_tail;
-    while (i != KVR_NIL && (sh->arena.free_pages < pages || sh->index.nfree < 1)) {
-        kvr_entry_t *e = &st->ix.ent[i];
-        uint32_t prev = e->lru_prev;
-        if (e->pins == 0) {
-            FAULT_POINT(KVR_FAULT_EVICTING);
-            kvr_stat_add(st->my_stats, KVR_ST_EVICTIONS, 1);
-            kvr_stat_add(st->my_stats, KVR_ST_EVICTED_BYTES, e->length);
-            ns_stat_add(st, e->ns, KVR_NSST_EVICTIONS, 1);
-            ns_stat_add(st, e->ns, KVR_NSST_EVICTED_BYTES, e->length);
-            remove_block_locked(st, i);
-        }
-        i = prev;
-    }
-    return KVR_OK;
 }
 
 /* ------------------------------------------------------------------ a block's bytes */
@@ -447,7 +399,7 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t kl
         ns_stat_add(st, ns, KVR_NSST_PUT_DEDUP, 1);
         return KVR_PUT_DEDUP;
     }
-    rc = make_room_locked(st, pages);
+    rc = kvr_store_make_room_locked(st, ns, len, pages);
     if (rc != KVR_OK) {
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_PUT_NOSPACE, 1);
@@ -465,6 +417,7 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t kl
     e->first_page = head;
     e->gen++;
     e->meta = (uint8_t)st->slot;
+    sh->ns_agg[ns].reserved_bytes += len; /* a repair recounts it from the entries */
     /* State last: a crash before this leaves a FREE entry and unowned pages (reclaimed).
      * Release pairs with nothing lock-free (a RESERVED entry is on no chain, so no seqlock
      * reader reaches it); the next locker sees it through the lock, and the repair orders
@@ -513,6 +466,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
         return KVR_ERR;
     }
     ns = e->ns;
+    sh->ns_agg[ns].reserved_bytes -= e->length; /* resident from here, or given back */
     other = kvr_index_lookup_locked(&st->ix, ns, kvr_index_key(&st->ix, e), e->key_len, e->khash);
     if (other != KVR_NIL) {
         /* A concurrent put of the same key committed first. */
@@ -560,8 +514,10 @@ void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn)
     KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return;
-    if (e->state == KVR_ENT_RESERVED && e->gen == txn->gen)
+    if (e->state == KVR_ENT_RESERVED && e->gen == txn->gen) {
+        st->sh->ns_agg[e->ns].reserved_bytes -= e->length;
         free_entry_locked(st, txn->entry);
+    }
     store_unlock(st);
 }
 
@@ -735,7 +691,7 @@ int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen
     if (refs_left != NULL)
         *refs_left = e->refs;
     if (e->refs == 0)
-        remove_block_locked(st, i);
+        kvr_store_remove_block_locked(st, i);
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_DELETES, 1);
     ns_stat_add(st, ns, KVR_NSST_DELETES, 1);

@@ -167,6 +167,10 @@ int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen
 
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
 
+/* The supervisor, at every publication of the tenants table: each namespace's memory= in
+ * payload bytes (0: none), which its PUTs then keep to by evicting their own blocks. */
+void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX]);
+
 /* One namespace's share: what it holds now, and its counters summed over every process. */
 typedef struct {
     uint64_t blocks, refs, resident_bytes, logical_bytes;

@@ -81,6 +81,20 @@ static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t 
     return (klen + len + st->page_size - 1) >> st->arena.page_shift;
 }
 
+/* A named point of a critical section where the crash tests make SIGKILL land. */
+#define FAULT_POINT(p) \
+    do { \
+        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL)) \
+            kvr_store_fault_hook(p); \
+    } while (0)
+
+/* Takes a LIVE block out of the resident set (store.c). Locked. */
+void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i);
+
+/* Room for a PUT of len bytes (pages pages) in ns: KVR_OK, KVR_EQUOTA or KVR_ENOSPACE
+ * (store_evict.c). Locked. */
+int kvr_store_make_room_locked(kvr_store_t *st, uint16_t ns, uint64_t len, uint64_t pages);
+
 /* A namespace counter of this process (store_sh.h: its owner alone writes its row). */
 static inline void ns_stat_add(kvr_store_t *st, uint16_t ns, unsigned i, uint64_t v)
 {

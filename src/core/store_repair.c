@@ -167,6 +167,8 @@ static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
             sh->pinned_entries++;
         if (e->state == KVR_ENT_ZOMBIE)
             sh->zombies++;
+        if (e->state == KVR_ENT_RESERVED)
+            sh->ns_agg[e->ns].reserved_bytes += e->length;
         if (e->state == KVR_ENT_LIVE) {
             sh->unique_blocks++;
             sh->total_refs += e->refs;
@@ -345,9 +347,13 @@ static int check_ns_locked(kvr_store_t *st)
     KVR_DASSERT(store_locked(st));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         const kvr_entry_t *e = &st->ix.ent[i];
-        if (e->state != KVR_ENT_LIVE)
+        if (e->state != KVR_ENT_LIVE && e->state != KVR_ENT_RESERVED)
             continue;
         CHECK(e->ns < KVR_NS_MAX, "entry %llu in namespace %u", (unsigned long long)i, e->ns);
+        if (e->state == KVR_ENT_RESERVED) {
+            scan[e->ns].reserved_bytes += e->length;
+            continue;
+        }
         scan[e->ns].blocks++;
         scan[e->ns].refs += e->refs;
         scan[e->ns].resident_bytes += e->length;

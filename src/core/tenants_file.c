@@ -136,24 +136,25 @@ static int same_stat(const struct stat *a, const struct stat *b)
            a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-void kvr_tenants_src_poll(kvr_tenants_src_t *s, kvr_seg_t *seg, uint64_t now_ms)
+int kvr_tenants_src_poll(kvr_tenants_src_t *s, kvr_seg_t *seg, uint64_t now_ms)
 {
     struct stat st;
     int ok;
 
     if (s->path[0] == '\0' || now_ms < s->next_poll_ms)
-        return;
+        return 0;
     s->next_poll_ms = now_ms + KVR_TENANTS_POLL_MS;
     ok = stat(s->path, &st) == 0;
     if (!ok) {
         if (s->seen_ok)
             kvr_warn("tenants: %s: %s; the table in force stays until it is back", s->path, strerror(errno));
         s->seen_ok = 0;
-        return;
+        return 0;
     }
     if (s->seen_ok && same_stat(&st, &s->seen))
-        return;
+        return 0;
     kvr_tenants_src_reload(s, seg, "the file changed");
+    return 1;
 }
 
 void kvr_tenants_src_free(kvr_tenants_src_t *s)

@@ -39,8 +39,9 @@ int kvr_tenants_src_publish(kvr_tenants_src_t *s, kvr_seg_t *seg, char *err, siz
 /* Reads the file again and publishes it, or logs why not; `why` names the cause in the log. */
 void kvr_tenants_src_reload(kvr_tenants_src_t *s, kvr_seg_t *seg, const char *why);
 
-/* Every KVR_TENANTS_POLL_MS: reloads when the file's stat changed. */
-void kvr_tenants_src_poll(kvr_tenants_src_t *s, kvr_seg_t *seg, uint64_t now_ms);
+/* Every KVR_TENANTS_POLL_MS: reloads when the file's stat changed. 1 when it tried (the
+ * table may have changed), else 0. */
+int kvr_tenants_src_poll(kvr_tenants_src_t *s, kvr_seg_t *seg, uint64_t now_ms);
 
 void kvr_tenants_src_free(kvr_tenants_src_t *s);
 

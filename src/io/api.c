@@ -218,6 +218,10 @@ static void put_failed(kvr_api_res_t *res, int rc)
     case KVR_ENOSPACE:
         kvr_api_error(res, 507, "InsufficientStorage", "no room for the block even after eviction");
         return;
+    case KVR_EQUOTA:
+        kvr_api_error(res, 507, "InsufficientStorage",
+                      "the block does not fit the namespace's memory quota even after evicting its own blocks");
+        return;
     case KVR_EINVAL:
         kvr_api_error(res, 400, "InvalidRequest", "invalid key");
         return;

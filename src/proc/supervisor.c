@@ -601,6 +601,18 @@ static void kill_stragglers(sup_t *s, uint64_t t)
     s->drain_deadline = t + 1000;
 }
 
+/* The namespaces' memory= of the table in force, for the store's evictions (we are the
+ * table's only writer, so it is read plainly). Cheap: one store lock. */
+static void push_quotas(sup_t *s)
+{
+    const kvr_tenants_sh_t *t = kvr_seg_at(&s->seg, s->seg.hdr->off_tenants);
+    uint64_t q[KVR_NS_MAX];
+
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        q[ns] = t->ns[ns].configured ? t->ns[ns].quota : 0;
+    kvr_store_set_quotas(&s->store, q);
+}
+
 /* Waits up to wait_ms for one of the blocked signals and acts on it. */
 static void take_signal(sup_t *s, uint64_t wait_ms)
 {
@@ -616,6 +628,7 @@ static void take_signal(sup_t *s, uint64_t wait_ms)
         start_drain(s);
     } else if (sig == SIGHUP && !s->draining) {
         kvr_tenants_src_reload(&s->tenants, &s->seg, "SIGHUP");
+        push_quotas(s);
     }
 }
 
@@ -636,8 +649,8 @@ static void supervise(sup_t *s)
             kill_stragglers(s, t);
             wait_ms = 100;
         }
-        if (!s->draining)
-            kvr_tenants_src_poll(&s->tenants, &s->seg, kvr_clock_ms()); /* the file changed: reload */
+        if (!s->draining && kvr_tenants_src_poll(&s->tenants, &s->seg, kvr_clock_ms())) /* the file changed */
+            push_quotas(s);
         take_signal(s, wait_ms);
         /* SIGCHLD, a timeout or an interrupt: reap whatever is there. */
         reap_children(s);
@@ -676,6 +689,7 @@ int kvr_supervisor_run(kvr_config_t *cfg)
         kvr_error("%s", err);
         return 2;
     }
+    push_quotas(s);
     /* Wake-up eventfds for every process slot, made before any fork. */
     s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     for (int i = 0; i < KVR_MAX_PROCS; i++)

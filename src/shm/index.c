@@ -50,7 +50,8 @@ void kvr_index_format(kvr_index_t *ix)
         kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
-    sh->lru_head = sh->lru_tail = KVR_NIL;
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
     sh->clock = 0;
     /* Push in reverse so low indices come out first. */
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
@@ -193,31 +194,31 @@ void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i)
 
 static void lru_push_head(kvr_index_t *ix, uint32_t i)
 {
-    kvr_index_sh_t *sh = ix->sh;
     kvr_entry_t *e = &ix->ent[i];
+    kvr_lru_t *l = &ix->lru[e->ns];
 
     e->lru_prev = KVR_NIL;
-    e->lru_next = sh->lru_head;
-    if (sh->lru_head != KVR_NIL)
-        ix->ent[sh->lru_head].lru_prev = i;
+    e->lru_next = l->head;
+    if (l->head != KVR_NIL)
+        ix->ent[l->head].lru_prev = i;
     else
-        sh->lru_tail = i;
-    sh->lru_head = i;
+        l->tail = i;
+    l->head = i;
 }
 
 static void lru_remove(kvr_index_t *ix, uint32_t i)
 {
-    kvr_index_sh_t *sh = ix->sh;
     kvr_entry_t *e = &ix->ent[i];
+    kvr_lru_t *l = &ix->lru[e->ns];
 
     if (e->lru_prev != KVR_NIL)
         ix->ent[e->lru_prev].lru_next = e->lru_next;
     else
-        sh->lru_head = e->lru_next;
+        l->head = e->lru_next;
     if (e->lru_next != KVR_NIL)
         ix->ent[e->lru_next].lru_prev = e->lru_prev;
     else
-        sh->lru_tail = e->lru_prev;
+        l->tail = e->lru_prev;
     e->lru_prev = e->lru_next = KVR_NIL;
 }
 
@@ -266,7 +267,7 @@ void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i)
 {
     KVR_DASSERT(index_locked(ix));
     ix->ent[i].atime = ++ix->sh->clock;
-    if (ix->sh->lru_head == i)
+    if (ix->lru[ix->ent[i].ns].head == i)
         return;
     lru_remove(ix, i);
     lru_push_head(ix, i);
@@ -293,7 +294,8 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
         kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
-    sh->lru_head = sh->lru_tail = KVR_NIL;
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
         kvr_entry_t *e = &ix->ent[i];
         e->lru_prev = e->lru_next = KVR_NIL;
@@ -354,17 +356,21 @@ int kvr_index_check_locked(const kvr_index_t *ix)
                 return KVR_ERR;
         }
     }
-    for (uint32_t i = sh->lru_head; i != KVR_NIL; i = ix->ent[i].lru_next) {
-        if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || ix->ent[i].lru_prev != prev)
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
+        prev = KVR_NIL;
+        for (uint32_t i = ix->lru[ns].head; i != KVR_NIL; i = ix->ent[i].lru_next) {
+            if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || ix->ent[i].ns != ns ||
+                ix->ent[i].lru_prev != prev)
+                return KVR_ERR;
+            if (prev != KVR_NIL && ix->ent[prev].atime < ix->ent[i].atime)
+                return KVR_ERR;
+            if (++lru > live)
+                return KVR_ERR;
+            prev = i;
+        }
+        if (ix->lru[ns].tail != prev)
             return KVR_ERR;
-        if (prev != KVR_NIL && ix->ent[prev].atime < ix->ent[i].atime)
-            return KVR_ERR;
-        if (++lru > live)
-            return KVR_ERR;
-        prev = i;
     }
-    if (sh->lru_tail != prev)
-        return KVR_ERR;
     for (uint32_t i = sh->free_head; i != KVR_NIL; i = ix->ent[i].chain_next) {
         if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_FREE || ++freecnt > sh->max_blocks)
             return KVR_ERR;

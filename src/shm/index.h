@@ -3,7 +3,7 @@
  *
  * Entries live in one array sized at start (max_blocks); a free entry sits on a singly
  * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
- * the decoded key bytes) and on the LRU list. The key bytes themselves are stored at the
+ * the decoded key bytes) and on its namespace's LRU list. The key bytes themselves are stored at the
  * start of the block's first arena run, right before the payload, so the index carries no
  * per-entry key buffer; the first 62 bytes are also kept inline in the entry, so a lookup of a
  * key of up to 62 bytes reads two adjacent cache lines and nothing else.
@@ -86,17 +86,22 @@ typedef struct {
     uint64_t max_blocks;
     uint64_t nbuckets;
     uint32_t free_head;
-    uint32_t lru_head; /* most recently used */
-    uint32_t lru_tail; /* least recently used */
-    uint32_t pad1_;
+    uint32_t pad1_[3]; /* the LRU lists are per namespace: kvr_index_t.lru */
     uint64_t nfree;
     uint64_t clock; /* LRU clock, bumped under the store lock */
     uint64_t pad2_[2];
 } kvr_index_sh_t;
 static_assert(sizeof(kvr_index_sh_t) == 128, "index state layout");
 
+/* One namespace's LRU list of LIVE entries, through their lru_prev / lru_next. */
+typedef struct {
+    uint32_t head; /* most recently used */
+    uint32_t tail; /* least recently used */
+} kvr_lru_t;
+
 typedef struct {
     kvr_index_sh_t *sh;
+    kvr_lru_t *lru; /* KVR_NS_MAX lists, by the entries' namespace (kvr_store_sh_t.ns_lru) */
     kvr_entry_t *ent;
     _Atomic uint32_t *buckets;
     kvr_arena_t *arena;
@@ -131,7 +136,7 @@ uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix);
 /* Returns an entry to the free list and marks it FREE. Locked. */
 void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i);
 
-/* Links entry i onto its bucket chain and the LRU head, state LIVE. Locked. */
+/* Links entry i onto its bucket chain and the head of its namespace's LRU, state LIVE. Locked. */
 void kvr_index_link_locked(kvr_index_t *ix, uint32_t i);
 /* Unlinks entry i from its chain and the LRU (state unchanged). Locked. */
 void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
@@ -139,7 +144,7 @@ void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
 void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i);
 
 /*
- * Rebuilds chains, the LRU (ordered by atime) and the free list from the entries' states:
+ * Rebuilds chains, the LRU lists (ordered by atime) and the free list from the entries' states:
  * LIVE entries are linked (a second LIVE entry with the same key is returned in *dups via
  * callback), every FREE entry goes on the free list. Locked.
  */

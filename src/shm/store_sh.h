@@ -40,6 +40,7 @@ static_assert(sizeof(kvr_ns_stats_t) == KVR_CACHELINE, "a namespace's counters a
 /* A namespace's share of the resident set: the totals below, restricted to it. */
 typedef struct {
     uint64_t blocks, refs, resident_bytes, logical_bytes;
+    uint64_t reserved_bytes; /* payload of its PUTs in flight (RESERVED entries): the quota counts them */
 } kvr_ns_agg_t;
 
 typedef struct {
@@ -66,6 +67,10 @@ typedef struct {
      * are kept under `lock` with the totals above and recomputed by the repair. */
     uint64_t ns_seed[KVR_NS_MAX];
     kvr_ns_agg_t ns_agg[KVR_NS_MAX];
+    kvr_lru_t ns_lru[KVR_NS_MAX]; /* the index's LRU lists, one per namespace (index.h) */
+    /* memory= of each namespace in payload bytes (0: none): the supervisor copies it from the
+     * tenants table under the lock at every publication (kvr_store_set_quotas) */
+    uint64_t ns_quota[KVR_NS_MAX];
     kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");

@@ -8,6 +8,7 @@ http.client.
 import hashlib
 import http.client
 import os
+import re
 import signal
 import statistics
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SLOW, kv_path, make_block, quote_key
+from conftest import MiB, SLOW, kv_path, make_block, quote_key
 from harness import wait_log, wait_until
 
 TOK_A, TOK_A2, TOK_B, TOK_ADMIN = "tok-a-1f3e", "tok-a2-77c0", "tok-b-90d2", "tok-admin-5b1a"
@@ -187,3 +188,83 @@ def test_a_warm_restart_keeps_every_block_in_its_namespace(kvrelay, tmp_path):
         assert srv.request("GET", "/kv/stats", token=TOK_A).json()["unique_blocks"] == 2
     finally:
         seg.unlink(missing_ok=True)
+
+
+def _ns_metric(srv, name, ns):
+    text = srv.request("GET", "/metrics", token=TOK_ADMIN).body.decode()
+    m = re.search(rf'^kvrelay_namespace_{name}{{namespace="{ns}"}} (\d+)$', text, re.M)
+    assert m, f"kvrelay_namespace_{name} for {ns} missing"
+    return int(m.group(1))
+
+
+def test_a_namespace_at_its_quota_evicts_its_own_blocks_only(kvrelay, tmp_path):
+    """A with memory=64M writes 200 MiB into a 256 MiB arena that B shares: A never holds more
+    than 64 MiB, every block of B is intact, and the counters say whose blocks went."""
+    path = tmp_path / "tenants"
+    path.write_text(f"team-a {TOK_A} memory=64M\nteam-b {TOK_B}\n")
+    srv = kvrelay("--memory", "256M", "--workers", "2", "--tenants", str(path), "--admin-token", TOK_ADMIN,
+                  token=TOK_A)
+    b_blocks = {f"b{i}": make_block(MiB, f"b{i}") for i in range(40)}
+    conn = srv.connection()
+    for k, v in b_blocks.items():
+        conn.request("PUT", kv_path(k), body=v, headers={"Authorization": f"Bearer {TOK_B}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 201
+    peak = 0
+    chunk = make_block(4 * MiB, "a-chunk")
+    for i in range(50):  # 200 MiB in 4 MiB blocks
+        conn.request("PUT", kv_path(f"a{i}"), body=chunk[:-8] + i.to_bytes(8, "little"),
+                     headers={"Authorization": f"Bearer {TOK_A}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 201, (i, r.status)
+        peak = max(peak, _ns_metric(srv, "resident_bytes", "team-a"))
+    conn.close()
+    a = srv.request("GET", "/kv/stats", token=TOK_A).json()
+    print(f"quota: A peak {peak} bytes, now {a['resident_bytes']}, A evictions {a['evictions']}, "
+          f"B evictions {_ns_metric(srv, 'evictions_total', 'team-b')}")
+    assert peak <= 64 * MiB and a["resident_bytes"] <= 64 * MiB, (peak, a)
+    assert a["resident_bytes"] == 16 * 4 * MiB, "A fills its quota exactly: 16 blocks of 4 MiB"
+    assert a["capacity_bytes"] == 64 * MiB
+    assert a["evictions"] == 50 - 16 and a["evicted_bytes"] == (50 - 16) * 4 * MiB, a
+    assert _ns_metric(srv, "evictions_total", "team-b") == 0
+    assert _ns_metric(srv, "quota_bytes", "team-a") == 64 * MiB
+    for k, v in b_blocks.items():
+        assert srv.get(k, token=TOK_B).body == v, k
+    assert srv.get("a49", token=TOK_A).status == 200 and srv.get("a0", token=TOK_A).status == 404
+    assert srv.request("GET", "/debug/store", token=TOK_ADMIN).json()["ok"] is True
+
+
+def test_without_quotas_a_full_arena_takes_from_the_namespace_holding_more(kvrelay, tmp_path):
+    """No quotas, equal shares: A fills the arena, then B writes; every block evicted is A's
+    until the two hold the same, then each gives up its own oldest."""
+    path = tmp_path / "tenants"
+    path.write_text(f"team-a {TOK_A}\nteam-b {TOK_B}\n")
+    srv = kvrelay("--memory", "64M", "--workers", "1", "--tenants", str(path), "--admin-token", TOK_ADMIN,
+                  token=TOK_A)
+    conn = srv.connection()
+
+    def put(tok, key, n):
+        conn.request("PUT", kv_path(key), body=make_block(MiB, key)[:-8] + n.to_bytes(8, "little"),
+                     headers={"Authorization": f"Bearer {tok}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 201, (key, r.status)
+
+    for i in range(80):
+        put(TOK_A, f"a{i}", i)
+    held_a = _ns_metric(srv, "blocks", "team-a")
+    assert 50 <= held_a < 64, held_a
+    for i in range(16):
+        put(TOK_B, f"b{i}", i)
+    assert _ns_metric(srv, "evictions_total", "team-b") == 0, "B under its share loses nothing"
+    for i in range(16, 80):
+        put(TOK_B, f"b{i}", i)
+    conn.close()
+    a, b = _ns_metric(srv, "blocks", "team-a"), _ns_metric(srv, "blocks", "team-b")
+    print(f"fair: A {a} blocks, B {b} blocks; evictions A {_ns_metric(srv, 'evictions_total', 'team-a')} "
+          f"B {_ns_metric(srv, 'evictions_total', 'team-b')}")
+    assert abs(a - b) <= 1, (a, b)
+    assert _ns_metric(srv, "evictions_total", "team-b") > 0
+    assert srv.get("b79", token=TOK_B).status == 200 and srv.get("b0", token=TOK_B).status == 404

@@ -97,22 +97,36 @@ Test(store_ns, seeds_are_drawn_per_namespace)
     fx_close(&f);
 }
 
+/* Puts n one-page blocks (4000 bytes) named <prefix><i> into ns; returns how many were created. */
+static int fill(fx_t *f, uint16_t ns, const char *prefix, int from, int n)
+{
+    static const uint8_t d[4000];
+    int created = 0;
+
+    for (int i = from; i < from + n; i++) {
+        char k[32];
+        snprintf(k, sizeof(k), "%s%d", prefix, i);
+        created += put_ns(f, ns, k, d, sizeof(d)) == KVR_PUT_CREATED;
+    }
+    return created;
+}
+
+static uint64_t arena_pages(fx_t *f)
+{
+    kvr_store_stats_t all;
+
+    kvr_store_stats(&f->st, &all);
+    return all.total_pages;
+}
+
 Test(store_ns, counters_and_aggregates_per_namespace)
 {
     fx_t f;
-    uint8_t d[8192] = {0}, got[8192];
-    kvr_store_ns_stats_t a, b;
-    kvr_store_stats_t all;
-    int nb;
+    uint8_t d[4000] = {0}, got[4000];
+    kvr_store_ns_stats_t a;
 
-    /* a small arena of 4 KiB pages: A's blocks are evicted by B's puts, and the victims are
-     * counted against A, not against B who caused them */
-    fx_open(&f, 64 << 10, 4096, 64, 0);
-    for (int i = 0; i < 6; i++) {
-        char k[16];
-        snprintf(k, sizeof(k), "a%d", i);
-        cr_assert_eq(put_ns(&f, NS_A, k, d, 4000), KVR_PUT_CREATED);
-    }
+    fx_open(&f, 1 << 20, 4096, 256, 0);
+    cr_assert_eq(fill(&f, NS_A, "a", 0, 6), 6);
     cr_assert_eq(put_ns(&f, NS_A, "a0", d, 4000), KVR_PUT_DEDUP);
     cr_assert_eq(get_ns(&f, NS_A, "a1", got, 4000), KVR_OK);
     cr_assert_eq(get_ns(&f, NS_A, "zz", got, 4000), KVR_ENOTFOUND);
@@ -123,22 +137,90 @@ Test(store_ns, counters_and_aggregates_per_namespace)
     cr_assert_eq(a.put_dedup, 1);
     cr_assert_eq(a.get_hits, 1);
     cr_assert_eq(a.get_misses, 1);
-    kvr_store_stats(&f.st, &all);
-    nb = (int)(all.total_pages / 2) - 2; /* two pages each: fills what A left and some of A's */
-    cr_assert_gt(nb, 0);
-    for (int i = 0; i < nb; i++) {
-        char k[16];
-        snprintf(k, sizeof(k), "b%d", i);
-        cr_assert_eq(put_ns(&f, NS_B, k, d, 8000), KVR_PUT_CREATED, "B's put %d of %d", i, nb);
-    }
+    cr_assert_eq(a.evictions, 0);
+    fx_close(&f);
+}
+
+Test(store_ns, a_full_arena_takes_from_the_namespace_most_over_its_share)
+{
+    fx_t f;
+    kvr_store_ns_stats_t a, b;
+    uint64_t n;
+
+    /* A fills the arena alone, then B writes: A is far over its half, B under it, so every
+     * block that goes is A's, counted against A though B's puts caused it */
+    fx_open(&f, 1 << 20, 4096, 1024, 0);
+    n = arena_pages(&f);
+    cr_assert_eq(fill(&f, NS_A, "a", 0, (int)n), (int)n);
+    cr_assert_eq(fill(&f, NS_B, "b", 0, (int)(n / 4)), (int)(n / 4));
     kvr_store_ns_stats(&f.st, NS_A, &a);
     kvr_store_ns_stats(&f.st, NS_B, &b);
-    cr_assert_gt(a.evictions, 0);
-    cr_assert_eq(a.blocks, 6 - a.evictions);
-    cr_assert_eq(a.evicted_bytes, a.evictions * 4000);
+    cr_assert_eq(a.evictions, n / 4);
+    cr_assert_eq(a.evicted_bytes, n / 4 * 4000);
     cr_assert_eq(b.evictions, 0);
-    cr_assert_eq(b.blocks, (uint64_t)nb);
-    cr_assert_eq(b.resident_bytes, (uint64_t)nb * 8000);
+    cr_assert_eq(b.blocks, n / 4);
+    /* B goes on past its half: then B is the one over, and gives up its own oldest first */
+    cr_assert_eq(fill(&f, NS_B, "b", (int)(n / 4), (int)n), (int)n);
+    kvr_store_ns_stats(&f.st, NS_A, &a);
+    kvr_store_ns_stats(&f.st, NS_B, &b);
+    cr_assert_gt(b.evictions, 0);
+    cr_assert_eq(a.blocks, b.blocks,
+                 "the two end at equal shares: A %llu, B %llu blocks", (unsigned long long)a.blocks,
+                 (unsigned long long)b.blocks);
+    cr_assert_eq(kvr_store_exists(&f.st, NS_B, "b0", 2, NULL), 0, "B's oldest went first");
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
+    fx_close(&f);
+}
+
+Test(store_ns, a_quota_evicts_the_namespaces_own_blocks_only)
+{
+    fx_t f;
+    uint64_t q[KVR_NS_MAX] = {0};
+    uint8_t big[5 * 4000 + 1] = {0};
+    kvr_store_ns_stats_t a, b;
+
+    fx_open(&f, 1 << 20, 4096, 1024, 0);
+    q[NS_A] = 5 * 4000;
+    kvr_store_set_quotas(&f.st, q);
+    cr_assert_eq(fill(&f, NS_B, "b", 0, 8), 8);
+    cr_assert_eq(fill(&f, NS_A, "a", 0, 12), 12);
+    kvr_store_ns_stats(&f.st, NS_A, &a);
+    kvr_store_ns_stats(&f.st, NS_B, &b);
+    cr_assert_eq(a.resident_bytes, 5 * 4000, "A holds its quota: %llu", (unsigned long long)a.resident_bytes);
+    cr_assert_eq(a.evictions, 7);
+    cr_assert_eq(b.blocks, 8, "B lost nothing");
+    cr_assert_eq(b.evictions, 0);
+    cr_assert_eq(kvr_store_exists(&f.st, NS_A, "a6", 2, NULL), 0, "A's oldest went");
+    cr_assert_eq(kvr_store_exists(&f.st, NS_A, "a11", 3, NULL), 1);
+    /* a block larger than the quota never fits: refused, nothing evicted */
+    cr_assert_eq(put_ns(&f, NS_A, "huge", big, sizeof(big)), KVR_EQUOTA);
+    kvr_store_ns_stats(&f.st, NS_A, &a);
+    cr_assert_eq(a.evictions, 7);
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
+    fx_close(&f);
+}
+
+Test(store_ns, a_quota_counts_puts_in_flight_and_pins_hold)
+{
+    fx_t f;
+    uint64_t q[KVR_NS_MAX] = {0};
+    kvr_put_txn_t t1, t2;
+    kvr_block_ref_t ref;
+
+    fx_open(&f, 1 << 20, 4096, 1024, 0);
+    q[NS_A] = 3 * 4000;
+    kvr_store_set_quotas(&f.st, q);
+    /* two reservations in flight hold 8000 of the 12000: a third 4000 fits, a fourth not
+     * while the first two are all that could go (they are not resident yet) */
+    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, "r1", 2, 4000, 1, &t1), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, "r2", 2, 4000, 2, &t2), KVR_OK);
+    cr_assert_eq(fill(&f, NS_A, "a", 0, 1), 1);
+    cr_assert_eq(kvr_store_get(&f.st, NS_A, "a0", 2, &ref), KVR_OK); /* pinned: cannot go */
+    cr_assert_eq(fill(&f, NS_A, "a", 1, 1), 0, "over quota with only pinned and reserved bytes");
+    kvr_store_unpin(&f.st, &ref);
+    cr_assert_eq(fill(&f, NS_A, "a", 1, 1), 1, "unpinned, a0 makes room");
+    kvr_store_put_abort(&f.st, &t1);
+    cr_assert_eq(kvr_store_put_commit(&f.st, &t2), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
 }
