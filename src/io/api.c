@@ -17,6 +17,12 @@
 
 /* 0 is "any other status"; -1 ends the list. */
 
+/* Tokens are checked against the segment's tenants table (else: --token alone, as before). */
+static int uses_table(const kvr_config_t *cfg)
+{
+    return cfg->tenants[0] != '\0' || cfg->admin_token[0] != '\0';
+}
+
 void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
 {
     memset(a, 0, sizeof(*a));
@@ -25,9 +31,10 @@ void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_sto
     a->store = store;
     a->relay = relay;
     a->token_len = strlen(cfg->token);
-    /* With --tenants every token is checked against the segment's table (the --token one too);
-     * without, the one token as before. A worker that cannot hold the copy refuses every token. */
-    if (cfg->tenants[0] != '\0') {
+    /* With --tenants or --admin-token every token is checked against the segment's table (the
+     * --token one too); without, the one token as before. A worker that cannot hold the copy
+     * refuses every token. */
+    if (uses_table(cfg)) {
         a->tenants = malloc(sizeof(*a->tenants));
         if (a->tenants == NULL)
             kvr_error("tenants: out of memory for the token table's copy: every token is refused");
@@ -496,7 +503,7 @@ static int ready(kvr_api_t *a)
            st.publisher_running >= st.publisher_expected;
 }
 
-/* With --tenants: any token of the tenants table (core/tenants_table.h; constant time). The
+/* With --tenants or --admin-token: any token of the tenants table (core/tenants_table.h; constant time). The
  * namespace it names is not used yet: every request is served in "default". */
 static int authorized_tenant(kvr_api_t *a, const kvr_api_req_t *rq)
 {
@@ -517,7 +524,7 @@ static int authorized(kvr_api_t *a, const kvr_api_req_t *rq)
     char pad[KVR_CFG_STR_MAX];
     size_t n;
 
-    if (a->cfg->tenants[0] != '\0')
+    if (uses_table(a->cfg))
         return a->tenants != NULL && authorized_tenant(a, rq);
     if (a->token_len == 0)
         return 1;
