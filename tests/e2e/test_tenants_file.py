@@ -48,11 +48,11 @@ def test_tokens_open_and_a_bad_reload_keeps_the_table(tmp_path, kvrelay):
     f = tmp_path / "tenants"
     digest = hashlib.sha256(b"tok-b").hexdigest()
     write(f, f"team-a tok-a memory=64M\nteam-b sha256:{digest}\n")
-    srv = kvrelay(*BASE, "--tenants", str(f), "--token", "legacy")
+    srv = kvrelay(*BASE, "--tenants", str(f), "--token", "legacy", "--admin-token", "root")
     assert "tenants: 3 tokens, 3 namespaces (generation 1)" in srv.log_text()
     assert status(srv, None) == 401
     assert status(srv, "nope") == 401
-    for tok in ("tok-a", "tok-b", "legacy"):
+    for tok in ("tok-a", "tok-b", "legacy", "root"):
         assert status(srv, tok) == 404, tok
 
     write(f, "team-a tok-a\n\nlonely   # no token\n")
@@ -71,6 +71,17 @@ def test_tokens_open_and_a_bad_reload_keeps_the_table(tmp_path, kvrelay):
     assert status(srv, "tok-b") == 404
     assert status(srv, "legacy") == 404, "--token stays in namespace default"
     assert srv.alive()
+
+
+def test_token_and_admin_token_without_a_tenants_file(kvrelay):
+    srv = kvrelay(*BASE, "--token", "legacy", "--admin-token", "root")
+    assert "tenants: 1 tokens, 1 namespaces (generation 1), admin token set" in srv.log_text()
+    assert status(srv, None) == 401
+    assert status(srv, "legacy") == 404
+    assert status(srv, "root") == 404, "the admin token works in namespace default"
+    os.kill(srv.pid, signal.SIGHUP)
+    wait_until(lambda: "SIGHUP: nothing to reload" in srv.log_text(), 5 * SLOW, what="the SIGHUP line")
+    assert status(srv, "legacy") == 404
 
 
 def test_a_secret_update_is_seen_without_a_signal(tmp_path, kvrelay):
