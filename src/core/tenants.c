@@ -2,6 +2,7 @@
 #include "core/tenants.h"
 
 #include "core/config.h"
+#include "wire/keys.h"
 
 #include <openssl/sha.h>
 #include <stdarg.h>
@@ -92,17 +93,6 @@ static int ns_char(unsigned char ch)
            ch == '_' || ch == '-';
 }
 
-static int hexval(unsigned char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* The namespace field: its index in the table, added if new. Returns the index or -1. */
 static int namespace_of(ctx_t *c, span_t f)
 {
@@ -144,8 +134,8 @@ static int token_of(ctx_t *c, span_t f, uint8_t d[KVR_SHA256_LEN])
             return fail(c, "a sha256: token needs exactly %d hex digits after \"sha256:\", found %zu characters",
                         2 * KVR_SHA256_LEN, f.n - SHA256_PREFIX_LEN);
         for (int i = 0; i < KVR_SHA256_LEN; i++) {
-            int hi = hexval((unsigned char)f.p[SHA256_PREFIX_LEN + 2 * i]);
-            int lo = hexval((unsigned char)f.p[SHA256_PREFIX_LEN + 2 * i + 1]);
+            int hi = kvr_hexval((unsigned char)f.p[SHA256_PREFIX_LEN + 2 * i]);
+            int lo = kvr_hexval((unsigned char)f.p[SHA256_PREFIX_LEN + 2 * i + 1]);
             if (hi < 0 || lo < 0)
                 return fail(c, "a sha256: token has a character that is not a hex digit");
             d[i] = (uint8_t)(hi << 4 | lo);
