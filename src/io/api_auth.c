@@ -86,8 +86,10 @@ int kvr_api_authorize(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     res->ns = KVR_NS_DEFAULT;
     res->admin = 0;
     (void)kvr_tenants_view_refresh(&au->view);
-    if (kvr_tenants_open_access(&au->view)) { /* no token configured: everyone, as before tenants */
-        res->admin = !au->tenants;
+    /* No token configured and no --tenants: everyone, as before tenants existed. A tenants
+     * file without a token (an empty Secret) opens nothing. */
+    if (!au->tenants && kvr_tenants_open_access(&au->view)) {
+        res->admin = 1;
         return 1;
     }
     if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)

@@ -268,3 +268,17 @@ def test_without_quotas_a_full_arena_takes_from_the_namespace_holding_more(kvrel
     assert abs(a - b) <= 1, (a, b)
     assert _ns_metric(srv, "evictions_total", "team-b") > 0
     assert srv.get("b79", token=TOK_B).status == 200 and srv.get("b0", token=TOK_B).status == 404
+
+
+def test_a_tenants_file_without_tokens_opens_nothing(kvrelay, tmp_path):
+    """An empty tenants file (say, a Secret not filled in yet) is not open access: every request
+    but the probes gets 401, until a token appears in it."""
+    path = tmp_path / "tenants"
+    path.write_text("# nothing yet\n")
+    srv = kvrelay("--memory", "32M", "--workers", "1", "--tenants", str(path))
+    assert srv.put("k", b"x", token=None).status == 401
+    assert srv.request("GET", "/kv/stats", token=None).status == 401
+    assert srv.request("GET", "/healthz", token=None).status == 200
+    path.write_text(f"team-a {TOK_A}\n")
+    wait_until(lambda: srv.put("k", b"x", token=TOK_A).status == 201, 3.0 * SLOW, interval=0.05,
+               what="the first token to be loaded")
