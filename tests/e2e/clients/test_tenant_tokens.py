@@ -19,6 +19,7 @@ writes itself is B's alone.
 """
 
 import types
+import urllib.parse
 
 import pytest
 
@@ -35,13 +36,14 @@ from .test_sglang_v2 import make_backend as make_sglang_v2
 from conftest import SLOW, kv_path, module_server  # noqa: E402  (tests/e2e/conftest.py)
 
 TOK_A, TOK_B, TOK_ADMIN = "tok-a-6d0f21", "tok-b-93ce4a", "tok-admin-17b5e8"
+TOK_A64 = "tok+a/64="  # a second token of team-a, with the characters of base64
 OTHER = {TOK_A: TOK_B, TOK_B: TOK_A}
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     path = tmp_path_factory.mktemp("tenant-tokens-file") / "tenants"
-    path.write_text(f"team-a {TOK_A}\nteam-b {TOK_B}\n")
+    path.write_text(f"team-a {TOK_A}\nteam-a {TOK_A64}\nteam-b {TOK_B}\n")
     s = module_server(tmp_path_factory, "tenant-tokens",
                       args=("--memory", "128M", "--workers", "2", "--tenants", str(path),
                             "--admin-token", TOK_ADMIN))
@@ -168,6 +170,14 @@ def test_lmcache_remote_newer_url_token(srv):
             assert not cb.exists_sync(keys[1]) and cb.batched_contains(keys) == 0
             assert await cb.batched_async_contains("tenant-b", keys) == 0
             assert await cb.batched_get(keys) == [None] * 3
+            # a token is a query value: percent-encoded it arrives whole; a bare "+" is a space
+            c64 = create_connector(imp, _url(srv, urllib.parse.quote(TOK_A64, safe="")), loop, backend, cfg, md)
+            got = await c64.get(keys[0])
+            assert got is not None and bytes(got.byte_array) == bytes(objs[0].byte_array)
+            await c64.close()
+            bare = create_connector(imp, _url(srv, TOK_A64), loop, backend, cfg, md)
+            assert await bare.get(keys[0]) is None
+            await bare.close()
             await cb.put(Key(9, "tenant-newer-b"), objs[0])
             assert cb.put_failures == 0 and cb.puts_stored == 1
             assert_owned_by(srv, [Key(9, "tenant-newer-b").to_string()], TOK_B)
