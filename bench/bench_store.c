@@ -86,21 +86,21 @@ static double bench_put_2m(void)
     /* Warm: touch the whole arena once (a running server's arena is populated). */
     for (uint64_t i = 0; i < 250; i++) {
         key64(key, i);
-        kvr_store_put(&b.st, key, 64, src, 2 * MIB, i);
+        kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, 2 * MIB, i);
     }
     for (uint64_t i = 0; i < 250; i++) {
         key64(key, i);
-        kvr_store_release(&b.st, key, 64, NULL);
+        kvr_store_release(&b.st, KVR_NS_DEFAULT, key, 64, NULL);
     }
     t0 = now();
     do {
         /* 200 blocks resident at a time, released in FIFO order */
         key64(key, n + 1000);
-        if (kvr_store_put(&b.st, key, 64, src, 2 * MIB, n) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, 2 * MIB, n) != KVR_PUT_CREATED)
             exit(2);
         if (n >= 200) {
             key64(key, n + 1000 - 200);
-            kvr_store_release(&b.st, key, 64, NULL);
+            kvr_store_release(&b.st, KVR_NS_DEFAULT, key, 64, NULL);
         }
         n++;
     } while ((t = now()) - t0 < 1.0);
@@ -123,8 +123,8 @@ static double bench_put_release_4k(void)
     do {
         for (int k = 0; k < 1000; k++, n++) {
             key64(key, n & 0xffff);
-            kvr_store_put(&b.st, key, 64, src, sizeof(src), n);
-            kvr_store_release(&b.st, key, 64, NULL);
+            kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, sizeof(src), n);
+            kvr_store_release(&b.st, KVR_NS_DEFAULT, key, 64, NULL);
         }
     } while ((t = now()) - t0 < 1.0);
     kvr_seg_destroy(&b.seg);
@@ -144,7 +144,7 @@ static void fill_lookup_store(bs_t *b)
     lookup_order = malloc(sizeof(uint32_t) * LOOKUP_KEYS);
     for (uint32_t i = 0; i < LOOKUP_KEYS; i++) {
         key64(lookup_keys[i], (uint64_t)i * 2654435761u);
-        if (kvr_store_put(&b->st, lookup_keys[i], 64, "v", 1, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b->st, KVR_NS_DEFAULT, lookup_keys[i], 64, "v", 1, i) != KVR_PUT_CREATED)
             exit(3);
         lookup_order[i] = i;
     }
@@ -163,7 +163,7 @@ static double lookup_loop(kvr_store_t *st, double secs)
 
     do {
         for (int k = 0; k < 4096; k++, n++)
-            hits += (uint64_t)kvr_store_exists(st, lookup_keys[lookup_order[n & (LOOKUP_KEYS - 1)]], 64, NULL);
+            hits += (uint64_t)kvr_store_exists(st, KVR_NS_DEFAULT, lookup_keys[lookup_order[n & (LOOKUP_KEYS - 1)]], 64, NULL);
     } while ((t = now()) - t0 < secs);
     if (hits != n) {
         fprintf(stderr, "bench: lookup missed (%llu of %llu)\n", (unsigned long long)(n - hits), (unsigned long long)n);
@@ -258,7 +258,7 @@ static double bench_fill_uniform(uint64_t block)
     memset(src, 5, block);
     for (;; i++) {
         key64(key, i);
-        if (kvr_store_put(&b.st, key, 64, src, block, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, block, i) != KVR_PUT_CREATED)
             break;
     }
     kvr_store_stats(&b.st, &s);
@@ -283,12 +283,12 @@ static void bench_fill_mixed(double *avg, double *min)
     for (uint64_t i = 0; i < 3000; i++) {
         uint64_t len = 256 * 1024 + (uint64_t)rand_r(&seed) % (8 * MIB - 256 * 1024 + 1);
         key64(key, i);
-        if (kvr_store_put(&b.st, key, 64, src, len, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, len, i) != KVR_PUT_CREATED)
             exit(5);
         /* some blocks are also deleted, as engines do */
         if (i % 7 == 0 && i > 10) {
             key64(key, i - 10);
-            kvr_store_release(&b.st, key, 64, NULL);
+            kvr_store_release(&b.st, KVR_NS_DEFAULT, key, 64, NULL);
         }
         kvr_store_stats(&b.st, &s);
         if (i >= 500) {

@@ -22,6 +22,7 @@
 #define KVR_ENOSPACE  -5 /* no room even after eviction */
 #define KVR_EINVAL    -6 /* invalid argument (bad key, bad size) */
 #define KVR_EBUSY     -7 /* a per-process table (pins) is full */
+#define KVR_EQUOTA    -8 /* the namespace's memory quota cannot hold it */
 
 #define KVR_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define KVR_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -81,5 +82,8 @@ static inline uint8_t *kvr_put_be32(uint8_t *p, uint32_t v)
 /* Central types, declared once. */
 typedef struct kvr_seg_s kvr_seg_t;     /* a process's handle on the shared segment */
 typedef struct kvr_store_s kvr_store_t; /* a process's handle on the block store */
+
+#define KVR_NS_MAX     64 /* namespaces: "default" (id 0) and up to 63 from --tenants */
+#define KVR_NS_DEFAULT 0
 
 #endif

@@ -38,6 +38,8 @@ static const opt_t opts[] = {
     {"max-block-size", T_SIZE, "256M", 1, 4 * GIB, N(max_block_size), "largest PUT body accepted (413 above; lowered at start to what --memory can hold)"},
     {"token", T_STR, "", 0, 0, S(token), "bearer token required on every request but the probes"},
     {"token-file", T_STR, "", 0, 0, S(token_file), "file holding the bearer token (e.g. a mounted secret)"},
+    {"tenants", T_STR, "", 0, 0, S(tenants), "tenants file: one 'NAMESPACE TOKEN [memory=SIZE] [model=NAME]' a line, each token opens its namespace; reloaded on SIGHUP and when it changes (docs/operations.md); --token stays the token of namespace 'default'"},
+    {"admin-token", T_STR, "", 0, 0, S(admin_token), "bearer token of the admin requests (namespace 'default')"},
     {"tls-cert", T_STR, "", 0, 0, S(tls_cert), "PEM certificate: serve TLS (ALPN h2, http/1.1) on --http-bind"},
     {"tls-key", T_STR, "", 0, 0, S(tls_key), "PEM private key for --tls-cert"},
     {"shutdown-grace", T_DURATION, "10s", 0, 3600000, N(shutdown_grace_ms), "on SIGTERM, time allowed for in-flight requests"},
@@ -494,8 +496,8 @@ void kvr_config_print(const kvr_config_t *cfg, FILE *out)
     for (size_t i = 0; i < KVR_ARRAY_SIZE(opts); i++) {
         const opt_t *o = &opts[i];
         fprintf(out, "%s=", o->name);
-        if (o->off == offsetof(kvr_config_t, token)) {
-            fprintf(out, "%s\n", cfg->token[0] ? "<set>" : "");
+        if (o->off == offsetof(kvr_config_t, token) || o->off == offsetof(kvr_config_t, admin_token)) {
+            fprintf(out, "%s\n", base[o->off] ? "<set>" : "");
             continue;
         }
         switch (o->type) {

@@ -31,6 +31,8 @@ typedef struct {
     uint64_t max_block_size;
     char token[KVR_CFG_STR_MAX];
     char token_file[KVR_CFG_STR_MAX];
+    char tenants[KVR_CFG_STR_MAX];     /* the tenants file (core/tenants.h); "" none */
+    char admin_token[KVR_CFG_STR_MAX]; /* the admin token; "" none */
     char tls_cert[KVR_CFG_STR_MAX];
     char tls_key[KVR_CFG_STR_MAX];
     uint64_t shutdown_grace_ms;

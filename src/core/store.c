@@ -13,17 +13,15 @@
 #include "core/store_int.h"
 #include "wire/keys.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 void (*kvr_store_fault_hook)(int point);
-#define FAULT_POINT(p) \
-    do { \
-        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL)) \
-            kvr_store_fault_hook(p); \
-    } while (0)
 
 /* ------------------------------------------------------------------ setup */
 
@@ -40,6 +38,7 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->arena.page_shift = h->page_shift;
     st->arena.lock = &st->sh->lock;
     st->ix.sh = &st->sh->index;
+    st->ix.lru = st->sh->ns_lru;
     st->ix.ent = kvr_seg_at(seg, h->off_entries);
     st->ix.buckets = kvr_seg_at(seg, h->off_buckets);
     st->ix.arena = &st->arena;
@@ -69,6 +68,10 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     st.sh->index.nbuckets = h->nbuckets;
     st.sh->arena.npages = h->npages;
     st.sh->no_evict = no_evict ? 1 : 0;
+    if (getrandom(st.sh->ns_seed, sizeof(st.sh->ns_seed), 0) != (ssize_t)sizeof(st.sh->ns_seed)) {
+        kvr_error("store: getrandom for the namespace seeds: %s", strerror(errno));
+        return KVR_ERR;
+    }
     kvr_index_format(&st.ix);
     kvr_arena_format(&st.arena);
     kvr_chlog_format(st.log, h->log_capacity);
@@ -102,7 +105,7 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
         st.pins_all[i].count = 0;
     }
     for (int s = 0; s < KVR_MAX_PROCS; s++)
-        kvr_stats_retire(&st.sh->stats[KVR_STATS_RETIRED], &st.sh->stats[s]);
+        kvr_store_retire_stats(&st, s);
     if (store_lock(&st) != KVR_OK)
         return KVR_ERR;
     kvr_store_repair_locked(&st, -1);
@@ -131,6 +134,12 @@ int kvr_store_open(kvr_store_t *st, kvr_seg_t *seg)
 int kvr_store_key_valid(const void *key, size_t klen)
 {
     return klen >= 1 && klen <= KVR_KEY_MAX && memchr(key, 0, klen) == NULL;
+}
+
+/* The chain hash of (ns, key): XXH3 under the namespace's secret seed (store_sh.h). */
+static inline uint64_t key_hash(const kvr_store_t *st, uint16_t ns, const void *key, size_t klen)
+{
+    return XXH3_64bits_withSeed(key, klen, st->sh->ns_seed[ns]);
 }
 
 uint64_t kvr_store_default_canon(const void *key, size_t klen)
@@ -239,7 +248,7 @@ static void free_entry_locked(kvr_store_t *st, uint32_t i)
  * Takes a LIVE block out of the resident set: it becomes invisible at once, its remove
  * event is logged, and its memory is freed now or, if pinned, at the last unpin. Locked.
  */
-static void remove_block_locked(kvr_store_t *st, uint32_t i)
+void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i)
 {
     kvr_store_sh_t *sh = st->sh;
     kvr_entry_t *e = &st->ix.ent[i];
@@ -253,6 +262,10 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     sh->unique_blocks--;
     sh->total_refs -= e->refs;
     sh->resident_bytes -= e->length;
+    sh->ns_agg[e->ns].blocks--;
+    sh->ns_agg[e->ns].refs -= e->refs;
+    sh->ns_agg[e->ns].resident_bytes -= e->length;
+    sh->ns_agg[e->ns].logical_bytes -= e->length * e->refs;
     sh->logical_bytes -= e->length * e->refs;
     if (e->meta & KVR_ENT_ANNOUNCED) {
         chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
@@ -264,48 +277,6 @@ static void remove_block_locked(kvr_store_t *st, uint32_t i)
     } else {
         free_entry_locked(st, i);
     }
-}
-
-/*
- * Makes room for `pages` pages and one entry by evicting least recently used unpinned
- * blocks. First checks that enough can be freed, so a put that cannot fit evicts nothing.
- * Returns KVR_OK or KVR_ENOSPACE. Locked.
- */
-static int make_room_locked(kvr_store_t *st, uint64_t pages)
-{
-    kvr_store_sh_t *sh = st->sh;
-    uint64_t have_pages = sh->arena.free_pages, have_entries = sh->index.nfree;
-    uint32_t i;
-
-    KVR_DASSERT(store_locked(st));
-    if (have_pages >= pages && have_entries >= 1)
-        return KVR_OK;
-    if (sh->no_evict || pages > sh->arena.npages)
-        return KVR_ENOSPACE;
-    /* Dry run from the LRU tail. */
-    for (i = sh->index.lru_tail; i != KVR_NIL && (have_pages < pages || have_entries < 1);
-         i = st->ix.ent[i].lru_prev) {
-        const kvr_entry_t *e = &st->ix.ent[i];
-        if (e->pins > 0)
-            continue;
-        have_pages += pages_for(st, e->key_len, e->length);
-        have_entries++;
-    }
-    if (have_pages < pages || have_entries < 1)
-        return KVR_ENOSPACE;
-    i = sh->index.lru_tail;
-    while (i != KVR_NIL && (sh->arena.free_pages < pages || sh->index.nfree < 1)) {
-        kvr_entry_t *e = &st->ix.ent[i];
-        uint32_t prev = e->lru_prev;
-        if (e->pins == 0) {
-            FAULT_POINT(KVR_FAULT_EVICTING);
-            kvr_stat_add(st->my_stats, KVR_ST_EVICTIONS, 1);
-            kvr_stat_add(st->my_stats, KVR_ST_EVICTED_BYTES, e->length);
-            remove_block_locked(st, i);
-        }
-        i = prev;
-    }
-    return KVR_OK;
 }
 
 /* ------------------------------------------------------------------ a block's bytes */
@@ -392,7 +363,7 @@ KVR_DASSERT_FN static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *t
 
 /* ------------------------------------------------------------------ put */
 
-int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t len, uint64_t canon,
+int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t len, uint64_t canon,
                         kvr_put_txn_t *txn)
 {
     kvr_store_sh_t *sh = st->sh;
@@ -402,29 +373,33 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
     int rc;
 
     KVR_DASSERT(store_mine(st));
-    if (!kvr_store_key_valid(key, klen))
+    if (!kvr_store_key_valid(key, klen) || ns >= KVR_NS_MAX)
         return KVR_EINVAL;
-    khash = XXH3_64bits(key, klen);
+    khash = key_hash(st, ns, key, klen);
     pages = pages_for(st, klen, len);
     if (store_lock(st) != KVR_OK)
         return KVR_ERR;
-    i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    i = kvr_index_lookup_locked(&st->ix, ns, key, klen, khash);
     if (i != KVR_NIL) {
         e = &st->ix.ent[i];
         if (e->length != len) {
             store_unlock(st);
             kvr_stat_add(st->my_stats, KVR_ST_PUT_CONFLICT, 1);
+            ns_stat_add(st, ns, KVR_NSST_PUT_CONFLICTS, 1);
             return KVR_ECONFLICT;
         }
         e->refs++;
         sh->total_refs++;
         sh->logical_bytes += len;
+        sh->ns_agg[ns].refs++;
+        sh->ns_agg[ns].logical_bytes += len;
         kvr_index_touch_locked(&st->ix, i);
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_PUT_DEDUP, 1);
+        ns_stat_add(st, ns, KVR_NSST_PUT_DEDUP, 1);
         return KVR_PUT_DEDUP;
     }
-    rc = make_room_locked(st, pages);
+    rc = kvr_store_make_room_locked(st, ns, len, pages);
     if (rc != KVR_OK) {
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_PUT_NOSPACE, 1);
@@ -436,12 +411,13 @@ int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t 
     e->khash = khash;
     e->canon = canon;
     e->length = len;
-    kvr_index_set_key(e, key, klen);
+    kvr_index_set_key(e, ns, key, klen);
     e->refs = 0;
     e->pins = 0;
     e->first_page = head;
     e->gen++;
     e->meta = (uint8_t)st->slot;
+    sh->ns_agg[ns].reserved_bytes += len; /* a repair recounts it from the entries */
     /* State last: a crash before this leaves a FREE entry and unowned pages (reclaimed).
      * Release pairs with nothing lock-free (a RESERVED entry is on no chain, so no seqlock
      * reader reaches it); the next locker sees it through the lock, and the repair orders
@@ -477,6 +453,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     kvr_store_sh_t *sh = st->sh;
     kvr_entry_t *e = &st->ix.ent[txn->entry];
     uint32_t other;
+    uint16_t ns;
     int rc;
 
     KVR_DASSERT(store_mine(st));
@@ -488,7 +465,9 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
         kvr_error("store: reservation %u lost before commit", txn->entry);
         return KVR_ERR;
     }
-    other = kvr_index_lookup_locked(&st->ix, kvr_index_key(&st->ix, e), e->key_len, e->khash);
+    ns = e->ns;
+    sh->ns_agg[ns].reserved_bytes -= e->length; /* resident from here, or given back */
+    other = kvr_index_lookup_locked(&st->ix, ns, kvr_index_key(&st->ix, e), e->key_len, e->khash);
     if (other != KVR_NIL) {
         /* A concurrent put of the same key committed first. */
         kvr_entry_t *o = &st->ix.ent[other];
@@ -496,6 +475,8 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
             o->refs++;
             sh->total_refs++;
             sh->logical_bytes += o->length;
+            sh->ns_agg[ns].refs++;
+            sh->ns_agg[ns].logical_bytes += o->length;
             kvr_index_touch_locked(&st->ix, other);
             rc = KVR_PUT_DEDUP;
         } else {
@@ -504,6 +485,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
         free_entry_locked(st, txn->entry);
         store_unlock(st);
         kvr_stat_add(st->my_stats, rc == KVR_PUT_DEDUP ? KVR_ST_PUT_DEDUP : KVR_ST_PUT_CONFLICT, 1);
+        ns_stat_add(st, ns, rc == KVR_PUT_DEDUP ? KVR_NSST_PUT_DEDUP : KVR_NSST_PUT_CONFLICTS, 1);
         return rc;
     }
     e->refs = 1;
@@ -513,10 +495,15 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     sh->total_refs++;
     sh->resident_bytes += e->length;
     sh->logical_bytes += e->length;
+    sh->ns_agg[e->ns].blocks++;
+    sh->ns_agg[e->ns].refs++;
+    sh->ns_agg[e->ns].resident_bytes += e->length;
+    sh->ns_agg[e->ns].logical_bytes += e->length;
     chlog_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
     e->meta |= KVR_ENT_ANNOUNCED;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
+    ns_stat_add(st, ns, KVR_NSST_PUT_NEW, 1);
     return KVR_PUT_CREATED;
 }
 
@@ -527,15 +514,18 @@ void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn)
     KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return;
-    if (e->state == KVR_ENT_RESERVED && e->gen == txn->gen)
+    if (e->state == KVR_ENT_RESERVED && e->gen == txn->gen) {
+        st->sh->ns_agg[e->ns].reserved_bytes -= e->length;
         free_entry_locked(st, txn->entry);
+    }
     store_unlock(st);
 }
 
-int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *data, uint64_t len, uint64_t canon)
+int kvr_store_put(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, const void *data, uint64_t len,
+                  uint64_t canon)
 {
     kvr_put_txn_t txn;
-    int rc = kvr_store_put_begin(st, key, klen, len, canon, &txn);
+    int rc = kvr_store_put_begin(st, ns, key, klen, len, canon, &txn);
 
     if (rc != KVR_OK)
         return rc;
@@ -547,17 +537,17 @@ int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *dat
 
 /* Validates the key, takes the lock and looks it up: KVR_OK with the lock held and *i the
  * LIVE entry; KVR_ENOTFOUND, KVR_EINVAL or KVR_ERR without the lock. */
-static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t *i)
+static int lock_and_find(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint32_t *i)
 {
     uint64_t khash;
 
     KVR_DASSERT(store_mine(st));
-    if (!kvr_store_key_valid(key, klen))
+    if (!kvr_store_key_valid(key, klen) || ns >= KVR_NS_MAX)
         return KVR_EINVAL;
-    khash = XXH3_64bits(key, klen);
+    khash = key_hash(st, ns, key, klen);
     if (store_lock(st) != KVR_OK)
         return KVR_ERR;
-    *i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    *i = kvr_index_lookup_locked(&st->ix, ns, key, klen, khash);
     if (*i == KVR_NIL) {
         store_unlock(st);
         return KVR_ENOTFOUND;
@@ -565,14 +555,16 @@ static int lock_and_find(kvr_store_t *st, const void *key, size_t klen, uint32_t
     return KVR_OK;
 }
 
-int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t *ref)
+int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref)
 {
     uint32_t i;
     kvr_entry_t *e;
-    int rc = lock_and_find(st, key, klen, &i);
+    int rc = lock_and_find(st, ns, key, klen, &i);
 
-    if (rc == KVR_ENOTFOUND)
+    if (rc == KVR_ENOTFOUND) {
         kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
+        ns_stat_add(st, ns, KVR_NSST_GET_MISSES, 1);
+    }
     if (rc != KVR_OK)
         return rc;
     if (pin_add_locked(st, i) != KVR_OK) {
@@ -591,6 +583,7 @@ int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t
     ref->canon = e->canon;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_GET_HIT, 1);
+    ns_stat_add(st, ns, KVR_NSST_GET_HITS, 1);
     return KVR_OK;
 }
 
@@ -658,34 +651,34 @@ void kvr_store_unpin_later(kvr_store_t *st, kvr_block_ref_t *ref)
     ref->entry = KVR_NIL;
 }
 
-int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *len)
+int kvr_store_exists(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t *len)
 {
     uint64_t khash;
     uint32_t i;
     int rc;
 
     KVR_DASSERT(store_mine(st));
-    if (!kvr_store_key_valid(key, klen))
+    if (!kvr_store_key_valid(key, klen) || ns >= KVR_NS_MAX)
         return 0;
-    khash = XXH3_64bits(key, klen);
-    rc = kvr_index_lookup_lockfree(&st->ix, key, klen, khash, len);
+    khash = key_hash(st, ns, key, klen);
+    rc = kvr_index_lookup_lockfree(&st->ix, ns, key, klen, khash, len);
     if (rc != KVR_AGAIN)
         return rc;
     if (store_lock(st) != KVR_OK)
         return 0;
-    i = kvr_index_lookup_locked(&st->ix, key, klen, khash);
+    i = kvr_index_lookup_locked(&st->ix, ns, key, klen, khash);
     if (i != KVR_NIL && len != NULL)
         *len = st->ix.ent[i].length;
     store_unlock(st);
     return i != KVR_NIL;
 }
 
-int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *refs_left)
+int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint32_t *refs_left)
 {
     kvr_store_sh_t *sh = st->sh;
     uint32_t i;
     kvr_entry_t *e;
-    int rc = lock_and_find(st, key, klen, &i);
+    int rc = lock_and_find(st, ns, key, klen, &i);
 
     if (rc != KVR_OK)
         return rc;
@@ -693,64 +686,16 @@ int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *r
     e->refs--;
     sh->total_refs--;
     sh->logical_bytes -= e->length;
+    sh->ns_agg[ns].refs--;
+    sh->ns_agg[ns].logical_bytes -= e->length;
     if (refs_left != NULL)
         *refs_left = e->refs;
     if (e->refs == 0)
-        remove_block_locked(st, i);
+        kvr_store_remove_block_locked(st, i);
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_DELETES, 1);
+    ns_stat_add(st, ns, KVR_NSST_DELETES, 1);
     return KVR_OK;
-}
-
-/* ------------------------------------------------------------------ stats */
-
-uint64_t kvr_store_counter(const kvr_store_t *st, unsigned i)
-{
-    return kvr_stats_sum(st->sh->stats, KVR_MAX_PROCS + 1, i);
-}
-
-/* Status only (/debug/relay): the two loads need not be one moment, so nothing pairs with
- * them; seq_cst as they always were. */
-void kvr_store_log_positions(const kvr_store_t *st, uint64_t *head, uint64_t *tail)
-{
-    *head = kvr_atomic_load_seq_cst(&st->log->head);
-    *tail = kvr_atomic_load_seq_cst(&st->log->tail);
-}
-
-void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *o)
-{
-    kvr_store_sh_t *sh = st->sh;
-    const kvr_stats_block_t *b = sh->stats;
-    const unsigned n = KVR_MAX_PROCS + 1;
-
-    memset(o, 0, sizeof(*o));
-    if (store_lock(st) == KVR_OK) {
-        o->unique_blocks = sh->unique_blocks;
-        o->total_refs = sh->total_refs;
-        o->resident_bytes = sh->resident_bytes;
-        o->logical_bytes = sh->logical_bytes;
-        o->pinned_blocks = sh->pinned_entries;
-        o->zombie_blocks = sh->zombies;
-        o->free_pages = sh->arena.free_pages;
-        o->repairs = sh->repairs;
-        o->lock_recoveries = sh->lock_recoveries;
-        store_unlock(st);
-    }
-    o->dedup_savings_bytes = o->logical_bytes > o->resident_bytes ? o->logical_bytes - o->resident_bytes : 0;
-    o->total_pages = sh->arena.npages;
-    o->capacity_bytes = sh->arena.npages * st->page_size;
-    o->dedup_hits = kvr_stats_sum(b, n, KVR_ST_PUT_DEDUP);
-    o->get_hits = kvr_stats_sum(b, n, KVR_ST_GET_HIT);
-    o->get_misses = kvr_stats_sum(b, n, KVR_ST_GET_MISS);
-    o->evictions = kvr_stats_sum(b, n, KVR_ST_EVICTIONS);
-    o->evicted_bytes = kvr_stats_sum(b, n, KVR_ST_EVICTED_BYTES);
-    o->put_new = kvr_stats_sum(b, n, KVR_ST_PUT_NEW);
-    o->put_conflicts = kvr_stats_sum(b, n, KVR_ST_PUT_CONFLICT);
-    o->put_nospace = kvr_stats_sum(b, n, KVR_ST_PUT_NOSPACE);
-    o->deletes = kvr_stats_sum(b, n, KVR_ST_DELETES);
-    /* Counters, relaxed: their producers' relaxed adds (changelog.c) order nothing either. */
-    o->log_appended = kvr_atomic_load_relaxed(&st->log->appended);
-    o->log_dropped = kvr_atomic_load_relaxed(&st->log->dropped);
 }
 
 /* ------------------------------------------------------------------ the publisher's resync */

@@ -1,6 +1,10 @@
 /*
  * store.h — the block store: the operations the HTTP layer calls, over the shared segment.
  *
+ * Every key lives in a namespace (ns, 0 = "default"; docs/tenancy.md): the same key bytes in
+ * two namespaces are two unrelated blocks, and no operation of one namespace can see, dedup
+ * against, delete or time another's.
+ *
  * Semantics (docs/http-contract.md):
  *  - put: a new key is stored with ref-count 1 ("created"); the same key with the same
  *    length is a dedup hit (ref-count + 1, bytes untouched); the same key with another
@@ -113,7 +117,7 @@ int kvr_store_key_valid(const void *key, size_t klen);
  * One-shot put of len bytes from data. canon is the canonical hash for the filter.
  * Returns KVR_PUT_CREATED, KVR_PUT_DEDUP, KVR_ECONFLICT, KVR_ENOSPACE, KVR_EINVAL or KVR_ERR.
  */
-int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *data, uint64_t len,
+int kvr_store_put(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, const void *data, uint64_t len,
                   uint64_t canon);
 
 /*
@@ -123,7 +127,7 @@ int kvr_store_put(kvr_store_t *st, const void *key, size_t klen, const void *dat
  * KVR_PUT_DEDUP / KVR_ECONFLICT when a concurrent put of the same key committed first);
  * abort gives everything back.
  */
-int kvr_store_put_begin(kvr_store_t *st, const void *key, size_t klen, uint64_t len, uint64_t canon,
+int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t len, uint64_t canon,
                         kvr_put_txn_t *txn);
 int kvr_store_put_write(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, const void *src,
                         uint64_t n);
@@ -134,7 +138,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn);
 void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn);
 
 /* Pins a resident block. Returns KVR_OK, KVR_ENOTFOUND, KVR_EBUSY (pin table full), KVR_EINVAL. */
-int kvr_store_get(kvr_store_t *st, const void *key, size_t klen, kvr_block_ref_t *ref);
+int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref);
 
 /* Fills iov with the pinned payload's spans from offset off; returns the count (<= max). */
 size_t kvr_store_ref_iov(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, struct iovec *iov,
@@ -156,12 +160,23 @@ void kvr_store_unpin_later(kvr_store_t *st, kvr_block_ref_t *ref);
 void kvr_store_unpin_flush(kvr_store_t *st);
 
 /* 1 when resident (length in *len if non-NULL), 0 when not; never pins, usually lock-free. */
-int kvr_store_exists(kvr_store_t *st, const void *key, size_t klen, uint64_t *len);
+int kvr_store_exists(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t *len);
 
 /* DELETE: one reference less. Returns KVR_OK with *refs_left, or KVR_ENOTFOUND / KVR_EINVAL. */
-int kvr_store_release(kvr_store_t *st, const void *key, size_t klen, uint32_t *refs_left);
+int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint32_t *refs_left);
 
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
+
+/* The supervisor, at every publication of the tenants table: each namespace's memory= in
+ * payload bytes (0: none), which its PUTs then keep to by evicting their own blocks. */
+void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX]);
+
+/* One namespace's share: what it holds now, and its counters summed over every process. */
+typedef struct {
+    uint64_t blocks, refs, resident_bytes, logical_bytes;
+    uint64_t get_hits, get_misses, put_new, put_dedup, put_conflicts, evictions, evicted_bytes, deletes;
+} kvr_store_ns_stats_t;
+void kvr_store_ns_stats(kvr_store_t *st, uint16_t ns, kvr_store_ns_stats_t *out);
 
 /* Counter i (KVR_ST_*) summed over every process's stats block and the retired one. */
 uint64_t kvr_store_counter(const kvr_store_t *st, unsigned i);

@@ -81,4 +81,29 @@ static inline uint64_t pages_for(const kvr_store_t *st, uint64_t klen, uint64_t 
     return (klen + len + st->page_size - 1) >> st->arena.page_shift;
 }
 
+/* A named point of a critical section where the crash tests make SIGKILL land. */
+#define FAULT_POINT(p) \
+    do { \
+        if (KVR_UNLIKELY(kvr_store_fault_hook != NULL)) \
+            kvr_store_fault_hook(p); \
+    } while (0)
+
+/* Takes a LIVE block out of the resident set (store.c). Locked. */
+void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i);
+
+/* Room for a PUT of len bytes (pages pages) in ns: KVR_OK, KVR_EQUOTA or KVR_ENOSPACE
+ * (store_evict.c). Locked. */
+int kvr_store_make_room_locked(kvr_store_t *st, uint16_t ns, uint64_t len, uint64_t pages);
+
+/* A namespace counter of this process (store_sh.h: its owner alone writes its row). */
+static inline void ns_stat_add(kvr_store_t *st, uint16_t ns, unsigned i, uint64_t v)
+{
+    uint64_t *c = &st->sh->ns_stats[st->slot >= 0 ? st->slot : KVR_STATS_RETIRED][ns].c[i];
+    kvr_atomic_store_relaxed(c, kvr_atomic_load_relaxed(c) + v);
+}
+
+/* Folds a dead (or, at a warm re-attach, gone) process's counters into the retired block and
+ * row, and zeroes its own (store_repair.c). The supervisor, with no writer of either running. */
+void kvr_store_retire_stats(kvr_store_t *st, int slot);
+
 #endif

@@ -74,8 +74,8 @@ static void settle_entries_locked(kvr_store_t *st, int dead_slot)
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         e->pins = 0;
-        if (e->state > KVR_ENT_DYING) {
-            e->state = KVR_ENT_FREE;
+        if (e->state > KVR_ENT_DYING || (e->state != KVR_ENT_FREE && e->ns >= KVR_NS_MAX)) {
+            e->state = KVR_ENT_FREE; /* not a state, or not a namespace: nothing to keep */
         } else if (e->state == KVR_ENT_RESERVED && !proc_alive(st, KVR_ENT_OWNER(e), dead_slot)) {
             e->state = KVR_ENT_FREE;
         } else if (e->state == KVR_ENT_DYING) {
@@ -157,6 +157,7 @@ static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
     KVR_DASSERT(store_locked(st));
     sh->unique_blocks = sh->total_refs = sh->resident_bytes = sh->logical_bytes = 0;
     sh->pinned_entries = sh->zombies = 0;
+    memset(sh->ns_agg, 0, sizeof(sh->ns_agg));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         if (e->state == KVR_ENT_FREE)
@@ -166,11 +167,17 @@ static void reclaim_and_count_locked(kvr_store_t *st, uint8_t *bm)
             sh->pinned_entries++;
         if (e->state == KVR_ENT_ZOMBIE)
             sh->zombies++;
+        if (e->state == KVR_ENT_RESERVED)
+            sh->ns_agg[e->ns].reserved_bytes += e->length;
         if (e->state == KVR_ENT_LIVE) {
             sh->unique_blocks++;
             sh->total_refs += e->refs;
             sh->resident_bytes += e->length;
             sh->logical_bytes += e->length * e->refs;
+            sh->ns_agg[e->ns].blocks++;
+            sh->ns_agg[e->ns].refs += e->refs;
+            sh->ns_agg[e->ns].resident_bytes += e->length;
+            sh->ns_agg[e->ns].logical_bytes += e->length * e->refs;
         }
     }
 }
@@ -214,6 +221,20 @@ void kvr_store_repair_locked(kvr_store_t *st, int dead_slot)
              (unsigned long long)sh->unique_blocks, (unsigned long long)sh->arena.free_pages);
 }
 
+void kvr_store_retire_stats(kvr_store_t *st, int slot)
+{
+    kvr_ns_stats_t *from = st->sh->ns_stats[slot], *into = st->sh->ns_stats[KVR_STATS_RETIRED];
+
+    kvr_stats_retire(&st->sh->stats[KVR_STATS_RETIRED], &st->sh->stats[slot]);
+    /* as kvr_stats_retire: relaxed, readers may see a sum one counter late */
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        for (unsigned i = 0; i < KVR_NSST_N; i++) {
+            uint64_t *c = &into[ns].c[i];
+            kvr_atomic_store_relaxed(c, kvr_atomic_load_relaxed(c) + kvr_atomic_load_relaxed(&from[ns].c[i]));
+            kvr_atomic_store_relaxed(&from[ns].c[i], 0);
+        }
+}
+
 int kvr_store_reap_slot(kvr_store_t *st, int slot)
 {
     kvr_proc_sh_t *p;
@@ -229,7 +250,7 @@ int kvr_store_reap_slot(kvr_store_t *st, int slot)
         return KVR_ERR;
     kvr_store_repair_locked(st, slot);
     store_unlock(st);
-    kvr_stats_retire(&st->sh->stats[KVR_STATS_RETIRED], &st->sh->stats[slot]);
+    kvr_store_retire_stats(st, slot);
     /* pid before state: a claim's CAS of state from FREE (segment.c) then stores its own pid,
      * and a reader that sees FREE never takes the stale pid for a live one (seq_cst both). */
     kvr_atomic_store_seq_cst(&p->pid, 0);
@@ -315,6 +336,39 @@ done:
     return rc;
 }
 
+/* The per-namespace aggregates against a scan of the LIVE entries. */
+static int check_ns_locked(kvr_store_t *st)
+{
+    kvr_ns_agg_t scan[KVR_NS_MAX];
+    int rc = KVR_OK;
+
+    memset(scan, 0, sizeof(scan));
+
+    KVR_DASSERT(store_locked(st));
+    for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
+        const kvr_entry_t *e = &st->ix.ent[i];
+        if (e->state != KVR_ENT_LIVE && e->state != KVR_ENT_RESERVED)
+            continue;
+        CHECK(e->ns < KVR_NS_MAX, "entry %llu in namespace %u", (unsigned long long)i, e->ns);
+        if (e->state == KVR_ENT_RESERVED) {
+            scan[e->ns].reserved_bytes += e->length;
+            continue;
+        }
+        scan[e->ns].blocks++;
+        scan[e->ns].refs += e->refs;
+        scan[e->ns].resident_bytes += e->length;
+        scan[e->ns].logical_bytes += e->length * e->refs;
+    }
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        CHECK(memcmp(&scan[ns], &st->sh->ns_agg[ns], sizeof(scan[ns])) == 0,
+              "namespace %u: %llu blocks %llu refs %llu bytes, the scan says %llu, %llu and %llu", ns,
+              (unsigned long long)st->sh->ns_agg[ns].blocks, (unsigned long long)st->sh->ns_agg[ns].refs,
+              (unsigned long long)st->sh->ns_agg[ns].resident_bytes, (unsigned long long)scan[ns].blocks,
+              (unsigned long long)scan[ns].refs, (unsigned long long)scan[ns].resident_bytes);
+done:
+    return rc;
+}
+
 /* The whole scan, lock held: index, pin tables, every entry, the arena, then the
  * aggregates against what the scan counted into c. */
 static int check_locked(kvr_store_t *st, uint32_t *pins, uint8_t *bm, kvr_store_stats_t *c)
@@ -337,6 +391,7 @@ static int check_locked(kvr_store_t *st, uint32_t *pins, uint8_t *bm, kvr_store_
           (unsigned long long)c->total_refs, (unsigned long long)sh->total_refs,
           (unsigned long long)c->resident_bytes, (unsigned long long)sh->resident_bytes);
     CHECK(c->pinned_blocks == sh->pinned_entries && c->zombie_blocks == sh->zombies, "pinned/zombie counts differ");
+    rc = check_ns_locked(st);
 done:
     return rc;
 }

@@ -17,17 +17,17 @@
 
 /* 0 is "any other status"; -1 ends the list. */
 
-void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
+int kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay)
 {
     memset(a, 0, sizeof(*a));
     a->cfg = cfg;
     a->seg = seg;
     a->store = store;
     a->relay = relay;
-    a->token_len = strlen(cfg->token);
     a->inflight_cap = (cfg->max_inflight_bytes ? cfg->max_inflight_bytes : cfg->memory / 4) /
                       (cfg->workers ? cfg->workers : 1);
     a->peer_cap = a->inflight_cap / 100 * cfg->peer_inflight_share;
+    return kvr_api_auth_init(a);
 }
 
 static int memis(const char *p, size_t n, const char *lit)
@@ -69,6 +69,7 @@ void kvr_api_set_status(kvr_api_res_t *res, int status)
                    {201, "Created"},
                    {400, "Bad Request"},
                    {401, "Unauthorized"},
+                   {403, "Forbidden"},
                    {404, "Not Found"},
                    {405, "Method Not Allowed"},
                    {409, "Conflict"},
@@ -155,7 +156,7 @@ static void json_begin(kvr_json_t *j, kvr_api_res_t *res)
 
 static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
-    int rc = kvr_store_get(a->store, key, klen, &res->ref);
+    int rc = kvr_store_get(a->store, res->ns, key, klen, &res->ref);
 
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
@@ -184,7 +185,7 @@ static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *k
 
     res->body = KVR_API_BODY_INLINE;
     res->head_only = 1;
-    if (!kvr_store_exists(a->store, key, klen, &len)) {
+    if (!kvr_store_exists(a->store, res->ns, key, klen, &len)) {
         kvr_api_set_status(res, 404);
         res->length = 0;
         return;
@@ -216,6 +217,10 @@ static void put_failed(kvr_api_res_t *res, int rc)
         return;
     case KVR_ENOSPACE:
         kvr_api_error(res, 507, "InsufficientStorage", "no room for the block even after eviction");
+        return;
+    case KVR_EQUOTA:
+        kvr_api_error(res, 507, "InsufficientStorage",
+                      "the block does not fit the namespace's memory quota even after evicting its own blocks");
         return;
     case KVR_EINVAL:
         kvr_api_error(res, 400, "InvalidRequest", "invalid key");
@@ -262,7 +267,7 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
     memcpy(res->key, key, klen);
     res->klen = (uint16_t)klen;
     res->put_len = rq->body_len;
-    rc = kvr_store_put_begin(a->store, key, klen, rq->body_len, canon, &res->txn);
+    rc = kvr_store_put_begin(a->store, res->ns, key, klen, rq->body_len, canon, &res->txn);
     if (rc == KVR_OK) {
         res->put = KVR_API_PUT_RESERVED; /* answered by kvr_api_put_end */
         a->inflight += rq->body_len;
@@ -321,7 +326,7 @@ void kvr_api_put_end(kvr_api_t *a, kvr_api_res_t *res, int ok)
     } else if (res->put == KVR_API_PUT_DEDUP) {
         res->put = KVR_API_PUT_NONE;
         if (!ok) /* the reference the head took goes again: as if the PUT never came */
-            (void)kvr_store_release(a->store, res->key, res->klen, &left);
+            (void)kvr_store_release(a->store, res->ns, res->key, res->klen, &left);
     } else {
         res->put = KVR_API_PUT_NONE; /* DEFERRED, WAIT: nothing was taken */
     }
@@ -331,7 +336,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 {
     kvr_json_t j;
     uint32_t left = 0;
-    int rc = kvr_store_release(a->store, key, klen, &left);
+    int rc = kvr_store_release(a->store, res->ns, key, klen, &left);
 
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
@@ -352,7 +357,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
     kvr_json_t j;
-    int e = kvr_store_exists(a->store, key, klen, NULL);
+    int e = kvr_store_exists(a->store, res->ns, key, klen, NULL);
 
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);
@@ -395,14 +400,49 @@ static void json_store_fields(kvr_json_t *j, const kvr_store_stats_t *st, const 
     }
 }
 
+/* The same document restricted to the caller's namespace, named in "namespace"; its capacity
+ * is the namespace's quota when it has one. */
+static void ns_stats(kvr_api_t *a, uint16_t ns, kvr_store_stats_t *s)
+{
+    kvr_store_ns_stats_t n;
+    uint64_t quota = kvr_api_ns_quota(a, ns);
+
+    kvr_store_stats(a->store, s); /* capacity, and every field not split by namespace */
+    kvr_store_ns_stats(a->store, ns, &n);
+    s->unique_blocks = n.blocks;
+    s->total_refs = n.refs;
+    s->resident_bytes = n.resident_bytes;
+    s->logical_bytes = n.logical_bytes;
+    s->dedup_savings_bytes = n.logical_bytes > n.resident_bytes ? n.logical_bytes - n.resident_bytes : 0;
+    s->dedup_hits = n.put_dedup;
+    s->get_hits = n.get_hits;
+    s->get_misses = n.get_misses;
+    s->evictions = n.evictions;
+    s->evicted_bytes = n.evicted_bytes;
+    s->put_new = n.put_new;
+    s->put_conflicts = n.put_conflicts;
+    s->deletes = n.deletes;
+    if (quota != 0 && quota < s->capacity_bytes)
+        s->capacity_bytes = quota;
+}
+
 static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
 {
     kvr_json_t j;
     kvr_store_stats_t s;
+    int scoped = kvr_api_tenants_on(a) && !res->admin;
 
-    kvr_store_stats(a->store, &s);
+    if (scoped)
+        ns_stats(a, res->ns, &s);
+    else
+        kvr_store_stats(a->store, &s);
     json_begin(&j, res);
     json_store_fields(&j, &s, stats_fields, KVR_ARRAY_SIZE(stats_fields), 1);
+    if (scoped) {
+        const char *name = kvr_api_ns_name(a, res->ns);
+        kvr_json_key(&j, "namespace", 0);
+        kvr_json_str(&j, name != NULL ? name : "", name != NULL ? strlen(name) : 0);
+    }
     api_json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
@@ -464,8 +504,16 @@ static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
 
 static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
 {
+    const char *names[KVR_NS_MAX];
+    uint64_t quota[KVR_NS_MAX];
     size_t len = 0;
-    char *text = kvr_metrics_render(a->seg, a->store, &len);
+    char *text;
+
+    for (uint16_t ns = 0; ns < KVR_NS_MAX; ns++) {
+        names[ns] = kvr_api_ns_listed(a, ns) ? kvr_api_ns_name(a, ns) : NULL;
+        quota[ns] = kvr_api_ns_quota(a, ns);
+    }
+    text = kvr_metrics_render(a->seg, a->store, names, quota, &len);
 
     if (text == NULL) {
         kvr_api_error(res, 503, "Busy", "out of memory");
@@ -485,23 +533,6 @@ static int ready(kvr_api_t *a)
     kvr_seg_status(a->seg, &st);
     return !st.draining && !a->draining && st.late == 0 && st.workers_running >= st.workers_expected &&
            st.publisher_running >= st.publisher_expected;
-}
-
-/* Constant-time bearer check. */
-static int authorized(kvr_api_t *a, const kvr_api_req_t *rq)
-{
-    char pad[KVR_CFG_STR_MAX];
-    size_t n;
-
-    if (a->token_len == 0)
-        return 1;
-    if (rq->auth == NULL || rq->auth_len < 7 || strncasecmp(rq->auth, "Bearer ", 7) != 0)
-        return 0;
-    n = rq->auth_len - 7;
-    /* compare a fixed number of bytes whatever the presented length */
-    memset(pad, 0, sizeof(pad));
-    memcpy(pad, rq->auth + 7, n < sizeof(pad) ? n : sizeof(pad));
-    return (CRYPTO_memcmp(pad, a->cfg->token, a->token_len) == 0) & (n == a->token_len);
 }
 
 /* ------------------------------------------------------------------ routing */
@@ -538,6 +569,10 @@ static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res
 
     if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete") || memis(p, n, "/batch/get")) {
         route_batch(a, rq, res);
+        return 1;
+    }
+    if ((memis(p, n, "/metrics") || (n >= 7 && memcmp(p, "/debug/", 7) == 0)) && !res->admin) {
+        kvr_api_error(res, 403, "Forbidden", "the admin token is needed here");
         return 1;
     }
     if (memis(p, n, "/metrics")) {
@@ -633,7 +668,7 @@ void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
             send_text(res, 200, "ready\n");
         else
             send_text(res, 503, "not ready\n");
-    } else if (!authorized(a, rq)) {
+    } else if (!kvr_api_authorize(a, rq, res)) {
         kvr_api_error(res, 401, "Unauthorized", "missing or invalid bearer token");
         res->hdr_name = "www-authenticate";
         res->hdr_value = "Bearer";

@@ -60,12 +60,12 @@ typedef struct {
     kvr_seg_t *seg;
     kvr_store_t *store;
     kvr_relay_t *relay;
-    size_t token_len;
-    int draining;          /* this worker is draining: /readyz says 503 */
-    uint64_t inflight;     /* bytes of this worker's PUT reservations not yet committed */
-    uint64_t inflight_cap; /* this worker's share of --max-inflight-bytes */
-    uint64_t peer_cap;     /* what one peer address may hold of it (--peer-inflight-share) */
-    uint32_t batch_pins;   /* pins held by this worker's batch GET responses */
+    struct kvr_api_auth_s *auth; /* the tenants view and this worker's answers (api_auth.c) */
+    int draining;                /* this worker is draining: /readyz says 503 */
+    uint64_t inflight;           /* bytes of this worker's PUT reservations not yet committed */
+    uint64_t inflight_cap;       /* this worker's share of --max-inflight-bytes */
+    uint64_t peer_cap;           /* what one peer address may hold of it (--peer-inflight-share) */
+    uint32_t batch_pins;         /* pins held by this worker's batch GET responses */
 } kvr_api_t;
 
 /* What a transport knows of a request once its head is parsed. */
@@ -116,6 +116,10 @@ typedef struct {
     char *heap;
     /* BLOCK of a batch GET: several pinned blocks and their framing (api_batch.c, "batch GET") */
     struct kvr_api_multi_s *multi;
+    /* the caller, as its bearer token says (docs/tenancy.md): every store operation of the
+     * request runs in namespace ns; admin opens /debug and /metrics when tenants are on */
+    uint16_t ns;
+    uint8_t admin;
     /* PUT */
     unsigned put; /* KVR_API_PUT_* */
     kvr_put_txn_t txn;
@@ -127,7 +131,8 @@ typedef struct {
     char inline_buf[KVR_API_INLINE_MAX];
 } kvr_api_res_t;
 
-void kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);
+/* KVR_OK, or KVR_ERR when out of memory. */
+int kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);
 
 /* Method name -> KVR_M_*. */
 unsigned kvr_api_method(const char *m, size_t n);

@@ -158,7 +158,7 @@ static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, cons
             multi_fail(a, res, 400, "InvalidRequest", msg);
             return;
         }
-        rc = kvr_store_get(a->store, key, klen, &m->k[i].ref);
+        rc = kvr_store_get(a->store, res->ns, key, klen, &m->k[i].ref);
         if (rc == KVR_ENOTFOUND)
             continue; /* the record stays all zero: not found */
         if (rc != KVR_OK) {
@@ -228,12 +228,12 @@ void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size
             kvr_json_raw(&j, ",");
         if (is_delete) {
             uint32_t left = 0;
-            if (kvr_store_release(a->store, key, klen, &left) == KVR_OK)
+            if (kvr_store_release(a->store, res->ns, key, klen, &left) == KVR_OK)
                 kvr_json_u64(&j, left);
             else
                 kvr_json_raw(&j, "null");
         } else {
-            int e = kvr_store_exists(a->store, key, klen, NULL);
+            int e = kvr_store_exists(a->store, res->ns, key, klen, NULL);
             prefix += e && prefix == k;
             kvr_json_raw(&j, e ? "true" : "false");
         }

@@ -9,6 +9,16 @@
 
 #include "wire/json.h"
 
+/* api_auth.c: the tenants view of this worker (lives as long as the worker); who is asking (sets res->ns and res->admin; 0
+ * when the token is missing or unknown); a namespace's name (NULL: never used); whether
+ * --tenants is on; whether the table in force lists a namespace. */
+int kvr_api_auth_init(kvr_api_t *a);
+int kvr_api_authorize(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res);
+const char *kvr_api_ns_name(kvr_api_t *a, uint16_t ns);
+uint64_t kvr_api_ns_quota(kvr_api_t *a, uint16_t ns);
+int kvr_api_tenants_on(const kvr_api_t *a);
+int kvr_api_ns_listed(kvr_api_t *a, uint16_t ns);
+
 /* Sets the status and its reason phrase. */
 void kvr_api_set_status(kvr_api_res_t *res, int status);
 

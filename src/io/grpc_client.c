@@ -24,6 +24,7 @@ struct kvr_gclient_s {
     nghttp2_session *session;
     kvr_gcall_t *calls;
     char authority[300];
+    char auth[600]; /* "Bearer <token>", "" for none: sent as authorization on every call */
     int dead;
 };
 
@@ -231,17 +232,37 @@ void kvr_gclient_close(kvr_gclient_t *c)
         (uint8_t *)(n), (uint8_t *)(v), strlen(n), strlen(v), NGHTTP2_NV_FLAG_NONE \
     }
 
+int kvr_gclient_set_token(kvr_gclient_t *c, const char *token)
+{
+    if (token == NULL || token[0] == '\0') {
+        c->auth[0] = '\0';
+        return KVR_OK;
+    }
+    for (const char *p = token; *p; p++)
+        if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+            return KVR_ERR; /* not a header value: no spaces, controls or bytes above ASCII */
+    if ((size_t)snprintf(c->auth, sizeof(c->auth), "Bearer %s", token) >= sizeof(c->auth)) {
+        c->auth[0] = '\0';
+        return KVR_ERR;
+    }
+    return KVR_OK;
+}
+
 kvr_gcall_t *kvr_gclient_call(kvr_gclient_t *c, const char *path, const uint8_t *req, size_t req_len,
                               kvr_gcall_msg_cb cb, void *ctx)
 {
-    nghttp2_nv hdrs[] = {HDR(":method", "POST"), HDR(":scheme", "http"), HDR(":path", path),
-                         HDR(":authority", c->authority), HDR("content-type", "application/grpc"), HDR("te", "trailers")};
+    nghttp2_nv hdrs[] = {HDR(":method", "POST"), HDR(":scheme", "http"),
+                         HDR(":path", path), HDR(":authority", c->authority),
+                         HDR("content-type", "application/grpc"), HDR("te", "trailers"),
+                         HDR("authorization", c->auth)};
+    size_t nhdrs = KVR_ARRAY_SIZE(hdrs) - (c->auth[0] == '\0'); /* authorization only with a token */
     nghttp2_data_provider prd;
     reqsrc_t *src = malloc(sizeof(*src));
     uint8_t *body = malloc(req_len + 5);
     kvr_gcall_t *k = calloc(1, sizeof(*k));
     int32_t id;
 
+    hdrs[KVR_ARRAY_SIZE(hdrs) - 1].flags = NGHTTP2_NV_FLAG_NO_INDEX; /* a credential: kept out of HPACK tables */
     if (src == NULL || body == NULL || k == NULL || c->dead) {
         free(src);
         free(body);
@@ -257,7 +278,7 @@ kvr_gcall_t *kvr_gclient_call(kvr_gclient_t *c, const char *path, const uint8_t 
     src->off = 0;
     prd.source.ptr = src;
     prd.read_callback = req_read;
-    id = nghttp2_submit_request(c->session, NULL, hdrs, KVR_ARRAY_SIZE(hdrs), &prd, NULL);
+    id = nghttp2_submit_request(c->session, NULL, hdrs, nhdrs, &prd, NULL);
     if (id < 0) {
         free(src);
         free(body);

@@ -36,6 +36,11 @@ kvr_gclient_t *kvr_gclient_connect(const char *hostport, int timeout_ms, char *e
 void kvr_gclient_close(kvr_gclient_t *c);
 int kvr_gclient_fd(const kvr_gclient_t *c);
 
+/* Sends `authorization: Bearer <token>` on every later call of c (a kvrelay under --tenants
+ * serves its relay to the admin token, docs/tenancy.md). NULL or "" sends none. KVR_ERR for a
+ * token that is too long or not a header value (spaces, controls, non-ASCII). */
+int kvr_gclient_set_token(kvr_gclient_t *c, const char *token);
+
 /* Starts a call of `path` with one request message (protobuf bytes). The call object is
  * owned by the client until kvr_gclient_close. NULL on failure. */
 kvr_gcall_t *kvr_gclient_call(kvr_gclient_t *c, const char *path, const uint8_t *req, size_t req_len,

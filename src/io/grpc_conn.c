@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,6 +24,13 @@
 #define PING_INTERVAL_MS   20000
 #define PING_TIMEOUT_MS    10000
 #define GRPC_UNIMPLEMENTED 12
+
+/* gstream_t.auth: what the call's authorization metadata said. With --tenants a relay call
+ * needs the admin token (docs/tenancy.md): the filter covers every namespace. */
+enum { GAUTH_NONE = 0,
+       GAUTH_UNKNOWN,
+       GAUTH_TENANT,
+       GAUTH_ADMIN };
 
 static void conn_pump(gconn_t *c);
 static void conn_close(gconn_t *c);
@@ -257,6 +265,15 @@ static void dispatch(gstream_t *s)
         kvr_grpc_stream_end(s, GRPC_UNIMPLEMENTED, 0, "unknown method");
         return;
     }
+    if (s->method->rpc >= 0 && s->conn->g->tenants != NULL && s->auth != GAUTH_ADMIN) {
+        if (s->auth == GAUTH_TENANT)
+            kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0,
+                                "with tenants, the relay serves the admin token (its filter covers every namespace)");
+        else
+            kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0,
+                                "missing or invalid bearer token in the authorization metadata");
+        return;
+    }
     s->method->call(s, msg, mlen);
 }
 
@@ -317,6 +334,13 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
         s->path_len = (int)valuelen;
     } else if (namelen == 12 && memcmp(name, "content-type", 12) == 0) {
         s->grpc_ct = valuelen >= 16 && memcmp(value, "application/grpc", 16) == 0;
+    } else if (namelen == 13 && memcmp(name, "authorization", 13) == 0 && s->conn->g->tenants != NULL) {
+        uint16_t ns;
+        int admin = 0;
+        s->auth = GAUTH_UNKNOWN;
+        if (valuelen > 7 && strncasecmp((const char *)value, "Bearer ", 7) == 0 &&
+            kvr_tenants_auth(s->conn->g->tenants, (const char *)value + 7, valuelen - 7, &ns, &admin))
+            s->auth = admin ? GAUTH_ADMIN : GAUTH_TENANT;
     }
     return 0;
 }
@@ -695,7 +719,16 @@ kvr_grpc_t *kvr_grpc_create(const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t
     g->listen_fd = listen_fd;
     g->wake_fd = wake_fd;
     g->conns.next = g->conns.prev = &g->conns;
+    if (cfg->tenants[0] != '\0') { /* with --tenants, relay calls are the admin's */
+        g->tenants = malloc(sizeof(*g->tenants));
+        if (g->tenants == NULL) {
+            free(g);
+            return NULL;
+        }
+        kvr_tenants_view_init(g->tenants, seg);
+    }
     if (kvr_uring_init(&g->uring, 256) != KVR_OK) {
+        free(g->tenants);
         free(g);
         return NULL;
     }

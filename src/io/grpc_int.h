@@ -17,6 +17,7 @@
 
 #define H2O_USE_LIBUV 0
 #include "core/relay_int.h"
+#include "core/tenants_table.h"
 #include "io/grpc.h"
 #include "io/uring.h"
 #include "wire/grpc_frame.h"
@@ -61,6 +62,7 @@ struct gstream_s {
     char path[160];
     int path_len;
     int grpc_ct;                     /* content-type is application/grpc* */
+    int auth;                        /* the authorization metadata: GAUTH_* (grpc_conn.c) */
     const kvr_grpc_method_t *method; /* NULL until the request is complete, or unknown */
     uint8_t *req;
     size_t req_len, req_cap;
@@ -125,6 +127,7 @@ struct kvr_grpc_s {
     h2o_timeout_t kick_timeout;
     h2o_timeout_entry_t kick_entry;
     uint64_t last_kick_ms;
+    kvr_tenants_view_t *tenants; /* this worker's view of the tenants table (relay calls) */
 };
 
 /* What grpc_conn.c offers the services. */

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The dimensions of the HTTP families; api.c counts into them by index. */
 const char *const kvr_http_method_names[KVR_HTTP_METHODS] = {"GET", "PUT", "HEAD", "DELETE", "other"};
@@ -156,7 +157,51 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     emit(o, "kvrelay_relay_publication_latency_seconds_count %llu\n", (unsigned long long)count);
 }
 
-char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
+/* The store's families split by namespace, for the namespaces the tenants table lists. */
+static void render_namespaces(out_t *o, kvr_store_t *st, const char *const names[KVR_NS_MAX],
+                              const uint64_t quota[KVR_NS_MAX])
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } rows[] = {
+#define NS_ROW(n, t, h, f) {"kvrelay_namespace_" n, t, h, offsetof(kvr_store_ns_stats_t, f)}
+        NS_ROW("blocks", "gauge", "Resident blocks of the namespace.", blocks),
+        NS_ROW("resident_bytes", "gauge", "Payload bytes of the namespace's resident blocks.", resident_bytes),
+        NS_ROW("logical_bytes", "gauge", "The namespace's payload bytes times references.", logical_bytes),
+        NS_ROW("get_hits_total", "counter", "GETs of the namespace that found their block.", get_hits),
+        NS_ROW("get_misses_total", "counter", "GETs of the namespace that found nothing.", get_misses),
+        NS_ROW("puts_new_total", "counter", "PUTs of the namespace that stored a new block.", put_new),
+        NS_ROW("dedup_hits_total", "counter", "PUTs of the namespace answered by a block it held.", put_dedup),
+        NS_ROW("evictions_total", "counter", "The namespace's blocks evicted to make room.", evictions),
+        NS_ROW("evicted_bytes_total", "counter", "Payload bytes of the namespace's evicted blocks.", evicted_bytes),
+        NS_ROW("deletes_total", "counter", "DELETEs of the namespace that dropped a reference.", deletes),
+#undef NS_ROW
+    };
+    kvr_store_ns_stats_t s[KVR_NS_MAX];
+    uint64_t v;
+
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        if (names[ns] != NULL)
+            kvr_store_ns_stats(st, (uint16_t)ns, &s[ns]);
+    for (size_t r = 0; r < KVR_ARRAY_SIZE(rows); r++) {
+        family(o, rows[r].name, rows[r].type, rows[r].help);
+        for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
+            if (names[ns] == NULL)
+                continue;
+            memcpy(&v, (const char *)&s[ns] + rows[r].off, sizeof(v));
+            emit(o, "%s{namespace=\"%s\"} %llu\n", rows[r].name, names[ns], (unsigned long long)v);
+        }
+    }
+    family(o, "kvrelay_namespace_quota_bytes", "gauge", "The namespace's memory= quota in bytes (0: none).");
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        if (names[ns] != NULL)
+            emit(o, "kvrelay_namespace_quota_bytes{namespace=\"%s\"} %llu\n", names[ns],
+                 (unsigned long long)quota[ns]);
+}
+
+char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, const char *const ns_names[KVR_NS_MAX],
+                         const uint64_t ns_quota[KVR_NS_MAX], size_t *len)
 {
     out_t o = {malloc(16384), 0, 16384, 0};
     kvr_store_stats_t s;
@@ -234,6 +279,7 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, size_t *len)
     }
     scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
            ss.hugetlb);
+    render_namespaces(&o, st, ns_names, ns_quota);
     if (ss.ckf_buckets != 0)
         render_relay(&o, seg, st, &ss);
     if (o.oom) {

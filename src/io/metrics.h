@@ -20,7 +20,10 @@ extern const char *const kvr_http_method_names[KVR_HTTP_METHODS];
 extern const int kvr_http_status_codes[KVR_HTTP_STATUSES];
 extern const double kvr_http_bucket_bounds[KVR_HTTP_BUCKETS];
 
-/* Renders the page into a malloc'd buffer (caller frees); NULL on allocation failure. */
-char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *store, size_t *len);
+/* Renders the page into a malloc'd buffer (caller frees); NULL on allocation failure.
+ * ns_names[id] names each namespace the tenants table lists (NULL for the others): their
+ * kvrelay_namespace_* series, one per listed namespace. */
+char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *store, const char *const ns_names[KVR_NS_MAX],
+                         const uint64_t ns_quota[KVR_NS_MAX], size_t *len);
 
 #endif

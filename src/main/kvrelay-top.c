@@ -6,6 +6,7 @@
  *   kvrelay-top                                  127.0.0.1:9130, every second, until interrupted
  *   kvrelay-top -a 10.0.0.5:9130 -i 5 -n 12      a minute of 5-second samples, then exit
  *   kvrelay-top --token-file /var/run/kvrelay/token/token     a server that wants a bearer token
+ *                                                (under --tenants, /metrics wants the admin token)
  *
  * Each sample is two GETs, /kv/stats and /metrics, each on its own HTTP/1.1 connection
  * (plain sockets, Connection: close); no TLS. Rates are over the last interval: the first
@@ -241,7 +242,10 @@ static int http_get(const args_t *a, const char *path, buf_t *body, char *err, s
         return -1;
     }
     if (status != 200) {
-        snprintf(err, errlen, "GET %s: HTTP %d%s", path, status, status == 401 ? " (--token / --token-file?)" : "");
+        snprintf(err, errlen, "GET %s: HTTP %d%s", path, status,
+                 status == 401   ? " (--token / --token-file?)"
+                 : status == 403 ? " (a tenant's token? with --tenants it wants the admin token)"
+                                 : "");
         return -1;
     }
     memmove(body->p, body->p + head_len, body->len - head_len);

@@ -26,6 +26,14 @@
  * replica is a Cuckoo filter: a "yes" may be a false positive (about 1 in 10^4 per lookup and
  * node at the default fill), a "no" is exact. A node that cannot be reached is reported on
  * stderr and leaves the exit status 1; the others still answer.
+ *
+ * A kvrelay under --tenants serves its relay to the admin token only (docs/tenancy.md):
+ * --token TOKEN, --token-file FILE (its content, trailing whitespace stripped) or, without
+ * either, the environment variable KVRELAY_TOKEN is sent as `authorization: Bearer TOKEN`
+ * gRPC metadata on every call. Without it such a relay ends the first call UNAUTHENTICATED;
+ * a tenant's token gets PERMISSION_DENIED. Both are reported on stderr, exit status 1:
+ *
+ *   kvrelay-watch --grpc 127.0.0.1:5561 --token-file /var/run/kvrelay/admin/token
  */
 #include "base/clock.h"
 #include "wire/ckf.h"
@@ -36,6 +44,8 @@
 #include "wire/relay.pb-c.h"
 #include "wire/relay_validate.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -121,9 +131,47 @@ static void usage(const char *p)
             "usage: %s --grpc HOST:PORT [--subscriber-id ID] [--duration SECONDS]\n"
             "          [--contains HASH]... [--tokens T0,T1,...] [--kv-block-size N]\n"
             "          [--hash-format standard|eagle] [--lora NAME] [--cache-namespace NS] [--quiet]\n"
+            "          [--token T | --token-file FILE]\n"
             "   or: %s --relay NAME=HOST:PORT... | --relays N1=A1,N2=A2,...\n"
-            "          [--lookup KEY|HASH]... [--key KEY]... [--contains HASH]... [--tokens ...]\n",
+            "          [--lookup KEY|HASH]... [--key KEY]... [--contains HASH]... [--tokens ...]\n"
+            "          [--token T | --token-file FILE]\n"
+            "  --token T         bearer token sent as gRPC authorization metadata (a relay under\n"
+            "                    --tenants wants the admin token); or --token-file FILE: its content,\n"
+            "                    trailing whitespace stripped; default: $KVRELAY_TOKEN, if set\n",
             p, p);
+}
+
+/* A gRPC status code's name, for the error lines. */
+static const char *status_name(int code)
+{
+    static const char *const names[] = {"OK",
+                                        "CANCELLED",
+                                        "UNKNOWN",
+                                        "INVALID_ARGUMENT",
+                                        "DEADLINE_EXCEEDED",
+                                        "NOT_FOUND",
+                                        "ALREADY_EXISTS",
+                                        "PERMISSION_DENIED",
+                                        "RESOURCE_EXHAUSTED",
+                                        "FAILED_PRECONDITION",
+                                        "ABORTED",
+                                        "OUT_OF_RANGE",
+                                        "UNIMPLEMENTED",
+                                        "INTERNAL",
+                                        "UNAVAILABLE",
+                                        "DATA_LOSS",
+                                        "UNAUTHENTICATED"};
+    return code >= 0 && (size_t)code < sizeof(names) / sizeof(names[0]) ? names[code] : "no status";
+}
+
+/* What to try after a refusal: the token options for UNAUTHENTICATED and PERMISSION_DENIED. */
+static const char *status_hint(int code)
+{
+    if (code == KVR_GRPC_UNAUTHENTICATED)
+        return " (--token / --token-file / KVRELAY_TOKEN?)";
+    if (code == KVR_GRPC_PERMISSION_DENIED)
+        return " (the relay wants the admin token)";
+    return "";
 }
 
 /* ------------------------------------------------------------------ fleet */
@@ -193,8 +241,8 @@ static int fleet_advance(node_t *x, const char *sid, uint8_t *req, size_t cap)
         return 0;
     if (!x->w.catalog_seen) {
         if (x->call != NULL && x->call->done) {
-            fprintf(stderr, "kvrelay-watch: %s: no catalog (status %d %s)\n", x->name, x->call->grpc_status,
-                    x->call->grpc_message);
+            fprintf(stderr, "kvrelay-watch: %s: no catalog (status %d %s: %s)%s\n", x->name, x->call->grpc_status,
+                    status_name(x->call->grpc_status), x->call->grpc_message, status_hint(x->call->grpc_status));
             x->down = 1;
         }
         return !x->down;
@@ -298,8 +346,8 @@ static void fleet_status(const node_t *nodes, size_t n)
     fflush(stdout);
 }
 
-static int fleet_main(node_t *nodes, size_t n, const char *sid, const lookup_t *ls, size_t nl, double duration,
-                      int quiet)
+static int fleet_main(node_t *nodes, size_t n, const char *sid, const char *token, const lookup_t *ls, size_t nl,
+                      double duration, int quiet)
 {
     Dynamo__Kvrelay__V1__WatchKvPoolCatalogRequest creq = DYNAMO__KVRELAY__V1__WATCH_KV_POOL_CATALOG_REQUEST__INIT;
     double start = now_s(), last_print = 0, limit = duration > 0 ? duration : FLEET_LIVE_S;
@@ -319,6 +367,7 @@ static int fleet_main(node_t *nodes, size_t n, const char *sid, const lookup_t *
             x->down = 1;
             continue;
         }
+        (void)kvr_gclient_set_token(x->c, token); /* checked when it was read */
         x->call = kvr_gclient_call(x->c, "/dynamo.kvrelay.v1.KvEventRelay/WatchKvPoolCatalog", req, rlen, on_catalog,
                                    &x->w);
         if (x->call == NULL)
@@ -364,6 +413,7 @@ static int fleet_main(node_t *nodes, size_t n, const char *sid, const lookup_t *
 
 typedef struct {
     const char *addr, *sid, *tokens, *lora, *ns;
+    char token[512]; /* bearer token ("" for none): --token, --token-file or $KVRELAY_TOKEN */
     uint64_t hashes[WATCH_HASHES];
     size_t nh;
     double duration;
@@ -387,6 +437,48 @@ static int fleet_add_list(node_t *nodes, size_t *n, const char *arg)
     return 0;
 }
 
+/* --token-file: the file's content, trailing whitespace stripped. */
+static int read_token(args_t *a, const char *file)
+{
+    FILE *f = fopen(file, "r");
+    size_t n;
+
+    if (f == NULL) {
+        fprintf(stderr, "kvrelay-watch: %s: %s\n", file, strerror(errno));
+        return -1;
+    }
+    n = fread(a->token, 1, sizeof(a->token), f);
+    fclose(f);
+    if (n == sizeof(a->token)) {
+        fprintf(stderr, "kvrelay-watch: %s: a token of at most %zu bytes\n", file, sizeof(a->token) - 2);
+        return -1;
+    }
+    while (n > 0 && isspace((unsigned char)a->token[n - 1]))
+        n--;
+    a->token[n] = '\0';
+    return 0;
+}
+
+/* The token, once the options are read: $KVRELAY_TOKEN without --token / --token-file, and
+ * a token that cannot travel as a header value is refused. 0, or -1 (reported). */
+static int check_token(args_t *a, int given)
+{
+    const char *env = getenv("KVRELAY_TOKEN");
+
+    if (!given && env != NULL)
+        snprintf(a->token, sizeof(a->token), "%s", env);
+    for (const char *p = a->token; *p; p++)
+        if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e) {
+            fprintf(stderr, "kvrelay-watch: the token has a space, control or non-ASCII byte\n");
+            return -1;
+        }
+    if (strlen(a->token) >= sizeof(a->token) - 1) {
+        fprintf(stderr, "kvrelay-watch: a token of at most %zu bytes\n", sizeof(a->token) - 2);
+        return -1;
+    }
+    return 0;
+}
+
 /* Fills a (zeroed by the caller) from the command line. Returns -1 to go on, else the exit
  * status: 0 after --help, 2 for a command line in error. */
 static int parse_args(args_t *a, int argc, char **argv)
@@ -399,9 +491,10 @@ static int parse_args(args_t *a, int argc, char **argv)
                                        {"cache-namespace", 1, 0, 'n'}, {"quiet", 0, 0, 'q'},
                                        {"relay", 1, 0, 'r'},         {"relays", 1, 0, 'R'},
                                        {"lookup", 1, 0, 'L'},        {"key", 1, 0, 'K'},
+                                       {"token", 1, 0, 'A'},         {"token-file", 1, 0, 'F'},
                                        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     /* clang-format on */
-    int opt;
+    int opt, token_given = 0;
 
     a->addr = "127.0.0.1:5561";
     a->sid = "kvrelay-watch";
@@ -438,6 +531,15 @@ static int parse_args(args_t *a, int argc, char **argv)
             }
             lookup_parse(&a->lookups[a->nl++], optarg, opt == 'K');
             break;
+        case 'A':
+            snprintf(a->token, sizeof(a->token), "%s", optarg);
+            token_given = 1;
+            break;
+        case 'F':
+            if (read_token(a, optarg) < 0)
+                return 2;
+            token_given = 1;
+            break;
         default: usage(argv[0]); return opt == 'h' ? 0 : 2;
         }
     }
@@ -445,7 +547,7 @@ static int parse_args(args_t *a, int argc, char **argv)
         fprintf(stderr, "kvrelay-watch: --lookup and --key need --relay\n");
         return 2;
     }
-    return -1;
+    return check_token(a, token_given) < 0 ? 2 : -1;
 }
 
 /* --tokens: hashes the token list as a router would and adds its blocks to the hashes asked. */
@@ -493,8 +595,9 @@ static int fetch_catalog(kvr_gclient_t *c, const char *sid, watch_t *w)
     while (call != NULL && !w->catalog_seen && kvr_gclient_wait(c, call, 5000) == KVR_AGAIN)
         ;
     if (!w->catalog_seen) {
-        fprintf(stderr, "kvrelay-watch: no catalog (status %d %s %s)\n", call ? call->grpc_status : -1,
-                call ? call->grpc_message : "", call ? call->reason : "");
+        int st = call ? call->grpc_status : -1;
+        fprintf(stderr, "kvrelay-watch: no catalog (status %d %s: %s %s)%s\n", st, status_name(st),
+                call ? call->grpc_message : "", call ? call->reason : "", status_hint(st));
         return -1;
     }
     return 0;
@@ -575,8 +678,8 @@ static int follow_result(const kvr_gcall_t *call, const watch_t *w, size_t nh)
         return 1;
     }
     if (call != NULL && call->done && call->grpc_status != 0) {
-        fprintf(stderr, "kvrelay-watch: stream ended: status %d %s %s\n", call->grpc_status, call->grpc_message,
-                call->reason);
+        fprintf(stderr, "kvrelay-watch: stream ended: status %d %s: %s %s%s\n", call->grpc_status,
+                status_name(call->grpc_status), call->grpc_message, call->reason, status_hint(call->grpc_status));
         return 1;
     }
     if (nh > 0 && !w->mirror_ready) {
@@ -601,6 +704,7 @@ static int watch_one(const args_t *a)
         fprintf(stderr, "kvrelay-watch: %s\n", err);
         return 1;
     }
+    (void)kvr_gclient_set_token(c, a->token); /* checked when it was read */
     if (fetch_catalog(c, a->sid, &w) != 0 || open_pool(&w, &cat) != 0)
         return 1;
     if (!a->quiet)
@@ -631,7 +735,7 @@ int main(int argc, char **argv)
             a.lookups[a.nl].hash = a.hashes[i];
             snprintf(a.lookups[a.nl++].what, sizeof(a.lookups[0].what), "hash");
         }
-        return fleet_main(a.fleet, a.nfleet, a.sid, a.lookups, a.nl, a.duration, a.quiet);
+        return fleet_main(a.fleet, a.nfleet, a.sid, a.token, a.lookups, a.nl, a.duration, a.quiet);
     }
     return watch_one(&a);
 }

@@ -37,6 +37,8 @@
 #include "proc/publisher.h"
 #include "core/relay_int.h"
 #include "core/store.h"
+#include "core/tenants_file.h"
+#include "core/tenants_table.h"
 #include "proc/worker.h"
 #include "io/listen.h"
 #include "io/uring.h"
@@ -86,6 +88,7 @@ typedef struct {
     kvr_store_t store;
     kvr_relay_t relay;
     kvr_relay_fds_t fds;
+    kvr_tenants_src_t tenants; /* --tenants, --token, --admin-token: published into the segment */
     child_t ch[MAX_CHILDREN];
     int nch;
     int http_fd; /* the workers' one HTTP listener */
@@ -496,6 +499,10 @@ static int segment_open(sup_t *s, const kvr_seg_config_t *sc)
         return KVR_ERR;
     if (s->seg.attached ? kvr_store_attach(&s->seg, s->cfg->no_evict) : kvr_store_format(&s->seg, s->cfg->no_evict))
         return KVR_ERR;
+    if (s->seg.attached)
+        kvr_tenants_attach(&s->seg); /* the namespace ids of the last run stay */
+    else
+        kvr_tenants_format(&s->seg);
     kvr_seg_seal(&s->seg);
     if (s->seg.attached)
         kvr_info("segment: re-attach and repair in reattach_ms=%llu", (unsigned long long)(kvr_clock_ms() - t0));
@@ -540,10 +547,12 @@ static int announce_listeners(sup_t *s, int nworkers)
 {
     const kvr_config_t *cfg = s->cfg;
     char http_name[300], grpc_name[300] = "off";
+    const char *auth = cfg->tenants[0] ? "tenants file" : cfg->token[0] ? "bearer token"
+                                                                        : "none";
 
     kvr_listen_name(s->http_fd, http_name, sizeof(http_name));
     kvr_info("HTTP on %s%s, %d workers, arena %llu bytes, auth %s", http_name, cfg->tls_cert[0] ? " (TLS)" : "",
-             nworkers, (unsigned long long)s->seg.hdr->arena_bytes, cfg->token[0] ? "bearer token" : "none");
+             nworkers, (unsigned long long)s->seg.hdr->arena_bytes, auth);
     if (strcmp(cfg->grpc_bind, "off") != 0) {
         kvr_listen_name(s->ch[0].grpc_fd, grpc_name, sizeof(grpc_name));
         kvr_info("gRPC relay (dynamo.kvrelay.v1) on %s", grpc_name);
@@ -592,6 +601,18 @@ static void kill_stragglers(sup_t *s, uint64_t t)
     s->drain_deadline = t + 1000;
 }
 
+/* The namespaces' memory= of the table in force, for the store's evictions (we are the
+ * table's only writer, so it is read plainly). Cheap: one store lock. */
+static void push_quotas(sup_t *s)
+{
+    const kvr_tenants_sh_t *t = kvr_seg_at(&s->seg, s->seg.hdr->off_tenants);
+    uint64_t q[KVR_NS_MAX];
+
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        q[ns] = t->ns[ns].configured ? t->ns[ns].quota : 0;
+    kvr_store_set_quotas(&s->store, q);
+}
+
 /* Waits up to wait_ms for one of the blocked signals and acts on it. */
 static void take_signal(sup_t *s, uint64_t wait_ms)
 {
@@ -605,8 +626,9 @@ static void take_signal(sup_t *s, uint64_t wait_ms)
     if (sig == SIGTERM || sig == SIGINT) {
         kvr_info("received %s", sig == SIGTERM ? "SIGTERM" : "SIGINT");
         start_drain(s);
-    } else if (sig == SIGHUP) {
-        kvr_info("SIGHUP: nothing to reload");
+    } else if (sig == SIGHUP && !s->draining) {
+        kvr_tenants_src_reload(&s->tenants, &s->seg, "SIGHUP");
+        push_quotas(s);
     }
 }
 
@@ -627,6 +649,8 @@ static void supervise(sup_t *s)
             kill_stragglers(s, t);
             wait_ms = 100;
         }
+        if (!s->draining && kvr_tenants_src_poll(&s->tenants, &s->seg, kvr_clock_ms())) /* the file changed */
+            push_quotas(s);
         take_signal(s, wait_ms);
         /* SIGCHLD, a timeout or an interrupt: reap whatever is there. */
         reap_children(s);
@@ -639,6 +663,7 @@ int kvr_supervisor_run(kvr_config_t *cfg)
     sup_t *s = &sup;
     kvr_seg_config_t sc = {0};
     int nworkers = worker_count(cfg);
+    char err[512];
 
     kvr_log_set_role("supervisor");
     kvr_proctitle_set("kvrelay: supervisor");
@@ -647,6 +672,12 @@ int kvr_supervisor_run(kvr_config_t *cfg)
      * ring would exit and be respawned forever (docs/dataplane.md, "I/O engines"). */
     if (kvr_uring_select(cfg->io_engine) != KVR_OK)
         return 1;
+    /* The tenants file before the segment: a malformed one refuses the start, naming its line,
+     * like any other configuration error (exit 2), and leaves a segment file untouched. */
+    if (kvr_tenants_src_init(&s->tenants, cfg, err, sizeof(err)) != KVR_OK) {
+        kvr_error("%s", err);
+        return 2;
+    }
     if (segment_config(cfg, &sc) != KVR_OK || segment_open(s, &sc) != KVR_OK)
         return 1;
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
@@ -654,6 +685,11 @@ int kvr_supervisor_run(kvr_config_t *cfg)
     clamp_block_size(cfg, &s->store);
     if (relay_start(s, cfg) != KVR_OK)
         return 1;
+    if (kvr_tenants_src_publish(&s->tenants, &s->seg, err, sizeof(err)) != KVR_OK) {
+        kvr_error("%s", err);
+        return 2;
+    }
+    push_quotas(s);
     /* Wake-up eventfds for every process slot, made before any fork. */
     s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     for (int i = 0; i < KVR_MAX_PROCS; i++)
@@ -673,6 +709,7 @@ int kvr_supervisor_run(kvr_config_t *cfg)
             return 1;
     supervise(s);
     kvr_info("all workers stopped; exiting");
+    kvr_tenants_src_free(&s->tenants);
     kvr_seg_destroy(&s->seg);
     return 0;
 }

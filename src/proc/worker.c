@@ -62,7 +62,8 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         _exit(70);
     store.notify_fd = fds->publisher;
     kvr_relay_attach(&relay, seg, cfg, fds);
-    kvr_api_init(&api, cfg, seg, &store, &relay);
+    if (kvr_api_init(&api, cfg, seg, &store, &relay) != KVR_OK)
+        _exit(70);
     http = kvr_http_create(cfg, &api);
     if (http == NULL)
         _exit(70);

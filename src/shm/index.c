@@ -50,7 +50,8 @@ void kvr_index_format(kvr_index_t *ix)
         kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
-    sh->lru_head = sh->lru_tail = KVR_NIL;
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
     sh->clock = 0;
     /* Push in reverse so low indices come out first. */
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
@@ -64,11 +65,12 @@ void kvr_index_format(kvr_index_t *ix)
     }
 }
 
-void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen)
+void kvr_index_set_key(kvr_entry_t *e, uint16_t ns, const void *key, size_t klen)
 {
     size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
 
     e->key_len = (uint16_t)klen;
+    e->ns = ns;
     memcpy(e->key_head, key, n1);
     if (klen > KVR_KEY_HEAD)
         memcpy(e->key_tail, (const uint8_t *)key + KVR_KEY_HEAD,
@@ -76,18 +78,20 @@ void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen)
 }
 
 /*
- * Compares key with the entry's: inline head, inline tail, then (keys over 64 bytes) the
+ * Compares (ns, key) with the entry's: namespace and length, inline head, inline tail, then
+ * (keys over KVR_KEY_HEAD + KVR_KEY_TAIL bytes) the
  * rest from the arena. In the lock-free path the bytes may be changing under us; the
  * seqlock discards such a result, and every read stays within the entry or the arena.
  */
-static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const void *key, size_t klen)
+static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, uint16_t ns, const void *key, size_t klen)
 {
     const uint8_t *k = key;
     size_t n1 = klen < KVR_KEY_HEAD ? klen : KVR_KEY_HEAD;
     uint32_t fp;
 
     /* Relaxed: under the seqlock a torn value is discarded by the seq re-check. */
-    if (kvr_atomic_load_relaxed(&e->key_len) != klen || memcmp(e->key_head, k, n1) != 0)
+    if (kvr_atomic_load_relaxed(&e->key_len) != klen || kvr_atomic_load_relaxed(&e->ns) != ns ||
+        memcmp(e->key_head, k, n1) != 0)
         return 0;
     if (klen <= KVR_KEY_HEAD)
         return 1;
@@ -102,7 +106,7 @@ static inline int key_equal(const kvr_index_t *ix, const kvr_entry_t *e, const v
                   klen - KVR_KEY_HEAD - KVR_KEY_TAIL) == 0;
 }
 
-uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash)
+uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash)
 {
     /* Under the lock: relaxed, the only writers are lock holders. */
     uint32_t i = kvr_atomic_load_relaxed(&ix->buckets[bucket_of(ix, khash)]);
@@ -110,14 +114,14 @@ uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t 
     KVR_DASSERT(index_locked(ix));
     while (i != KVR_NIL) {
         const kvr_entry_t *e = &ix->ent[i];
-        if (e->khash == khash && key_equal(ix, e, key, klen))
+        if (e->khash == khash && key_equal(ix, e, ns, key, klen))
             return i;
         i = e->chain_next;
     }
     return KVR_NIL;
 }
 
-int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash,
+int kvr_index_lookup_lockfree(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash,
                               uint64_t *length)
 {
     const uint64_t max = ix->sh->max_blocks;
@@ -139,7 +143,7 @@ int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t kle
             const kvr_entry_t *e = &ix->ent[i];
             /* Relaxed reads of fields a writer may be changing; the seq check below
              * discards anything read during a change. key_len is bounded by the compare. */
-            if (kvr_atomic_load_relaxed(&e->khash) == khash && key_equal(ix, e, key, klen)) {
+            if (kvr_atomic_load_relaxed(&e->khash) == khash && key_equal(ix, e, ns, key, klen)) {
                 found = 1;
                 len = kvr_atomic_load_relaxed(&e->length);
                 break;
@@ -190,31 +194,31 @@ void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i)
 
 static void lru_push_head(kvr_index_t *ix, uint32_t i)
 {
-    kvr_index_sh_t *sh = ix->sh;
     kvr_entry_t *e = &ix->ent[i];
+    kvr_lru_t *l = &ix->lru[e->ns];
 
     e->lru_prev = KVR_NIL;
-    e->lru_next = sh->lru_head;
-    if (sh->lru_head != KVR_NIL)
-        ix->ent[sh->lru_head].lru_prev = i;
+    e->lru_next = l->head;
+    if (l->head != KVR_NIL)
+        ix->ent[l->head].lru_prev = i;
     else
-        sh->lru_tail = i;
-    sh->lru_head = i;
+        l->tail = i;
+    l->head = i;
 }
 
 static void lru_remove(kvr_index_t *ix, uint32_t i)
 {
-    kvr_index_sh_t *sh = ix->sh;
     kvr_entry_t *e = &ix->ent[i];
+    kvr_lru_t *l = &ix->lru[e->ns];
 
     if (e->lru_prev != KVR_NIL)
         ix->ent[e->lru_prev].lru_next = e->lru_next;
     else
-        sh->lru_head = e->lru_next;
+        l->head = e->lru_next;
     if (e->lru_next != KVR_NIL)
         ix->ent[e->lru_next].lru_prev = e->lru_prev;
     else
-        sh->lru_tail = e->lru_prev;
+        l->tail = e->lru_prev;
     e->lru_prev = e->lru_next = KVR_NIL;
 }
 
@@ -263,7 +267,7 @@ void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i)
 {
     KVR_DASSERT(index_locked(ix));
     ix->ent[i].atime = ++ix->sh->clock;
-    if (ix->sh->lru_head == i)
+    if (ix->lru[ix->ent[i].ns].head == i)
         return;
     lru_remove(ix, i);
     lru_push_head(ix, i);
@@ -290,7 +294,8 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
         kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
     sh->free_head = KVR_NIL;
     sh->nfree = 0;
-    sh->lru_head = sh->lru_tail = KVR_NIL;
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
         kvr_entry_t *e = &ix->ent[i];
         e->lru_prev = e->lru_next = KVR_NIL;
@@ -317,7 +322,7 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
             uint32_t i = live[k];
             kvr_entry_t *e = &ix->ent[i];
             uint32_t b = bucket_of(ix, e->khash);
-            if (kvr_index_lookup_locked(ix, kvr_index_key(ix, e), e->key_len, e->khash) != KVR_NIL) {
+            if (kvr_index_lookup_locked(ix, e->ns, kvr_index_key(ix, e), e->key_len, e->khash) != KVR_NIL) {
                 dup(ctx, i);
                 continue;
             }
@@ -351,17 +356,21 @@ int kvr_index_check_locked(const kvr_index_t *ix)
                 return KVR_ERR;
         }
     }
-    for (uint32_t i = sh->lru_head; i != KVR_NIL; i = ix->ent[i].lru_next) {
-        if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || ix->ent[i].lru_prev != prev)
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
+        prev = KVR_NIL;
+        for (uint32_t i = ix->lru[ns].head; i != KVR_NIL; i = ix->ent[i].lru_next) {
+            if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_LIVE || ix->ent[i].ns != ns ||
+                ix->ent[i].lru_prev != prev)
+                return KVR_ERR;
+            if (prev != KVR_NIL && ix->ent[prev].atime < ix->ent[i].atime)
+                return KVR_ERR;
+            if (++lru > live)
+                return KVR_ERR;
+            prev = i;
+        }
+        if (ix->lru[ns].tail != prev)
             return KVR_ERR;
-        if (prev != KVR_NIL && ix->ent[prev].atime < ix->ent[i].atime)
-            return KVR_ERR;
-        if (++lru > live)
-            return KVR_ERR;
-        prev = i;
     }
-    if (sh->lru_tail != prev)
-        return KVR_ERR;
     for (uint32_t i = sh->free_head; i != KVR_NIL; i = ix->ent[i].chain_next) {
         if (i >= sh->max_blocks || ix->ent[i].state != KVR_ENT_FREE || ++freecnt > sh->max_blocks)
             return KVR_ERR;

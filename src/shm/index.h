@@ -3,10 +3,15 @@
  *
  * Entries live in one array sized at start (max_blocks); a free entry sits on a singly
  * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
- * the decoded key bytes) and on the LRU list. The key bytes themselves are stored at the
+ * the decoded key bytes) and on its namespace's LRU list. The key bytes themselves are stored at the
  * start of the block's first arena run, right before the payload, so the index carries no
- * per-entry key buffer; the first 64 bytes are also kept inline in the entry, so a lookup of a
- * key of up to 64 bytes reads two adjacent cache lines and nothing else.
+ * per-entry key buffer; the first 62 bytes are also kept inline in the entry, so a lookup of a
+ * key of up to 62 bytes reads two adjacent cache lines and nothing else.
+ *
+ * A key's identity is (namespace, key bytes): the namespace id is stored on the entry and
+ * compared with the length, and the chain hash is seeded per namespace with a secret of the
+ * segment (kvr_store_sh_t.ns_seed), so one namespace's lookup never walks toward, nor can
+ * aim a collision at, another's entry for the same bytes.
  *
  * Concurrency: every mutation happens under the store lock, and every `_locked` function
  * asserts it (the handle's `lock`). Lookups that only need an answer (exists, HEAD) run
@@ -41,12 +46,12 @@ enum { KVR_ENT_FREE = 0,
 #define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 7 bits: owner proc slot */
 #define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
 
-#define KVR_KEY_HEAD 48 /* key bytes kept inline on the entry's first cache line */
-#define KVR_KEY_TAIL 16 /* and on its second: keys up to 64 bytes never touch the arena */
+#define KVR_KEY_HEAD 46 /* key bytes kept inline on the entry's first cache line */
+#define KVR_KEY_TAIL 16 /* and on its second: keys up to 62 bytes never touch the arena */
 
 /*
  * 128 bytes, two cache lines: the first holds everything a lookup reads for keys up to 48
- * bytes (hash, chain link, length and state of the key, its first 48 bytes); the second the
+ * bytes (hash, chain link, length, state and namespace of the key, its first 46 bytes); the second the
  * rest of the entry and key bytes 48..63. The full key is also stored in the arena.
  */
 typedef struct {
@@ -55,6 +60,7 @@ typedef struct {
     uint16_t key_len;
     uint8_t state;
     uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
+    uint16_t ns;  /* the namespace the key belongs to: part of its identity */
     uint8_t key_head[KVR_KEY_HEAD];
 
     uint64_t canon;  /* canonical hash published in the filter */
@@ -69,7 +75,7 @@ typedef struct {
     uint8_t key_tail[KVR_KEY_TAIL];
 } __attribute__((aligned(128))) kvr_entry_t;
 static_assert(sizeof(kvr_entry_t) == 128, "an entry is two cache lines");
-static_assert(offsetof(kvr_entry_t, key_head) == 16, "entry layout");
+static_assert(offsetof(kvr_entry_t, key_head) == 18, "entry layout");
 static_assert(offsetof(kvr_entry_t, canon) == 64, "entry layout");
 static_assert(offsetof(kvr_entry_t, key_tail) == 112, "entry layout");
 
@@ -80,17 +86,22 @@ typedef struct {
     uint64_t max_blocks;
     uint64_t nbuckets;
     uint32_t free_head;
-    uint32_t lru_head; /* most recently used */
-    uint32_t lru_tail; /* least recently used */
-    uint32_t pad1_;
+    uint32_t pad1_[3]; /* the LRU lists are per namespace: kvr_index_t.lru */
     uint64_t nfree;
     uint64_t clock; /* LRU clock, bumped under the store lock */
     uint64_t pad2_[2];
 } kvr_index_sh_t;
 static_assert(sizeof(kvr_index_sh_t) == 128, "index state layout");
 
+/* One namespace's LRU list of LIVE entries, through their lru_prev / lru_next. */
+typedef struct {
+    uint32_t head; /* most recently used */
+    uint32_t tail; /* least recently used */
+} kvr_lru_t;
+
 typedef struct {
     kvr_index_sh_t *sh;
+    kvr_lru_t *lru; /* KVR_NS_MAX lists, by the entries' namespace (kvr_store_sh_t.ns_lru) */
     kvr_entry_t *ent;
     _Atomic uint32_t *buckets;
     kvr_arena_t *arena;
@@ -107,16 +118,17 @@ static inline const uint8_t *kvr_index_key(const kvr_index_t *ix, const kvr_entr
 
 /* Copies the inline parts of a key into a (reserved, not yet linked) entry; the store lock is
  * held, as for every write of an entry. */
-void kvr_index_set_key(kvr_entry_t *e, const void *key, size_t klen);
+void kvr_index_set_key(kvr_entry_t *e, uint16_t ns, const void *key, size_t klen);
 
-/* Finds the LIVE entry for key (khash = XXH3 of it). Returns its index or KVR_NIL. Locked. */
-uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash);
+/* Finds the LIVE entry for (ns, key); khash is the key's hash under the namespace's seed
+ * (kvr_store's key_hash). Returns its index or KVR_NIL. Locked. */
+uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash);
 
 /*
  * Lock-free lookup (seqlock). Returns 1 and copies length (if non-NULL) when the key is
  * LIVE, 0 when absent, KVR_AGAIN when writers kept interfering (caller takes the lock).
  */
-int kvr_index_lookup_lockfree(const kvr_index_t *ix, const void *key, size_t klen, uint64_t khash,
+int kvr_index_lookup_lockfree(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash,
                               uint64_t *length);
 
 /* Pops a free entry (state untouched) or returns KVR_NIL. Locked. */
@@ -124,7 +136,7 @@ uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix);
 /* Returns an entry to the free list and marks it FREE. Locked. */
 void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i);
 
-/* Links entry i onto its bucket chain and the LRU head, state LIVE. Locked. */
+/* Links entry i onto its bucket chain and the head of its namespace's LRU, state LIVE. Locked. */
 void kvr_index_link_locked(kvr_index_t *ix, uint32_t i);
 /* Unlinks entry i from its chain and the LRU (state unchanged). Locked. */
 void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
@@ -132,7 +144,7 @@ void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
 void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i);
 
 /*
- * Rebuilds chains, the LRU (ordered by atime) and the free list from the entries' states:
+ * Rebuilds chains, the LRU lists (ordered by atime) and the free list from the entries' states:
  * LIVE entries are linked (a second LIVE entry with the same key is returned in *dups via
  * callback), every FREE entry goes on the free list. Locked.
  */

@@ -12,6 +12,7 @@
 #include "shm/segment_lock.h"
 #include "shm/stats.h"
 #include "shm/store_sh.h"
+#include "shm/tenants_sh.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -95,6 +96,9 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     off += KVR_ALIGN_UP((uint64_t)KVR_MAX_PROCS * h->pin_slots * sizeof(kvr_pin_t), 64);
     h->off_log = off;
     off += KVR_ALIGN_UP(sizeof(kvr_chlog_sh_t) + h->log_capacity * sizeof(kvr_chlog_event_t), 64);
+    off = KVR_ALIGN_UP(off, 4096);
+    h->off_tenants = off;
+    off += KVR_ALIGN_UP(sizeof(kvr_tenants_sh_t), 4096);
     if (cfg.ckf_buckets != 0) {
         if (cfg.ckf_buckets < 2 || cfg.ckf_buckets > (1u << 24) || (cfg.ckf_buckets & (cfg.ckf_buckets - 1)))
             return KVR_EINVAL;
@@ -169,6 +173,11 @@ uint64_t kvr_seg_struct_sig(void)
         sizeof(kvr_chlog_event_t),
         sizeof(kvr_relay_sh_t),
         sizeof(kvr_stats_block_t),
+        sizeof(kvr_tenants_sh_t),
+        sizeof(kvr_ns_sh_t),
+        sizeof(kvr_tok_sh_t),
+        KVR_NS_MAX,
+        KVR_TENANTS_SH_TOKENS,
         sizeof(pthread_mutex_t),
         KVR_MAX_PROCS,
         KVR_KEY_MAX,

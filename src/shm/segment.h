@@ -8,8 +8,8 @@
  * Layout (offsets in the header; every region 64-byte aligned, the arena 2 MiB aligned):
  *
  *   header | proc table | store shared state | entries | buckets | page map | scratch bitmap
- *          | pin tables | change log | relay state | filter | snapshot copies | frame ring
- *          | arena pages
+ *          | pin tables | change log | tenants table | relay state | filter | snapshot copies
+ *          | frame ring | arena pages
  *
  * Backing: memfd_create(MFD_HUGETLB | MFD_HUGE_2MB) first. It succeeds even with no huge
  * pages reserved, but mmap then fails with ENOMEM; that is the trigger to fall back to a
@@ -43,8 +43,9 @@
 /* Bumped with every change of a shared structure: a segment file of another version is refused
  * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
  * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
- * generation renamed run. */
-#define KVR_SEG_LAYOUT_VERSION 2u
+ * generation renamed run. 3: the tenants table (off_tenants, shm/tenants_sh.h), an entry's
+ * namespace, the store's per-namespace seeds and counters. */
+#define KVR_SEG_LAYOUT_VERSION 3u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
@@ -161,20 +162,21 @@ typedef struct {
     uint64_t off_log;
     uint64_t off_arena;
     uint64_t arena_bytes;
-    uint64_t off_relay;  /* kvr_relay_sh_t */
-    uint64_t off_filter; /* the publisher's Cuckoo filter: ckf_buckets words */
-    uint64_t off_snap;   /* KVR_RELAY_SNAPSHOTS copies of it */
-    uint64_t off_ring;   /* the delta frame ring */
+    uint64_t off_relay;   /* kvr_relay_sh_t */
+    uint64_t off_filter;  /* the publisher's Cuckoo filter: ckf_buckets words */
+    uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
+    uint64_t off_ring;    /* the delta frame ring */
+    uint64_t off_tenants; /* kvr_tenants_sh_t: namespace registry and token table */
     uint64_t ckf_buckets;
     uint64_t struct_sig; /* sizes of the shared structures (kvr_seg_struct_sig) */
     uint64_t hdr_check;  /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
-    uint8_t pad_[4096 - 27 * 8 - sizeof(kvr_ctl_sh_t)];
+    uint8_t pad_[4096 - 28 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
 static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
 static_assert(offsetof(kvr_seg_hdr_t, run) == 24, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, max_blocks) == 48, "header layout (tests/e2e poke it)");
-static_assert(offsetof(kvr_seg_hdr_t, ctl) == 27 * 8, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, ctl) == 28 * 8, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, off_procs) == 80, "header layout");
 
 /* A process's handle on the segment (process-local, never in shared memory). */

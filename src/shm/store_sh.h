@@ -21,6 +21,28 @@ typedef struct {
     uint32_t count;
 } kvr_pin_t;
 
+/* A process's counters for one namespace: like kvr_stats_block_t, written by the slot's owner
+ * alone with relaxed stores, summed by readers, folded into the retired row at reap. */
+enum { KVR_NSST_GET_HITS,
+       KVR_NSST_GET_MISSES,
+       KVR_NSST_PUT_NEW,
+       KVR_NSST_PUT_DEDUP,
+       KVR_NSST_EVICTIONS,
+       KVR_NSST_EVICTED_BYTES,
+       KVR_NSST_DELETES,
+       KVR_NSST_PUT_CONFLICTS,
+       KVR_NSST_N = 8 };
+typedef struct {
+    uint64_t c[KVR_NSST_N];
+} kvr_ns_stats_t;
+static_assert(sizeof(kvr_ns_stats_t) == KVR_CACHELINE, "a namespace's counters are one line");
+
+/* A namespace's share of the resident set: the totals below, restricted to it. */
+typedef struct {
+    uint64_t blocks, refs, resident_bytes, logical_bytes;
+    uint64_t reserved_bytes; /* payload of its PUTs in flight (RESERVED entries): the quota counts them */
+} kvr_ns_agg_t;
+
 typedef struct {
     kvr_shlock_t lock;
     kvr_index_sh_t index;
@@ -38,6 +60,18 @@ typedef struct {
     uint64_t lock_recoveries; /* repairs because a holder died with the lock */
     uint8_t pad_[64 - (KVR_ARENA_CLASSES * 4 + 24 + 9 * 8) % 64];
     kvr_stats_block_t stats[KVR_MAX_PROCS + 1]; /* + the retired block */
+
+    /* Namespaces (id 0 is "default"; ids come from the tenants table). The seeds are drawn
+     * once when the store is formatted and never change: the index's chain hash of a key is
+     * XXH3 seeded with its namespace's seed, secret to clients. The per-namespace aggregates
+     * are kept under `lock` with the totals above and recomputed by the repair. */
+    uint64_t ns_seed[KVR_NS_MAX];
+    kvr_ns_agg_t ns_agg[KVR_NS_MAX];
+    kvr_lru_t ns_lru[KVR_NS_MAX]; /* the index's LRU lists, one per namespace (index.h) */
+    /* memory= of each namespace in payload bytes (0: none): the supervisor copies it from the
+     * tenants table under the lock at every publication (kvr_store_set_quotas) */
+    uint64_t ns_quota[KVR_NS_MAX];
+    kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");
 

@@ -3,17 +3,6 @@
 
 #include <xxhash.h>
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int kvr_key_decode(const char *in, size_t n, uint8_t *out, size_t cap, size_t *outlen)
 {
     size_t o = 0;
@@ -26,8 +15,8 @@ int kvr_key_decode(const char *in, size_t n, uint8_t *out, size_t cap, size_t *o
             int hi, lo;
             if (i + 2 >= n)
                 return KVR_KEY_BAD_ESCAPE;
-            hi = hexval(in[i + 1]);
-            lo = hexval(in[i + 2]);
+            hi = kvr_hexval(in[i + 1]);
+            lo = kvr_hexval(in[i + 2]);
             if (hi < 0 || lo < 0)
                 return KVR_KEY_BAD_ESCAPE;
             c = (uint8_t)(hi << 4 | lo);
@@ -70,7 +59,7 @@ int kvr_parse_u64(const char *s, size_t n, uint64_t *out)
         if (n - 2 > 16)
             return KVR_EINVAL;
         for (i = 2; i < n; i++) {
-            int d = hexval(s[i]);
+            int d = kvr_hexval(s[i]);
             if (d < 0)
                 return KVR_EINVAL;
             v = v << 4 | (uint64_t)d;
@@ -101,7 +90,7 @@ uint64_t kvr_key_canon(const void *key, size_t klen)
     if (klen == 16) {
         size_t i;
         for (i = 0; i < 16; i++) {
-            int d = hexval(k[i]);
+            int d = kvr_hexval(k[i]);
             if (d < 0)
                 break;
             v = v << 4 | (uint64_t)d;

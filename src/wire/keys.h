@@ -17,6 +17,18 @@
 
 #include "common.h"
 
+/* The value of one hex digit (either case), or -1. */
+static inline int kvr_hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 enum {
     KVR_KEY_OK = 0,
     KVR_KEY_EMPTY = -1,

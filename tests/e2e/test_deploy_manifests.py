@@ -142,7 +142,7 @@ def render(root):
     return objs
 
 
-VARIANTS = {"hugepages": DEPLOY, "memory": DEPLOY / "memory"}
+VARIANTS = {"hugepages": DEPLOY, "memory": DEPLOY / "memory", "tenants": DEPLOY / "tenants"}
 GRAFANA = DEPLOY / "grafana"  # optional, applied on its own into Grafana's namespace
 
 
@@ -483,6 +483,35 @@ def test_wiring_selectors_ports_probes_and_secret():
     assert cm["data"]["KVRELAY_SEGMENT_PATH"].startswith(mounts["segment"] + "/")
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > int(cm["data"]["KVRELAY_SHUTDOWN_GRACE"].rstrip("s")) + 1
+
+
+def test_the_tenants_variant_mounts_the_file_as_a_directory_and_scrapes_as_admin(tmp_path):
+    """deploy/tenants/: --tenants names a file inside a whole-Secret mount (no subPath, so the
+    kubelet's update reaches the running pod), the admin token comes from its own Secret, and
+    Prometheus scrapes with it. The binary starts with these settings and a tenants file."""
+    objs = render(DEPLOY / "tenants")
+    _sts, pod, c = _container(objs)
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert vols.keys() == mounts.keys() and "token" not in vols
+    path = c["args"][c["args"].index("--tenants") + 1]
+    assert path.startswith(mounts["tenants"]["mountPath"] + "/") and "subPath" not in mounts["tenants"]
+    assert vols["tenants"]["secret"]["secretName"] == "kvrelay-tenants"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KVRELAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "kvrelay-admin-token", "key": "token"}
+    sm = by_kind(objs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["bearerTokenSecret"] == {"name": "kvrelay-admin-token", "key": "token"}
+    # the binary takes them
+    from conftest import require_binary, server_env
+
+    tenants = tmp_path / "tenants"
+    tenants.write_text("team-a tok-a\n")
+    cfg_env = dict(by_kind(objs, "ConfigMap")["data"], KVRELAY_ADMIN_TOKEN="tok-admin")
+    cfg_env.pop("KVRELAY_SEGMENT_PATH", None)
+    p = subprocess.run([require_binary(), "--print-config", "--tenants", str(tenants)], env=server_env(cfg_env),
+                       capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    assert f"tenants={tenants}" in p.stdout and "admin-token=<set>" in p.stdout, p.stdout
 
 
 def _segment_bytes(env):

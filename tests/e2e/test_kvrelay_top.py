@@ -241,3 +241,29 @@ def test_chunked_responses_read_as_the_servers_own(kvrelay):
     assert dict(e.split(":") for e in r["errors"].split(","))["404"] == "1", r
     assert r["req_s"] == "0.0" and r["workers"] == "1", r
     assert r["capacity_bytes"] == str(int(metric(pages["/metrics"].decode(), "kvrelay_capacity_bytes")))
+
+
+def test_tenants_admin_token_and_a_tenants_token(kvrelay, tmp_path):
+    """Under --tenants, /metrics is the admin's (docs/tenancy.md): --token and --token-file with
+    the admin token sample; a tenant's token is refused with one clear line, exit 1."""
+    admin, tenant = "tok-admin-top-4c2e", "tok-tenant-top-a91d"
+    path = tmp_path / "tenants"
+    path.write_text(f"team-a {tenant}\n")
+    srv = kvrelay("--workers", "1", "--tenants", str(path), "--admin-token", admin)
+    assert srv.put(unique_key("top-tenant"), make_block(64 * KiB, "top-tenant"), token=tenant).status == 201
+    p = top(srv, "-n", "1", "-i", "0.1", "--token", admin)
+    assert p.returncode == 0, p.stderr.decode()
+    rows = parse(p.stdout)
+    assert len(rows) == 1 and float(rows[0]["capacity_bytes"]) > 0, rows
+    # the operator's view is the server's: the tenant's block counts
+    assert rows[0]["blocks"] == "1" and rows[0]["resident_bytes"] == str(64 * KiB), rows
+    f = tmp_path / "admin-token"
+    f.write_text(admin + "\n")
+    p = top(srv, "-n", "1", "-i", "0.1", "--token-file", str(f))
+    assert p.returncode == 0 and len(parse(p.stdout)) == 1, p.stderr.decode()
+    for tok, want in ((tenant, ["GET /metrics: HTTP 403", "admin token"]),
+                      (None, ["GET /kv/stats: HTTP 401", "--token"])):
+        p = top(srv, "-n", "1", "-i", "0.1", *(["--token", tok] if tok else []))
+        err = p.stderr.decode()
+        assert p.returncode == 1 and p.stdout == b"", (p.returncode, err)
+        assert len(err.splitlines()) == 1 and all(w in err for w in want), err

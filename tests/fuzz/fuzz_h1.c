@@ -56,13 +56,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     lfd = kvr_listen_tcp("127.0.0.1:0", &port, 64);
     if (lfd < 0)
         abort();
-    kvr_api_init(&api, &cfg, &seg, &store, &relay);
+    if (kvr_api_init(&api, &cfg, &seg, &store, &relay) != KVR_OK)
+        abort();
     http = kvr_http_create(&cfg, &api);
     h1 = http != NULL ? kvr_h1_create(&cfg, &api, http, lfd, fds.accept) : NULL;
     if (h1 == NULL)
         abort();
     /* a resident block, so that GET, HEAD, dedup and conflicts have something to hit */
-    if (kvr_store_put(&store, "a", 1, "hello", 5, 1) != KVR_PUT_CREATED)
+    if (kvr_store_put(&store, KVR_NS_DEFAULT, "a", 1, "hello", 5, 1) != KVR_PUT_CREATED)
         abort();
     return 0;
 }

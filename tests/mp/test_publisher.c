@@ -184,7 +184,7 @@ static void put_n(rx_t *x, int from, int to, uint64_t salt)
     char key[32];
     for (int i = from; i < to; i++) {
         snprintf(key, sizeof(key), "blk-%d", i);
-        cr_assert_geq(kvr_store_put(&x->st, key, strlen(key), "x", 1, (uint64_t)i * 0x9E3779B97F4A7C15ull + salt), 0);
+        cr_assert_geq(kvr_store_put(&x->st, KVR_NS_DEFAULT, key, strlen(key), "x", 1, (uint64_t)i * 0x9E3779B97F4A7C15ull + salt), 0);
     }
 }
 
@@ -222,7 +222,7 @@ Test(relay, subscriber_converges_and_laggard_is_cut, .timeout = 60)
         uint64_t seq = atomic_load(&x.relay.sh->published_seq);
         put_n(&x, 50 + round * 5, 55 + round * 5, 0);
         snprintf(key, sizeof(key), "blk-%d", round);
-        kvr_store_release(&x.st, key, strlen(key), NULL);
+        kvr_store_release(&x.st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         /* each round's new hashes are a delta of their own: the lazy reader falls behind */
         cr_assert(WAIT_UNTIL(atomic_load(&x.relay.sh->published_seq) > seq, 10000), "round %d published nothing", round);
         cr_assert_eq(drain_frames(&x, sub, &m), 0);
@@ -411,9 +411,9 @@ static void slot_storm(const char *actions)
         char key[32];
         snprintf(key, sizeof(key), "storm-%d", n % 300);
         if (n % 600 < 300)
-            kvr_store_put(&x.st, key, strlen(key), "s", 1, 0xABC000ull + (uint64_t)(n % 300));
+            kvr_store_put(&x.st, KVR_NS_DEFAULT, key, strlen(key), "s", 1, 0xABC000ull + (uint64_t)(n % 300));
         else
-            kvr_store_release(&x.st, key, strlen(key), NULL);
+            kvr_store_release(&x.st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         n++;
         usleep(300); /* not synchronisation: paces the traffic over the storm's seconds */
     }

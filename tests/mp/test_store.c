@@ -98,10 +98,10 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
         key_of(i, key, sizeof(key));
         if (r < 4) {
             fill(want, len_of(i), i);
-            kvr_store_put(&st, key, strlen(key), want, len_of(i), (uint64_t)i * 0x100000001ull);
+            kvr_store_put(&st, KVR_NS_DEFAULT, key, strlen(key), want, len_of(i), (uint64_t)i * 0x100000001ull);
         } else if (r < 8) {
             kvr_block_ref_t ref;
-            if (kvr_store_get(&st, key, strlen(key), &ref) == KVR_OK) {
+            if (kvr_store_get(&st, KVR_NS_DEFAULT, key, strlen(key), &ref) == KVR_OK) {
                 if (!verify(&st, &ref, i, want, got)) {
                     atomic_fetch_add(&rep->corrupt, 1);
                     snprintf(rep->detail, sizeof(rep->detail), "worker %d: key %d torn", getpid(), i);
@@ -111,9 +111,9 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
                 kvr_store_unpin(&st, &ref);
             }
         } else if (r < 9) {
-            kvr_store_release(&st, key, strlen(key), NULL);
+            kvr_store_release(&st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         } else {
-            kvr_store_exists(&st, key, strlen(key), NULL);
+            kvr_store_exists(&st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         }
         atomic_fetch_add(&rep->ops, 1);
     }
@@ -261,7 +261,7 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
         char key[64];
         kvr_block_ref_t ref;
         key_of(i, key, sizeof(key));
-        if (kvr_store_get(&st, key, strlen(key), &ref) == KVR_OK) {
+        if (kvr_store_get(&st, KVR_NS_DEFAULT, key, strlen(key), &ref) == KVR_OK) {
             cr_assert(verify(&st, &ref, i, want, got), "resident block %d damaged", i);
             kvr_store_unpin(&st, &ref);
         }

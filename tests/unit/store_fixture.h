@@ -61,7 +61,7 @@ static inline int fx_put(fx_t *f, const char *key, uint64_t len)
     uint8_t *buf = malloc(len ? len : 1);
     int rc;
     fx_fill(buf, len, key);
-    rc = kvr_store_put(&f->st, key, strlen(key), buf, len, kvr_store_default_canon(key, strlen(key)));
+    rc = kvr_store_put(&f->st, KVR_NS_DEFAULT, key, strlen(key), buf, len, kvr_store_default_canon(key, strlen(key)));
     free(buf);
     return rc;
 }
@@ -73,7 +73,7 @@ static inline int fx_verify(kvr_store_t *st, const char *key, uint64_t len)
     uint8_t *want, *got;
     int ok;
 
-    if (kvr_store_get(st, key, strlen(key), &ref) != KVR_OK)
+    if (kvr_store_get(st, KVR_NS_DEFAULT, key, strlen(key), &ref) != KVR_OK)
         return 0;
     want = malloc(len ? len : 1);
     got = malloc(len ? len : 1);

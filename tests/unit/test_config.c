@@ -221,3 +221,39 @@ Test(config_warm, segment_path_reset_and_log_format)
     unsetenv("KVRELAY_SEGMENT_RESET");
     unsetenv("KVRELAY_LOG_FORMAT");
 }
+
+/* --tenants and --admin-token (multi-tenancy): flags, environment twins, and the admin token
+ * masked by --print-config like the bearer token. */
+Test(config, tenants_and_admin_token)
+{
+    static kvr_config_t cfg;
+    char *argv[] = {"t", "--tenants", "/etc/kvrelay/tenants", "--admin-token=root-secret", NULL};
+    FILE *devnull = fopen("/dev/null", "w");
+    char *out = NULL;
+    size_t outlen = 0;
+    FILE *mem;
+
+    unsetenv("KVRELAY_TENANTS");
+    unsetenv("KVRELAY_ADMIN_TOKEN");
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_str_eq(cfg.tenants, "", "no tenants file by default");
+    cr_assert_str_eq(cfg.admin_token, "");
+    cr_assert_eq(kvr_config_load(&cfg, 4, argv, devnull), KVR_OK);
+    cr_assert_str_eq(cfg.tenants, "/etc/kvrelay/tenants");
+    cr_assert_str_eq(cfg.admin_token, "root-secret");
+    setenv("KVRELAY_TENANTS", "/run/tenants", 1);
+    setenv("KVRELAY_ADMIN_TOKEN", "env-root", 1);
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_str_eq(cfg.tenants, "/run/tenants");
+    cr_assert_str_eq(cfg.admin_token, "env-root");
+    mem = open_memstream(&out, &outlen);
+    kvr_config_print(&cfg, mem);
+    fclose(mem);
+    cr_assert(strstr(out, "tenants=/run/tenants\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "admin-token=<set>\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "env-root") == NULL, "the admin token is never printed");
+    free(out);
+    unsetenv("KVRELAY_TENANTS");
+    unsetenv("KVRELAY_ADMIN_TOKEN");
+    fclose(devnull);
+}

@@ -74,7 +74,7 @@ static void fresh(kvr_seg_t *seg, kvr_store_t *st, uint64_t memory, int n)
     for (int i = 0; i < n; i++) {
         snprintf(key, sizeof(key), "blk-%d", i);
         memset(val, 'a' + i % 26, sizeof(val));
-        cr_assert_eq(kvr_store_put(st, key, strlen(key), val, 100 + (uint64_t)i, (uint64_t)i + 1), KVR_PUT_CREATED);
+        cr_assert_eq(kvr_store_put(st, KVR_NS_DEFAULT, key, strlen(key), val, 100 + (uint64_t)i, (uint64_t)i + 1), KVR_PUT_CREATED);
     }
 }
 
@@ -110,8 +110,8 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
     seg2.slot = -1;
     cr_assert_geq(kvr_seg_proc_claim(&seg2, 0), 0);
     cr_assert_eq(kvr_store_open(&st2, &seg2), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&st2, "half", 4, 5000, 77, &txn), KVR_OK);
-    cr_assert_eq(kvr_store_get(&st2, "blk-3", 5, &ref), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "half", 4, 5000, 77, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "blk-3", 5, &ref), KVR_OK);
     kvr_store_stats(&st, &s0);
     cr_assert_eq(s0.unique_blocks, 50);
     cr_assert_eq(s0.pinned_blocks, 1);
@@ -134,13 +134,13 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
     cr_assert_eq(s1.unique_blocks, 50);
     cr_assert_eq(s1.resident_bytes, s0.resident_bytes, "the reservation is dropped, nothing else");
     cr_assert_eq(s1.pinned_blocks, 0, "the dead process's pin is gone");
-    cr_assert_eq(kvr_store_exists(&st3, "half", 4, NULL), 0);
+    cr_assert_eq(kvr_store_exists(&st3, KVR_NS_DEFAULT, "half", 4, NULL), 0);
     for (int i = 0; i < 50; i++) {
         char key[32];
         uint8_t got[300];
         snprintf(key, sizeof(key), "blk-%d", i);
         memset(val, 'a' + i % 26, sizeof(val));
-        cr_assert_eq(kvr_store_get(&st3, key, strlen(key), &ref), KVR_OK, "%s", key);
+        cr_assert_eq(kvr_store_get(&st3, KVR_NS_DEFAULT, key, strlen(key), &ref), KVR_OK, "%s", key);
         cr_assert_eq(ref.length, 100 + (uint64_t)i);
         cr_assert_eq(ref.canon, (uint64_t)i + 1);
         cr_assert_eq(kvr_store_read(&st3, &ref, 0, got, ref.length), KVR_OK);
@@ -148,7 +148,7 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
         kvr_store_unpin(&st3, &ref);
     }
     /* The freed reservation's pages are usable again. */
-    cr_assert_eq(kvr_store_put(&st3, "half", 4, val, 200, 77), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&st3, KVR_NS_DEFAULT, "half", 4, val, 200, 77), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_check(&st3, NULL), KVR_OK);
     kvr_seg_destroy(&seg);
     unlink(path);
@@ -276,22 +276,22 @@ static int create_in_child_msg(kvr_seg_config_t c, char *msg, size_t n)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
 }
 
-/* A file written by a build of layout version 1 (before the dead shared fields were removed):
- * refused at the warm restart, naming both versions; --segment-reset starts empty instead. */
+/* A file written by a build of the layout version before this one: refused at the
+ * warm restart, naming both versions; --segment-reset starts empty instead. */
 Test(segment_file, a_segment_of_the_old_layout_is_refused_naming_both_versions, .fini = rm_path)
 {
     kvr_seg_t seg;
     kvr_store_t st;
-    uint32_t v1 = 1;
+    uint32_t old = KVR_SEG_LAYOUT_VERSION - 1; /* the segment an earlier build left behind */
     char msg[2048], want[128];
 
-    cr_assert_eq(KVR_SEG_LAYOUT_VERSION, 2, "this test knows the step from version 1 to 2");
     mkpath("oldlayout");
     fresh(&seg, &st, 8 << 20, 5);
     kvr_seg_destroy(&seg);
-    poke(offsetof(kvr_seg_hdr_t, layout_version), &v1, sizeof(v1));
+    poke(offsetof(kvr_seg_hdr_t, layout_version), &old, sizeof(old));
     cr_assert_eq(create_in_child_msg(cfg_of(8 << 20, 0), msg, sizeof(msg)), 1, "an old layout is refused");
-    snprintf(want, sizeof(want), "layout version 1, this build reads version %u; refusing it", KVR_SEG_LAYOUT_VERSION);
+    snprintf(want, sizeof(want), "layout version %u, this build reads version %u; refusing it", old,
+             KVR_SEG_LAYOUT_VERSION);
     cr_assert(strstr(msg, want) != NULL, "the refusal names both versions: %s", msg);
     cr_assert(strstr(msg, "--segment-reset starts empty") != NULL, "and the way out: %s", msg);
     cr_assert_eq(create_in_child(cfg_of(8 << 20, 1)), 0, "--segment-reset starts over");
@@ -534,8 +534,8 @@ Test(segment, uses_huge_pages_when_reserved_else_falls_back, .timeout = 60)
     cr_expect_eq(kvr_store_format(&seg, 0), KVR_OK);
     cr_expect_geq(kvr_seg_proc_claim(&seg, 0), 0);
     cr_expect_eq(kvr_store_open(&st, &seg), KVR_OK);
-    cr_expect_eq(kvr_store_put(&st, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
-    cr_expect_eq(kvr_store_exists(&st, "hp", 2, NULL), 1);
+    cr_expect_eq(kvr_store_put(&st, KVR_NS_DEFAULT, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
+    cr_expect_eq(kvr_store_exists(&st, KVR_NS_DEFAULT, "hp", 2, NULL), 1);
     kvr_seg_destroy(&seg);
     if (free_now < need)
         write_long(nr, orig);

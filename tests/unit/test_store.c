@@ -42,10 +42,10 @@ Test(store, block_max_fits_an_empty_arena_under_any_key)
     max = kvr_store_block_max(&f.st);
     cr_assert_eq(max, 1 * MIB - KVR_KEY_MAX);
     memset(key, 'k', sizeof(key));
-    cr_assert_eq(kvr_store_put_begin(&f.st, key, sizeof(key), max + 1, 1, &txn), KVR_ENOSPACE);
-    cr_assert_eq(kvr_store_put_begin(&f.st, key, sizeof(key), max, 1, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, key, sizeof(key), max + 1, 1, &txn), KVR_ENOSPACE);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, key, sizeof(key), max, 1, &txn), KVR_OK);
     kvr_store_put_abort(&f.st, &txn);
-    cr_assert_eq(kvr_store_put_begin(&f.st, "k", 1, max, 1, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "k", 1, max, 1, &txn), KVR_OK);
     kvr_store_put_abort(&f.st, &txn);
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
@@ -63,7 +63,7 @@ Test(store, dedup_accounting_matches_reference_example)
     cr_assert_eq(fx_put(&f, "dup", 100), KVR_PUT_CREATED);
     /* Different bytes, same length: a dedup hit keeps the first writer's bytes. */
     memset(other, 0xee, sizeof(other));
-    cr_assert_eq(kvr_store_put(&f.st, "dup", 3, other, 100, 1), KVR_PUT_DEDUP);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "dup", 3, other, 100, 1), KVR_PUT_DEDUP);
     cr_assert(fx_verify(&f.st, "dup", 100));
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.unique_blocks, 1);
@@ -101,14 +101,14 @@ Test(store, invalid_keys_rejected)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     memset(big, 'a', sizeof(big));
-    cr_assert_eq(kvr_store_put(&f.st, "", 0, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, "a\0b", 3, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, big, KVR_KEY_MAX + 1, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, big, KVR_KEY_MAX, &b, 1, 0), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, big, KVR_KEY_MAX + 1, &ref), KVR_EINVAL);
-    cr_assert_eq(kvr_store_get(&f.st, big, KVR_KEY_MAX, &ref), KVR_OK);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "", 0, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "a\0b", 3, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX + 1, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX, &b, 1, 0), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX + 1, &ref), KVR_EINVAL);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX, &ref), KVR_OK);
     kvr_store_unpin(&f.st, &ref);
-    cr_assert_eq(kvr_store_release(&f.st, "", 0, NULL), KVR_EINVAL);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "", 0, NULL), KVR_EINVAL);
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
 }
@@ -122,13 +122,13 @@ Test(store, release_counts_down_then_frees)
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     cr_assert_eq(fx_put(&f, "r", 10000), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "r", 10000), KVR_PUT_DEDUP);
-    cr_assert_eq(kvr_store_release(&f.st, "r", 1, &left), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "r", 1, &left), KVR_OK);
     cr_assert_eq(left, 1);
-    cr_assert(kvr_store_exists(&f.st, "r", 1, NULL));
-    cr_assert_eq(kvr_store_release(&f.st, "r", 1, &left), KVR_OK);
+    cr_assert(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "r", 1, NULL));
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "r", 1, &left), KVR_OK);
     cr_assert_eq(left, 0);
-    cr_assert_not(kvr_store_exists(&f.st, "r", 1, NULL));
-    cr_assert_eq(kvr_store_release(&f.st, "r", 1, &left), KVR_ENOTFOUND);
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "r", 1, NULL));
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "r", 1, &left), KVR_ENOTFOUND);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.unique_blocks, 0);
     cr_assert_eq(s.free_pages, s.total_pages);
@@ -144,11 +144,11 @@ Test(store, get_miss_and_exists)
     kvr_store_stats_t s;
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
-    cr_assert_eq(kvr_store_get(&f.st, "nope", 4, &ref), KVR_ENOTFOUND);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "nope", 4, &ref), KVR_ENOTFOUND);
     cr_assert_eq(fx_put(&f, "yes", 777), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_exists(&f.st, "yes", 3, &len), 1);
+    cr_assert_eq(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "yes", 3, &len), 1);
     cr_assert_eq(len, 777);
-    cr_assert_eq(kvr_store_exists(&f.st, "nope", 4, NULL), 0);
+    cr_assert_eq(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "nope", 4, NULL), 0);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.get_misses, 1);
     fx_close(&f);
@@ -190,15 +190,15 @@ Test(store, nospace_when_everything_pinned)
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     cr_assert_eq(fx_put(&f, "a", 400 * KIB), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "b", 400 * KIB), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, "a", 1, &ra), KVR_OK);
-    cr_assert_eq(kvr_store_get(&f.st, "b", 1, &rb), KVR_OK);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "a", 1, &ra), KVR_OK);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "b", 1, &rb), KVR_OK);
     cr_assert_eq(fx_put(&f, "c", 400 * KIB), KVR_ENOSPACE);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.evictions, 0);
     kvr_store_unpin(&f.st, &ra);
     cr_assert_eq(fx_put(&f, "c", 400 * KIB), KVR_PUT_CREATED); /* evicts a, the unpinned LRU */
-    cr_assert_not(kvr_store_exists(&f.st, "a", 1, NULL));
-    cr_assert(kvr_store_exists(&f.st, "b", 1, NULL));
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "a", 1, NULL));
+    cr_assert(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "b", 1, NULL));
     kvr_store_unpin(&f.st, &rb);
     cr_assert(fx_verify(&f.st, "b", 400 * KIB));
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
@@ -217,13 +217,13 @@ Test(store, eviction_is_lru_and_get_refreshes)
     cr_assert_eq(fx_put(&f, "B", 60 * 4096 - 1), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "C", 60 * 4096 - 1), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "D", 60 * 4096 - 1), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, "A", 1, &r), KVR_OK); /* A becomes most recent */
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "A", 1, &r), KVR_OK); /* A becomes most recent */
     kvr_store_unpin(&f.st, &r);
     cr_assert_eq(fx_put(&f, "B", 60 * 4096 - 1), KVR_PUT_DEDUP);   /* so does B */
     cr_assert_eq(fx_put(&f, "E", 60 * 4096 - 1), KVR_PUT_CREATED); /* evicts C */
-    cr_assert_not(kvr_store_exists(&f.st, "C", 1, NULL));
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "C", 1, NULL));
     cr_assert_eq(fx_put(&f, "F", 60 * 4096 - 1), KVR_PUT_CREATED); /* evicts D */
-    cr_assert_not(kvr_store_exists(&f.st, "D", 1, NULL));
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "D", 1, NULL));
     cr_assert(fx_verify(&f.st, "A", 60 * 4096 - 1));
     cr_assert(fx_verify(&f.st, "B", 60 * 4096 - 1));
     cr_assert(fx_verify(&f.st, "E", 60 * 4096 - 1));
@@ -245,7 +245,7 @@ Test(store, eviction_when_index_full)
     cr_assert_eq(fx_put(&f, "3", 10), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "4", 10), KVR_PUT_CREATED);
     cr_assert_eq(fx_put(&f, "5", 10), KVR_PUT_CREATED);
-    cr_assert_not(kvr_store_exists(&f.st, "1", 1, NULL));
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "1", 1, NULL));
     cr_assert(fx_verify(&f.st, "5", 10));
     fx_close(&f);
 }
@@ -259,11 +259,11 @@ Test(store, delete_of_pinned_block_defers_free)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     cr_assert_eq(fx_put(&f, "z", 300 * KIB), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, "z", 1, &r), KVR_OK);
-    cr_assert_eq(kvr_store_release(&f.st, "z", 1, NULL), KVR_OK);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "z", 1, &r), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "z", 1, NULL), KVR_OK);
     /* Gone for everyone else at once... */
-    cr_assert_eq(kvr_store_get(&f.st, "z", 1, &r2), KVR_ENOTFOUND);
-    cr_assert_not(kvr_store_exists(&f.st, "z", 1, NULL));
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "z", 1, &r2), KVR_ENOTFOUND);
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "z", 1, NULL));
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.unique_blocks, 0);
     cr_assert_eq(s.zombie_blocks, 1);
@@ -291,8 +291,8 @@ Test(store, same_key_may_be_stored_again_while_zombie_pinned)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     cr_assert_eq(fx_put(&f, "k", 1000), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, "k", 1, &r), KVR_OK);
-    cr_assert_eq(kvr_store_release(&f.st, "k", 1, NULL), KVR_OK);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "k", 1, &r), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "k", 1, NULL), KVR_OK);
     cr_assert_eq(fx_put(&f, "k", 2000), KVR_PUT_CREATED); /* a new block, new length is fine */
     cr_assert(fx_verify(&f.st, "k", 2000));
     kvr_store_unpin(&f.st, &r);
@@ -309,11 +309,11 @@ Test(store, two_phase_put_race_resolves_to_dedup_or_conflict)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     fx_fill(buf, sizeof(buf), "race");
-    cr_assert_eq(kvr_store_put_begin(&f.st, "race", 4, 4000, 7, &t1), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&f.st, "race", 4, 4000, 7, &t2), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&f.st, "race", 4, 3999, 7, &t3), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 4000, 7, &t1), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 4000, 7, &t2), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 3999, 7, &t3), KVR_OK);
     /* Not visible before commit. */
-    cr_assert_not(kvr_store_exists(&f.st, "race", 4, NULL));
+    cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "race", 4, NULL));
     cr_assert_eq(kvr_store_put_write(&f.st, &t1, 0, buf, 4000), KVR_OK);
     cr_assert_eq(kvr_store_put_write(&f.st, &t1, 1, buf, 4000), KVR_EINVAL);
     cr_assert_eq(kvr_store_put_commit(&f.st, &t1), KVR_PUT_CREATED);
@@ -331,7 +331,7 @@ Test(store, abort_returns_everything)
     kvr_store_stats_t s;
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
-    cr_assert_eq(kvr_store_put_begin(&f.st, "ab", 2, 500 * KIB, 0, &t), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "ab", 2, 500 * KIB, 0, &t), KVR_OK);
     kvr_store_put_abort(&f.st, &t);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.free_pages, s.total_pages);
@@ -346,14 +346,14 @@ Test(store, change_log_first_in_last_out)
     size_t n;
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
-    cr_assert_eq(kvr_store_put(&f.st, "x", 1, "1", 1, 0xabc), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_put(&f.st, "x", 1, "1", 1, 0xabc), KVR_PUT_DEDUP);
-    cr_assert_eq(kvr_store_release(&f.st, "x", 1, NULL), KVR_OK);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "x", 1, "1", 1, 0xabc), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "x", 1, "1", 1, 0xabc), KVR_PUT_DEDUP);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "x", 1, NULL), KVR_OK);
     n = kvr_chlog_consume(f.st.log, ev, 16);
     cr_assert_eq(n, 1, "dedup and a non-final release log nothing");
     cr_assert_eq(kvr_chlog_op(&ev[0]), KVR_EV_INSERT);
     cr_assert_eq(ev[0].canon, 0xabc);
-    cr_assert_eq(kvr_store_release(&f.st, "x", 1, NULL), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "x", 1, NULL), KVR_OK);
     n = kvr_chlog_consume(f.st.log, ev, 16);
     cr_assert_eq(n, 1);
     cr_assert_eq(kvr_chlog_op(&ev[0]), KVR_EV_REMOVE);
@@ -414,10 +414,10 @@ Test(store, reap_drops_pins_and_reservations_of_dead_slot)
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     fx_second(&f, &seg2, &st2);
     cr_assert_eq(fx_put(&f, "p", 100 * KIB), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&st2, "p", 1, &r), KVR_OK);
-    cr_assert_eq(kvr_store_get(&st2, "p", 1, &r), KVR_OK);
-    cr_assert_eq(kvr_store_release(&f.st, "p", 1, NULL), KVR_OK); /* zombie, pinned twice by slot 2 */
-    cr_assert_eq(kvr_store_put_begin(&st2, "q", 1, 200 * KIB, 0, &t), KVR_OK);
+    cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "p", 1, &r), KVR_OK);
+    cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "p", 1, &r), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "p", 1, NULL), KVR_OK); /* zombie, pinned twice by slot 2 */
+    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "q", 1, 200 * KIB, 0, &t), KVR_OK);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.zombie_blocks, 1);
     cr_assert_eq(kvr_store_reap_slot(&f.st, seg2.slot), KVR_OK);
@@ -472,7 +472,7 @@ Test(store, lock_holder_death_is_repaired)
         seg2.slot = -1;
         kvr_seg_proc_claim(&seg2, 0);
         kvr_store_open(&st2, &seg2);
-        kvr_store_put_begin(&st2, "half", 4, 50000, 0, &t);
+        kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "half", 4, 50000, 0, &t);
         kvr_shlock_lock(&st2.sh->lock, seg2.slot, &dead);
         /* half-done relink: odd seqlock, a DYING entry */
         atomic_fetch_add(&st2.sh->index.seq, 1);
@@ -487,7 +487,7 @@ Test(store, lock_holder_death_is_repaired)
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.unique_blocks, 1);
     cr_assert_eq(s.free_pages, s.total_pages - 1);
-    cr_assert_eq(kvr_store_exists(&f.st, "keep", 4, NULL), 1); /* lock-free path works again */
+    cr_assert_eq(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "keep", 4, NULL), 1); /* lock-free path works again */
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
 }
@@ -588,7 +588,7 @@ Test(store, random_operations_match_reference_model, .timeout = 60)
             }
         } else {
             uint32_t left;
-            int got = kvr_store_release(&f.st, k->key, strlen(k->key), &left);
+            int got = kvr_store_release(&f.st, KVR_NS_DEFAULT, k->key, strlen(k->key), &left);
             cr_assert_eq(got, k->resident ? KVR_OK : KVR_ENOTFOUND, "op %d delete %s", op, k->key);
             if (k->resident) {
                 m.deletes++;
@@ -643,10 +643,10 @@ Test(store, unpin_later_holds_until_flush)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     cr_assert_eq(fx_put(&f, "held", 5000), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_get(&f.st, "held", 4, &ref), KVR_OK);
+    cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "held", 4, &ref), KVR_OK);
     kvr_store_unpin_later(&f.st, &ref);
     cr_assert_eq(ref.entry, KVR_NIL);
-    cr_assert_eq(kvr_store_release(&f.st, "held", 4, &left), KVR_OK);
+    cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "held", 4, &left), KVR_OK);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.pinned_blocks, 1, "the queued pin still holds the block");
     cr_assert_eq(s.zombie_blocks, 1, "deleted while pinned: a zombie until the flush");
@@ -660,7 +660,7 @@ Test(store, unpin_later_holds_until_flush)
     /* KVR_STORE_UNPIN_BATCH + 1 pins: the last call flushes the full batch first */
     cr_assert_eq(fx_put(&f, "many", 100), KVR_PUT_CREATED);
     for (int i = 0; i <= KVR_STORE_UNPIN_BATCH; i++) {
-        cr_assert_eq(kvr_store_get(&f.st, "many", 4, &ref), KVR_OK);
+        cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, "many", 4, &ref), KVR_OK);
         kvr_store_unpin_later(&f.st, &ref);
     }
     cr_assert_eq(f.st.unpin_n, 1);
