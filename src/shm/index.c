@@ -40,18 +40,26 @@ static inline void seq_end(kvr_index_t *ix)
     kvr_atomic_store_release(&ix->sh->seq, s + 1);
 }
 
+/* Empties every chain, the free list and every LRU list (the entries are left as they are). The
+ * bucket stores are relaxed: the format publishes them by fork, the rebuild inside its seqlock
+ * section. */
+static void clear_lists(kvr_index_t *ix)
+{
+    for (uint64_t b = 0; b < ix->sh->nbuckets; b++)
+        kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
+    ix->sh->free_head = KVR_NIL;
+    ix->sh->nfree = 0;
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
+}
+
 void kvr_index_format(kvr_index_t *ix)
 {
     kvr_index_sh_t *sh = ix->sh;
 
     /* Before any other process maps the segment: fork publishes it, nothing pairs. */
     kvr_atomic_store_relaxed(&sh->seq, 0);
-    for (uint64_t b = 0; b < sh->nbuckets; b++)
-        kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
-    sh->free_head = KVR_NIL;
-    sh->nfree = 0;
-    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
-        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
+    clear_lists(ix);
     sh->clock = 0;
     /* Push in reverse so low indices come out first. */
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
@@ -290,12 +298,7 @@ void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx)
     KVR_DASSERT(index_locked(ix));
     /* One seqlock section around the whole rebuild: lock-free readers retry, then lock. */
     seq_begin(ix);
-    for (uint64_t b = 0; b < sh->nbuckets; b++)
-        kvr_atomic_store_relaxed(&ix->buckets[b], KVR_NIL);
-    sh->free_head = KVR_NIL;
-    sh->nfree = 0;
-    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
-        ix->lru[ns].head = ix->lru[ns].tail = KVR_NIL;
+    clear_lists(ix);
     for (uint64_t i = sh->max_blocks; i-- > 0;) {
         kvr_entry_t *e = &ix->ent[i];
         e->lru_prev = e->lru_next = KVR_NIL;
