@@ -84,9 +84,10 @@ void kvr_h1_arm_accept(kvr_h1_t *s)
     if (kvr_h1_held(s) - s->nreclaim >= s->max_conns && !room_to_make(s)) {
         /* at --max-connections and nothing idle to close: newcomers wait in the listener's
          * queue (or are taken by another worker) until a connection here ends */
-        if (!s->pressure)
+        if (!s->full_warned) /* once an episode, also one that began by closing idle ones */
             kvr_warn("h1: %llu connections open, none idle (--max-connections %llu): not accepting until one ends",
                      (unsigned long long)kvr_h1_held(s), (unsigned long long)s->max_conns);
+        s->full_warned = 1;
         if (!s->full) /* one pause, however many ticks find us full */
             kvr_stat_add(s->api->store->my_stats, KVR_ST_ACCEPT_PAUSES, 1);
         s->full = 1;

@@ -131,6 +131,7 @@ void kvr_h1_tick(kvr_h1_t *s)
         kvr_info("h1: room again: %llu connections open, %llu idle ones closed to make room",
                  (unsigned long long)s->nconns, (unsigned long long)s->reclaimed);
         s->pressure = 0;
+        s->full_warned = 0;
         s->reclaimed = 0;
     }
     for (c = s->conns; c != NULL; c = next) {

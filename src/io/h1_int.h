@@ -83,6 +83,7 @@ struct kvr_h1_s {
     int draining;
     uint64_t accept_paused_until;
     int full;              /* not accepting: at --max-connections with none idle (one pause counted) */
+    int full_warned;       /* this pressure episode has logged that none was idle */
     int fd_exhausted;      /* logged once per episode */
     const int *accept_fds; /* by process slot: the eventfd that gives a worker the turn */
     int parked;            /* not accepting: the turn was given to a less loaded worker */
