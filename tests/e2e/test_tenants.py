@@ -132,9 +132,11 @@ def test_head_takes_the_same_time_whether_another_namespace_holds_the_key(tenant
     p99 = {k: sorted(v)[int(len(v) * 0.99)] / 1000 for k, v in times.items()}
     print(f"HEAD by B, us: median held {med['held']:.1f} absent {med['absent']:.1f}; "
           f"p99 held {p99['held']:.1f} absent {p99['absent']:.1f}")
-    # noise stated: the medians within 10 % (or 15 us), the p99s within 50 % (or 100 us)
+    # noise stated: the medians within 10 % (or 15 us); the p99s, the tenth-slowest of 1,000
+    # probes and so at the mercy of whatever else the machine runs, within a factor of 2 (or
+    # 200 us). A lookup that short-circuited on another namespace's key would move the median.
     assert abs(med["held"] - med["absent"]) <= max(0.10 * med["absent"], 15), med
-    assert abs(p99["held"] - p99["absent"]) <= max(0.50 * p99["absent"], 100), p99
+    assert abs(p99["held"] - p99["absent"]) <= max(1.0 * min(p99.values()), 200), p99
 
 
 def test_reload_on_sighup_and_on_change(tenants):
