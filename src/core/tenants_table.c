@@ -296,32 +296,6 @@ int kvr_tenants_auth(kvr_tenants_view_t *v, const char *bearer, size_t n, uint16
     return (int)found;
 }
 
-int kvr_tenants_auth_cached(kvr_tenants_view_t *v, kvr_tenants_cache_t *c, const char *bearer, size_t n,
-                            uint16_t *ns, int *admin)
-{
-    uint64_t seq;
-    int ok;
-
-    kvr_tenants_view_refresh(v);
-    seq = kvr_tenants_view_generation(v);
-    if (seq != 0 && c->seq == seq && c->len == n && n <= sizeof(c->bearer) && memcmp(c->bearer, bearer, n) == 0) {
-        *ns = c->ns;
-        *admin = c->admin;
-        return c->ok;
-    }
-    ok = kvr_tenants_auth(v, bearer, n, ns, admin);
-    c->seq = 0;
-    if (n <= sizeof(c->bearer) && seq == kvr_tenants_view_generation(v)) {
-        memcpy(c->bearer, bearer, n);
-        c->len = (uint16_t)n;
-        c->ns = *ns;
-        c->admin = (uint8_t)*admin;
-        c->ok = (uint8_t)ok;
-        c->seq = seq;
-    }
-    return ok;
-}
-
 int kvr_tenants_open_access(const kvr_tenants_view_t *v)
 {
     return v->valid && v->buf[v->cur].nuser == 0;

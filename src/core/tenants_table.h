@@ -16,11 +16,8 @@
  *
  * Cost: kvr_tenants_auth hashes the presented token (SHA-256) and compares the digest with
  * every entry in constant time (up to 1026 comparisons of 32 bytes with a full table): with
- * many tokens that is of the order of a whole 16 KiB GET. Callers therefore cache the result
- * per connection, keyed by the presented bytes and the view's generation:
- * kvr_tenants_auth_cached does that with a kvr_tenants_cache_t kept in the connection. The
- * cache compares the presented bytes with the ones the same connection presented before
- * (plain memcmp: they are that peer's own).
+ * many tokens that is of the order of a whole 16 KiB GET. A worker therefore keeps its last
+ * answers, keyed by the presented bytes and the view's generation (io/api_auth.c).
  */
 #ifndef KVR_CORE_TENANTS_TABLE_H
 #define KVR_CORE_TENANTS_TABLE_H
@@ -98,20 +95,5 @@ uint64_t kvr_tenants_ns_quota(const kvr_tenants_view_t *v, uint16_t ns);
 const char *kvr_tenants_ns_model(const kvr_tenants_view_t *v, uint16_t ns);
 /* The id of name, or -1. */
 int kvr_tenants_ns_find(const kvr_tenants_view_t *v, const char *name);
-
-/* A connection's last authentication. Zero it when the connection starts. */
-typedef struct {
-    uint64_t seq; /* the view's generation of the result; 0: none */
-    uint16_t len;
-    uint16_t ns;
-    uint8_t ok;
-    uint8_t admin;
-    char bearer[KVR_TENANT_TOKEN_MAX]; /* longer tokens are not cached */
-} kvr_tenants_cache_t;
-
-/* kvr_tenants_auth, answered from c when the same bytes were presented on this connection
- * under the same generation of the table. */
-int kvr_tenants_auth_cached(kvr_tenants_view_t *v, kvr_tenants_cache_t *c, const char *bearer, size_t n,
-                            uint16_t *ns, int *admin);
 
 #endif

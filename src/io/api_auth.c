@@ -100,7 +100,9 @@ int kvr_api_authorize(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     ok = cache_get(au, gen, tok, n, &ns, &admin);
     if (!ok) {
         ok = kvr_tenants_auth(&au->view, tok, n, &ns, &admin);
-        if (ok)
+        /* kvr_tenants_auth refreshes the view: an answer of a newer table is not filed under
+         * the older generation's name */
+        if (ok && gen == kvr_tenants_view_generation(&au->view) + 1)
             cache_put(au, gen, tok, n, ns, admin);
     }
     if (!ok)

@@ -213,26 +213,6 @@ Test(tenants_table, a_warm_restart_keeps_the_ids)
     cr_assert(id_of("new") != a && id_of("new") != b);
 }
 
-Test(tenants_table, the_cache_answers_per_connection_and_generation)
-{
-    kvr_tenants_cache_t c;
-    uint16_t ns;
-    int admin;
-
-    memset(&c, 0, sizeof(c));
-    cr_assert_eq(publish_text("a t1\n", NULL, NULL), KVR_OK);
-    kvr_tenants_view_init(&view, &seg);
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t1", 2, &ns, &admin), 1);
-    cr_assert_eq(c.seq, kvr_tenants_view_generation(&view), "cached");
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t1", 2, &ns, &admin), 1);
-    cr_assert_eq(ns, 1);
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t2", 2, &ns, &admin), 0, "other bytes: asked again");
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t1", 2, &ns, &admin), 1);
-    cr_assert_eq(publish_text("b t2\n", NULL, NULL), KVR_OK, "t1 revoked");
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t1", 2, &ns, &admin), 0, "a new generation asks again");
-    cr_assert_eq(kvr_tenants_auth_cached(&view, &c, "t2", 2, &ns, &admin), 1);
-}
-
 /* Two tables that differ everywhere: every token of a copy must name the same namespace, and
  * the count must be that table's. */
 #define ROUNDS 3000
