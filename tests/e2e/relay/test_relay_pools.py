@@ -67,14 +67,13 @@ DEFAULT_POOL = (EP_NS, MODEL)
 # Helpers
 
 
-def tenants_text(extra_first="", a_model=None, b_model=None):
+def tenants_text(b_model=None):
+    """A on two lines (its second token stored as a digest), B with model=b_model if given."""
     sha_a2 = hashlib.sha256(TOK_A2.encode()).hexdigest()
-    am = f" model={a_model}" if a_model else ""
     bm = f" model={b_model}" if b_model else ""
-    return (extra_first
-            + f"# namespace token [memory=SIZE] [model=NAME]\n"
-            f"team-a {TOK_A}{am}\n"
-            f"team-a\tsha256:{sha_a2}{am}\n"
+    return ("# namespace token [memory=SIZE] [model=NAME]\n"
+            f"team-a {TOK_A}\n"
+            f"team-a\tsha256:{sha_a2}\n"
             f"team-b {TOK_B}{bm}\n")
 
 
