@@ -25,7 +25,7 @@ static void drop_duplicate(void *ctx, uint32_t i)
 
     KVR_DASSERT(store_locked(st));
     if (e->meta & KVR_ENT_ANNOUNCED)
-        chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
+        chlog_event_locked(st, KVR_EV_REMOVE, i);
     e->meta = 0;
     e->state = KVR_ENT_FREE;
 }
@@ -80,7 +80,7 @@ static void settle_entries_locked(kvr_store_t *st, int dead_slot)
             e->state = KVR_ENT_FREE;
         } else if (e->state == KVR_ENT_DYING) {
             if (e->meta & KVR_ENT_ANNOUNCED)
-                chlog_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                chlog_event_locked(st, KVR_EV_REMOVE, (uint32_t)i);
             e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
             e->state = KVR_ENT_ZOMBIE;
         }
@@ -119,7 +119,7 @@ static void free_zombies_announce_live_locked(kvr_store_t *st)
         if (e->state == KVR_ENT_ZOMBIE && e->pins == 0)
             e->state = KVR_ENT_FREE;
         else if (e->state == KVR_ENT_LIVE && !(e->meta & KVR_ENT_ANNOUNCED)) {
-            chlog_event_locked(st, KVR_EV_INSERT, e->canon, (uint32_t)i, e->gen);
+            chlog_event_locked(st, KVR_EV_INSERT, (uint32_t)i);
             e->meta |= KVR_ENT_ANNOUNCED;
         }
     }
@@ -140,7 +140,7 @@ static void drop_broken_chains_locked(kvr_store_t *st, uint8_t *bm)
             !kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm)) {
             kvr_warn("store repair: entry %llu has a broken chain; dropped", (unsigned long long)i);
             if (e->state == KVR_ENT_LIVE && (e->meta & KVR_ENT_ANNOUNCED))
-                chlog_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                chlog_event_locked(st, KVR_EV_REMOVE, (uint32_t)i);
             e->meta = 0;
             e->state = KVR_ENT_FREE;
         }
