@@ -69,13 +69,14 @@ static void clear_dead_pins_locked(kvr_store_t *st, int dead_slot)
 static void settle_entries_locked(kvr_store_t *st, int dead_slot)
 {
     kvr_entry_t *ent = st->ix.ent;
+    uint32_t npools = kvr_atomic_load_relaxed(&st->sh->npools); /* stored under the lock we hold */
 
     KVR_DASSERT(store_locked(st));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         e->pins = 0;
-        if (e->state > KVR_ENT_DYING || (e->state != KVR_ENT_FREE && e->ns >= KVR_NS_MAX)) {
-            e->state = KVR_ENT_FREE; /* not a state, or not a namespace: nothing to keep */
+        if (e->state > KVR_ENT_DYING || (e->state != KVR_ENT_FREE && (e->ns >= KVR_NS_MAX || e->pool >= npools))) {
+            e->state = KVR_ENT_FREE; /* not a state, a namespace or a pool: nothing to keep */
         } else if (e->state == KVR_ENT_RESERVED && !proc_alive(st, KVR_ENT_OWNER(e), dead_slot)) {
             e->state = KVR_ENT_FREE;
         } else if (e->state == KVR_ENT_DYING) {
@@ -350,6 +351,8 @@ static int check_ns_locked(kvr_store_t *st)
         if (e->state != KVR_ENT_LIVE && e->state != KVR_ENT_RESERVED)
             continue;
         CHECK(e->ns < KVR_NS_MAX, "entry %llu in namespace %u", (unsigned long long)i, e->ns);
+        CHECK(e->pool < kvr_atomic_load_relaxed(&st->sh->npools), "entry %llu in pool %u", (unsigned long long)i,
+              e->pool);
         if (e->state == KVR_ENT_RESERVED) {
             scan[e->ns].reserved_bytes += e->length;
             continue;

@@ -3,12 +3,14 @@
  * one entry per method at the end of this file. Every call is validated (marker, protocol
  * version, subscriber id: docs/relay-contract.md, "Transport and service"), streams are
  * admitted against --max-streams, then each method answers (GetRelayInfo) or streams:
- *   WatchKvPoolCatalog         the one pool, at once and on every revision change
+ *   WatchKvPoolCatalog         the caller's pools (one per namespace and model; the admin's:
+ *                              all), at once and on every revision change
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
  *                              published deltas from the shared frame ring, heartbeats
  *   SubscribeServingReadiness  an empty, complete topology, repeated every interval
  *   SubscribeKvPoolLoad        one window per --load-window
- *   SubscribeServingLoad       the pool with status UNAVAILABLE, one window per interval
+ *   SubscribeServingLoad       the caller's pools with status UNAVAILABLE, one window per interval
+ * A pool of another namespace than the caller's token ends PERMISSION_DENIED (docs/tenancy.md).
  * Shared relay state is reached only through core/relay.h.
  */
 #include "io/grpc_int.h"
