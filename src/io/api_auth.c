@@ -117,6 +117,11 @@ const char *kvr_api_ns_name(kvr_api_t *a, uint16_t ns)
     return kvr_tenants_ns_name(&a->auth->view, ns);
 }
 
+const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns)
+{
+    return kvr_tenants_ns_model(&a->auth->view, ns);
+}
+
 uint64_t kvr_api_ns_quota(kvr_api_t *a, uint16_t ns)
 {
     return kvr_tenants_ns_quota(&a->auth->view, ns);

@@ -26,7 +26,8 @@
 #define GRPC_UNIMPLEMENTED 12
 
 /* gstream_t.auth: what the call's authorization metadata said. With --tenants a relay call
- * needs the admin token (docs/tenancy.md): the filter covers every namespace. */
+ * needs a token: a namespace's token sees that namespace's pools (gstream_t.scope), the admin
+ * token every pool (docs/tenancy.md, "Pools"). */
 enum { GAUTH_NONE = 0,
        GAUTH_UNKNOWN,
        GAUTH_TENANT,
@@ -265,13 +266,9 @@ static void dispatch(gstream_t *s)
         kvr_grpc_stream_end(s, GRPC_UNIMPLEMENTED, 0, "unknown method");
         return;
     }
-    if (s->method->rpc >= 0 && s->conn->g->tenants != NULL && s->auth != GAUTH_ADMIN) {
-        if (s->auth == GAUTH_TENANT)
-            kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0,
-                                "with tenants, the relay serves the admin token (its filter covers every namespace)");
-        else
-            kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0,
-                                "missing or invalid bearer token in the authorization metadata");
+    if (s->method->rpc >= 0 && s->conn->g->tenants != NULL && s->auth != GAUTH_ADMIN && s->auth != GAUTH_TENANT) {
+        kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0,
+                            "missing or invalid bearer token in the authorization metadata");
         return;
     }
     s->method->call(s, msg, mlen);
@@ -288,6 +285,7 @@ static gstream_t *stream_new(gconn_t *c, int32_t id)
     s->id = id;
     s->admitted = -1;
     s->sub = -1;
+    s->scope = -1;
     s->end_status = -1;
     s->next = c->streams.next;
     s->prev = &c->streams;
@@ -339,8 +337,10 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
         int admin = 0;
         s->auth = GAUTH_UNKNOWN;
         if (valuelen > 7 && strncasecmp((const char *)value, "Bearer ", 7) == 0 &&
-            kvr_tenants_auth(s->conn->g->tenants, (const char *)value + 7, valuelen - 7, &ns, &admin))
+            kvr_tenants_auth(s->conn->g->tenants, (const char *)value + 7, valuelen - 7, &ns, &admin)) {
             s->auth = admin ? GAUTH_ADMIN : GAUTH_TENANT;
+            s->scope = admin ? -1 : (int)ns;
+        }
     }
     return 0;
 }

@@ -63,6 +63,7 @@ struct gstream_s {
     int path_len;
     int grpc_ct;                     /* content-type is application/grpc* */
     int auth;                        /* the authorization metadata: GAUTH_* (grpc_conn.c) */
+    int scope;                       /* the namespace whose pools it sees, or -1: every pool */
     const kvr_grpc_method_t *method; /* NULL until the request is complete, or unknown */
     uint8_t *req;
     size_t req_len, req_cap;
@@ -80,6 +81,7 @@ struct gstream_s {
 
     /* pool streams */
     int sub;
+    uint32_t pool;
     uint64_t generation;
     uint32_t next_chunk, chunk_count;
     uint64_t snap_seq;

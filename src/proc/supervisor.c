@@ -436,6 +436,25 @@ static int relay_start(sup_t *s, const kvr_config_t *cfg)
     return KVR_OK;
 }
 
+/* The pool of (default, --model) exists from the start: the catalog lists it before any PUT,
+ * as it always did. Made first on a new segment, so it is pool 0 there. */
+static int default_pool(sup_t *s)
+{
+    const char *m = s->cfg->model;
+    int rc;
+
+    if (!kvr_store_model_valid(m, strlen(m))) {
+        kvr_error("--model must be 1 to %d printable bytes without spaces, got '%s'", KVR_NS_MODEL_MAX, m);
+        return KVR_ERR;
+    }
+    rc = kvr_store_pool(&s->store, KVR_NS_DEFAULT, "default", m, strlen(m));
+    if (rc == KVR_ENOSPACE)
+        kvr_warn("relay: the segment's %u pools (--max-pools) are taken: PUTs of namespace default without "
+                 "X-KV-Model get 507 until a restart with --segment-reset",
+                 s->seg.hdr->relay_pools);
+    return rc == KVR_ENOSPACE || rc >= 0 ? KVR_OK : KVR_ERR;
+}
+
 /* --workers, or one per online CPU; the table keeps one entry for the publisher. */
 static int worker_count(const kvr_config_t *cfg)
 {
@@ -466,6 +485,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
         return KVR_ERR;
     }
     sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
+    sc->relay_pools = (uint32_t)cfg->max_pools;
     sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
     sc->reset = cfg->segment_reset;
     sc->lock_wait_ms = KVR_SEG_LOCK_WAIT_MS; /* a killed run's lock outlives its processes briefly */
@@ -683,6 +703,8 @@ int kvr_supervisor_run(kvr_config_t *cfg)
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
         return 1;
     clamp_block_size(cfg, &s->store);
+    if (default_pool(s) != KVR_OK)
+        return 2;
     if (relay_start(s, cfg) != KVR_OK)
         return 1;
     if (kvr_tenants_src_publish(&s->tenants, &s->seg, err, sizeof(err)) != KVR_OK) {
