@@ -30,7 +30,7 @@ static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_
     if (kvr_seg_create(seg, &sc) != KVR_OK || kvr_store_format(seg, 0) != KVR_OK ||
         kvr_seg_proc_claim_at(seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(store, seg) != KVR_OK ||
         kvr_relay_format(relay, seg, cfg) != KVR_OK ||
-        kvr_store_pool(store, KVR_NS_DEFAULT, "default", cfg->model, strlen(cfg->model)) != 0)
+        kvr_store_pool(store, KVR_NS_DEFAULT, "default", cfg->model, strlen(cfg->model), KVR_POOLS_MAX) != 0)
         abort();
     /* pool 0 as a publisher takes it on, so that subscriptions reach past the pool lookup */
     kvr_relay_take_pool(relay, 0, "default", cfg->model);

@@ -75,7 +75,7 @@ static void rx_open_log(rx_t *x, uint64_t log_capacity)
     cr_assert_eq(kvr_store_format(&x->seg, 0), KVR_OK);
     cr_assert_eq(kvr_seg_proc_claim_at(&x->seg, 0, 0), 0);
     cr_assert_eq(kvr_store_open(&x->st, &x->seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(&x->st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0, "pool 0, as the supervisor makes it");
+    cr_assert_eq(kvr_store_pool(&x->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0, "pool 0, as the supervisor makes it");
     cr_assert_eq(kvr_relay_format(&x->relay, &x->seg, &x->cfg), KVR_OK);
     for (int i = 0; i < KVR_MAX_PROCS; i++)
         x->fds.worker[i] = -1;
@@ -526,7 +526,7 @@ Test(relay, pools_publish_apart, .timeout = 60)
     kvr_relay_ident_t id0, id1;
 
     rx_open(&x);
-    cr_assert_eq(kvr_store_pool(&x.st, KVR_NS_DEFAULT, "default", "m2", 2), 1);
+    cr_assert_eq(kvr_store_pool(&x.st, KVR_NS_DEFAULT, "default", "m2", 2, KVR_POOLS_MAX), 1);
     put_pool(&x, 0, 0, 40, 0);
     put_pool(&x, 1, 40, 80, 0);
     quiesce(&x);
