@@ -569,3 +569,38 @@ Test(relay, pools_publish_apart, .timeout = 60)
     kvr_mirror_destroy(&m1);
     rx_close(&x);
 }
+
+/* A pool made while no publisher runs: the replacement publisher takes it on (identity,
+ * filter rebuilt from the index with the other pools), the catalog's pool count moves, and a
+ * subscriber of the new pool gets exactly its blocks. */
+Test(relay, a_replacement_publisher_takes_on_a_pool_made_while_it_was_down, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, status;
+    uint64_t g1, g2;
+
+    rx_open(&x);
+    g1 = atomic_load(&x.relay.sh->generation);
+    put_pool(&x, 0, 0, 20, 3);
+    quiesce(&x);
+    cr_assert_eq(kvr_relay_pools_ready(&x.relay), 1);
+    kill(x.pub, SIGKILL);
+    waitpid(x.pub, &status, 0);
+    cr_assert_eq(kvr_store_reap_slot(&x.st, 2), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&x.st, KVR_NS_DEFAULT, "default", "m-late", 6, KVR_POOLS_MAX), 1);
+    put_pool(&x, 1, 20, 50, 3); /* while no publisher runs */
+    start_publisher(&x);
+    g2 = wait_generation(&x, g1);
+    cr_assert_eq(kvr_relay_pools_ready(&x.relay), 2, "the new publisher took the pool on");
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    sub = kvr_relay_sub_open(&x.relay, 0, g2, 1);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    read_snapshot(&x, sub, &m, g2);
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(kvr_mirror_contains(&m, (uint64_t)i * 0x9E3779B97F4A7C15ull + 3), i >= 20, "hash %d", i);
+    cr_assert_eq(memcmp(m.buckets, kvr_relay_filter(&x.relay, 1), x.relay.sh->bucket_count * 8), 0);
+    kvr_relay_sub_close(&x.relay, sub);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
