@@ -41,7 +41,7 @@ static void open_store(bs_t *b, uint64_t memory, uint64_t max_blocks, int no_evi
     cfg.hugepages = getenv("KVR_BENCH_HUGEPAGES") ? KVR_HUGEPAGES_AUTO : KVR_HUGEPAGES_OFF;
     if (kvr_seg_create(&b->seg, &cfg) != KVR_OK || kvr_store_format(&b->seg, no_evict) != KVR_OK ||
         kvr_seg_proc_claim(&b->seg, 0) < 0 || kvr_store_open(&b->st, &b->seg) != KVR_OK ||
-        kvr_store_pool(&b->st, KVR_NS_DEFAULT, "default", "kvrelay", 7) != 0) {
+        kvr_store_pool(&b->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX) != 0) {
         fprintf(stderr, "bench: cannot create a %llu-byte store\n", (unsigned long long)memory);
         exit(1);
     }

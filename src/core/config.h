@@ -70,6 +70,7 @@ typedef struct {
     uint64_t readiness_heartbeat_ms;
     uint64_t max_streams;
     uint64_t max_pools;
+    uint64_t max_pools_per_ns;
     uint64_t publication_threshold;
     uint64_t publication_delay_us;
 

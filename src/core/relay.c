@@ -54,22 +54,21 @@ static int split_endpoint(const char *s, kvr_bytes_t parts[3])
     return KVR_OK;
 }
 
-int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char *ns, char *component, char *endpoint,
-                            size_t cap)
+int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char ns[KVR_ENDPOINT_NS_MAX],
+                            char component[KVR_CFG_STR_MAX], char endpoint[KVR_CFG_STR_MAX])
 {
     kvr_bytes_t parts[3];
-    int n;
 
-    if (split_endpoint(cfg->endpoint, parts) != KVR_OK)
+    /* each part is shorter than --endpoint (< KVR_CFG_STR_MAX) and ns_name is a namespace name
+     * (<= KVR_NS_NAME_MAX): nothing is cut */
+    if (split_endpoint(cfg->endpoint, parts) != KVR_OK || strlen(ns_name) > KVR_NS_NAME_MAX)
         return KVR_EINVAL;
     if (ns_name[0] == '\0' || strcmp(ns_name, "default") == 0)
-        n = snprintf(ns, cap, "%.*s", (int)parts[0].len, parts[0].ptr);
+        snprintf(ns, KVR_ENDPOINT_NS_MAX, "%.*s", (int)parts[0].len, parts[0].ptr);
     else
-        n = snprintf(ns, cap, "%.*s.%s", (int)parts[0].len, parts[0].ptr, ns_name);
-    if (n < 0 || (size_t)n >= cap)
-        return KVR_EINVAL;
-    snprintf(component, cap, "%.*s", (int)parts[1].len, parts[1].ptr);
-    snprintf(endpoint, cap, "%.*s", (int)parts[2].len, parts[2].ptr);
+        snprintf(ns, KVR_ENDPOINT_NS_MAX, "%.*s.%s", (int)parts[0].len, parts[0].ptr, ns_name);
+    snprintf(component, KVR_CFG_STR_MAX, "%.*s", (int)parts[1].len, parts[1].ptr);
+    snprintf(endpoint, KVR_CFG_STR_MAX, "%.*s", (int)parts[2].len, parts[2].ptr);
     return KVR_OK;
 }
 
@@ -77,14 +76,14 @@ void kvr_relay_take_pool(kvr_relay_t *r, uint32_t i, const char *ns_name, const 
 {
     kvr_relay_pool_t *p = &r->sh->pool[i];
     const kvr_config_t *cfg = r->cfg;
-    char ns[KVR_CFG_STR_MAX + 64], comp[KVR_CFG_STR_MAX], ep[KVR_CFG_STR_MAX];
+    char ns[KVR_ENDPOINT_NS_MAX], comp[KVR_CFG_STR_MAX], ep[KVR_CFG_STR_MAX];
     kvr_bytes_t m = {model, strlen(model)}, pn, pc, pe;
 
     KVR_DASSERT(i < r->sh->npools);
     kvr_identity_cache_default(&m, 1, (uint32_t)cfg->kv_block_size, !strcmp(cfg->hash_format, "eagle") ? 2 : 1,
                                p->cache_digest);
-    if (kvr_relay_pool_endpoint(cfg, ns_name, ns, comp, ep, sizeof(comp)) != KVR_OK)
-        ns[0] = comp[0] = ep[0] = '\0'; /* --endpoint was checked at the start: never */
+    if (kvr_relay_pool_endpoint(cfg, ns_name, ns, comp, ep) != KVR_OK)
+        ns[0] = comp[0] = ep[0] = '\0'; /* --endpoint was checked at the start, the name is one: never */
     pn = (kvr_bytes_t){ns, strlen(ns)};
     pc = (kvr_bytes_t){comp, strlen(comp)};
     pe = (kvr_bytes_t){ep, strlen(ep)};

@@ -14,6 +14,7 @@
 #include "common.h"
 #include "core/config.h"
 #include "shm/segment.h"
+#include "shm/tenants_sh.h"
 
 /* A process's handle on the relay's regions; its fields are in core/relay_int.h. */
 typedef struct kvr_relay_s kvr_relay_t;
@@ -63,9 +64,11 @@ uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint32_t pool, uint64_t i);
 
 /* The Dynamo endpoint a pool of namespace ns_name is served under: --endpoint, with
  * "<its namespace>.<ns_name>" as the namespace for every namespace but "default"
- * (docs/tenancy.md, "Pools"). Writes the three parts; KVR_OK or KVR_EINVAL. */
-int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char *ns, char *component, char *endpoint,
-                            size_t cap);
+ * (docs/tenancy.md, "Pools"). Writes the three parts, which always fit; KVR_OK, or KVR_EINVAL
+ * when --endpoint is not namespace/component/endpoint (checked at the start). */
+#define KVR_ENDPOINT_NS_MAX (KVR_CFG_STR_MAX + KVR_NS_NAME_MAX + 2)
+int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char ns[KVR_ENDPOINT_NS_MAX],
+                            char component[KVR_CFG_STR_MAX], char endpoint[KVR_CFG_STR_MAX]);
 
 /* 1 when this process has the relay's regions mapped (a segment formatted with a relay). */
 int kvr_relay_present(const kvr_relay_t *r);

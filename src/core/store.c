@@ -108,6 +108,7 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
         kvr_store_retire_stats(&st, s);
     if (store_lock(&st) != KVR_OK)
         return KVR_ERR;
+    kvr_store_pools_attach_locked(&st);
     kvr_store_repair_locked(&st, -1);
     store_unlock(&st);
     return KVR_OK;

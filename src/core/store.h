@@ -201,16 +201,19 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx);
 
 /* ---- relay pools (store_pools.c; the table is kvr_store_sh_t.pool, its rules in store_sh.h) */
 
-/* A valid model name: 1..KVR_NS_MODEL_MAX printable ASCII bytes, no space. */
-int kvr_store_model_valid(const char *model, size_t len);
-
 /*
  * The pool of (ns, model): found without a lock, or made under the store lock as the next
  * slot. ns_name is recorded with a new pool (the relay derives its identity from it).
- * Returns the pool id, KVR_ENOSPACE when the segment's --max-pools are all taken, or
- * KVR_EINVAL for an invalid model.
+ * Returns the pool id, KVR_ENOSPACE when the segment's --max-pools are all taken, KVR_EQUOTA
+ * when namespace ns has ns_max pools already, or KVR_EINVAL for an invalid model
+ * (kvr_model_valid).
  */
-int kvr_store_pool(kvr_store_t *st, uint16_t ns, const char *ns_name, const char *model, size_t mlen);
+int kvr_store_pool(kvr_store_t *st, uint16_t ns, const char *ns_name, const char *model, size_t mlen,
+                   uint32_t ns_max);
+
+/* A warm restart, before the repair (which then frees the entries of pools cut here): keeps the
+ * longest prefix of whole slots within the segment's --max-pools. */
+void kvr_store_pools_attach_locked(kvr_store_t *st);
 
 /* Pools made so far (acquire: the slots below it are whole and never change). */
 uint32_t kvr_store_pool_count(const kvr_store_t *st);

@@ -238,13 +238,17 @@ static int put_pool(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     size_t mlen = rq->model_len;
     int pool;
 
+    if (m == NULL && (pool = kvr_api_default_pool(a, res->ns)) >= 0)
+        return pool;
     if (m == NULL) {
         m = kvr_api_ns_model(a, res->ns);
         if (m == NULL)
             m = a->cfg->model;
         mlen = strlen(m);
     }
-    pool = kvr_store_pool(a->store, res->ns, kvr_api_ns_name(a, res->ns), m, mlen);
+    pool = kvr_store_pool(a->store, res->ns, kvr_api_ns_name(a, res->ns), m, mlen, (uint32_t)a->cfg->max_pools_per_ns);
+    if (pool >= 0 && rq->model == NULL)
+        kvr_api_default_pool_set(a, res->ns, (uint32_t)pool);
     if (pool >= 0)
         return pool;
     if (pool == KVR_EINVAL)
@@ -252,6 +256,9 @@ static int put_pool(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     else if (pool == KVR_ENOSPACE)
         kvr_api_error(res, 507, "InsufficientStorage",
                       "a new model would make one relay pool more than --max-pools allows");
+    else if (pool == KVR_EQUOTA)
+        kvr_api_error(res, 507, "InsufficientStorage",
+                      "a new model would make the namespace one relay pool more than --max-pools-per-namespace allows");
     else
         kvr_api_error(res, 500, "Internal", "store error");
     return -1;

@@ -31,6 +31,12 @@ struct kvr_api_auth_s {
         uint8_t admin;
         char tok[KVR_TENANT_TOKEN_MAX];
     } c[AUTH_CACHE];
+    /* each namespace's default-model pool, as resolved under the view's generation + 1 (0: not
+     * yet): a PUT without X-KV-Model skips the pool table's search (io/api.c, put_pool) */
+    struct {
+        uint64_t gen;
+        uint32_t pool;
+    } dpool[KVR_NS_MAX];
 };
 
 int kvr_api_auth_init(kvr_api_t *a)
@@ -115,6 +121,21 @@ int kvr_api_authorize(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
 const char *kvr_api_ns_name(kvr_api_t *a, uint16_t ns)
 {
     return kvr_tenants_ns_name(&a->auth->view, ns);
+}
+
+int kvr_api_default_pool(kvr_api_t *a, uint16_t ns)
+{
+    struct kvr_api_auth_s *au = a->auth;
+
+    return au->dpool[ns].gen == kvr_tenants_view_generation(&au->view) + 1 ? (int)au->dpool[ns].pool : -1;
+}
+
+void kvr_api_default_pool_set(kvr_api_t *a, uint16_t ns, uint32_t pool)
+{
+    struct kvr_api_auth_s *au = a->auth;
+
+    au->dpool[ns].gen = kvr_tenants_view_generation(&au->view) + 1;
+    au->dpool[ns].pool = pool;
 }
 
 const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns)

@@ -67,7 +67,7 @@ typedef struct {
     Dynamo__Kvrelay__V1__BaseModelTarget base;
     Dynamo__Kvrelay__V1__KvQuerySemantics qs;
     Dynamo__Kvrelay__V1__WorkerRole roles[1];
-    char ns[KVR_CFG_STR_MAX + 64], comp[KVR_CFG_STR_MAX + 64], epn[KVR_CFG_STR_MAX + 64];
+    char ns[KVR_ENDPOINT_NS_MAX], comp[KVR_CFG_STR_MAX], epn[KVR_CFG_STR_MAX];
 } catalog_pool_t;
 
 static void describe_pool(kvr_grpc_t *g, uint32_t pool, uint64_t gen, catalog_pool_t *c)
@@ -84,7 +84,7 @@ static void describe_pool(kvr_grpc_t *g, uint32_t pool, uint64_t gen, catalog_po
     kvr_relay_ident(g->relay, pool, gen, &c->id);
     if (kvr_store_pool_info(g->store, pool, &slot) != KVR_OK) /* listed: never */
         slot.ns_name = slot.model = "";
-    if (kvr_relay_pool_endpoint(cfg, slot.ns_name, c->ns, c->comp, c->epn, sizeof(c->comp)) != KVR_OK)
+    if (kvr_relay_pool_endpoint(cfg, slot.ns_name, c->ns, c->comp, c->epn) != KVR_OK)
         c->ns[0] = c->comp[0] = c->epn[0] = '\0'; /* --endpoint was checked at the start: never */
     c->ep.namespace_ = c->ns;
     c->ep.component = c->comp;
@@ -109,6 +109,23 @@ static void describe_pool(kvr_grpc_t *g, uint32_t pool, uint64_t gen, catalog_po
     c->desc.pool_roles = c->roles;
 }
 
+/* What a catalog of this stream lists, to compare with what it sent (sent_view): the generation,
+ * whether the publisher runs, and a bit per listed pool. Returns the number of pools, in ids. */
+static uint32_t catalog_view(gstream_t *s, uint64_t view[2 + KVR_POOLS_MAX / 64], uint32_t *ids)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint32_t n = 0;
+
+    memset(view, 0, sizeof(s->sent_view));
+    view[0] = kvr_relay_generation(g->relay);
+    view[1] = kvr_seg_publisher_up(g->seg);
+    if (view[0] != 0 && view[1])
+        n = visible_pools(s, ids);
+    for (uint32_t k = 0; k < n; k++)
+        view[2 + ids[k] / 64] |= 1ull << (ids[k] % 64);
+    return n;
+}
+
 static void emit_catalog(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
@@ -117,12 +134,12 @@ static void emit_catalog(gstream_t *s)
      * we send is at least as new as the revision we send it under, and a later change shows as
      * a revision that tick_catalog has not sent. */
     uint64_t rev = kvr_relay_catalog_revision(g->relay);
-    uint64_t gen = kvr_relay_generation(g->relay);
+    uint64_t view[2 + KVR_POOLS_MAX / 64];
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_UPDATE__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     Dynamo__Kvrelay__V1__KvPoolCatalogSnapshot snap = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_SNAPSHOT__INIT;
     Dynamo__Kvrelay__V1__KvPoolDescriptor *descs[KVR_POOLS_MAX];
-    uint32_t ids[KVR_POOLS_MAX], n = 0;
+    uint32_t ids[KVR_POOLS_MAX], n = catalog_view(s, view, ids);
     catalog_pool_t *c = NULL;
 
     relay_identity(g, &rel);
@@ -132,13 +149,13 @@ static void emit_catalog(gstream_t *s)
     up.revision = rev;
     up.snapshot = &snap;
     up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
-    if (gen != 0 && kvr_seg_publisher_up(g->seg) && (n = visible_pools(s, ids)) > 0 &&
-        (c = malloc(n * sizeof(*c))) == NULL) {
+    memcpy(s->sent_view, view, sizeof(view));
+    if (n > 0 && (c = malloc(n * sizeof(*c))) == NULL) {
         kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
         return;
     }
     for (uint32_t k = 0; c != NULL && k < n; k++) {
-        describe_pool(g, ids[k], gen, &c[k]);
+        describe_pool(g, ids[k], view[0], &c[k]);
         descs[k] = &c[k].desc;
     }
     snap.n_pools = c != NULL ? n : 0;
@@ -164,30 +181,61 @@ static void emit_catalog(gstream_t *s)
         relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1); \
     } while (0)
 
+/* One visible pool's storage in a load window (either message type). */
+typedef struct {
+    kvr_relay_ident_t id;
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry load;
+    Dynamo__Kvrelay__V1__PoolServingLoad serving;
+} window_pool_t;
+
+/* The stream's visible pools, each with its identity, in a heap array (the caller frees it);
+ * *n their count. NULL with *n 0 when none is visible; NULL with *n 1 when out of memory. */
+static window_pool_t *window_pools(gstream_t *s, uint64_t gen, uint32_t *n)
+{
+    uint32_t ids[KVR_POOLS_MAX];
+    window_pool_t *w;
+
+    *n = gen != 0 ? visible_pools(s, ids) : 0;
+    if (*n == 0)
+        return NULL;
+    w = malloc(*n * sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    for (uint32_t k = 0; k < *n; k++) {
+        kvr_relay_ident(s->conn->g->relay, ids[k], gen, &w[k].id);
+        dynamo__kvrelay__v1__kv_pool_load_entry__init(&w[k].load);
+        dynamo__kvrelay__v1__pool_serving_load__init(&w[k].serving);
+        w[k].load.producer = w[k].serving.producer = &w[k].id.producer;
+        w[k].load.kv_used_blocks = kvr_relay_pool_blocks(s->conn->g->relay, ids[k]);
+    }
+    return w;
+}
+
 static void emit_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__KvPoolLoadEntry e[KVR_POOLS_MAX], *es[KVR_POOLS_MAX];
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry *es[KVR_POOLS_MAX];
     Dynamo__Kvrelay__V1__RelayIdentity rel;
-    kvr_relay_ident_t id[KVR_POOLS_MAX];
-    uint32_t ids[KVR_POOLS_MAX], n = gen != 0 ? visible_pools(s, ids) : 0;
     kvr_seg_status_t ss;
+    uint32_t n;
+    window_pool_t *w = window_pools(s, gen, &n);
 
+    if (w == NULL && n > 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
+    }
     relay_identity(g, &rel);
     kvr_seg_status(g->seg, &ss);
     for (uint32_t k = 0; k < n; k++) {
-        dynamo__kvrelay__v1__kv_pool_load_entry__init(&e[k]);
-        kvr_relay_ident(g->relay, ids[k], gen, &id[k]);
-        e[k].producer = &id[k].producer;
-        e[k].kv_used_blocks = kvr_relay_pool_blocks(g->relay, ids[k]);
-        e[k].total_kv_blocks = ss.max_blocks;
-        e[k].kv_observed_ranks = 1;
-        e[k].kv_expected_ranks = 1;
-        es[k] = &e[k];
+        w[k].load.total_kv_blocks = ss.max_blocks;
+        w[k].load.kv_observed_ranks = 1;
+        w[k].load.kv_expected_ranks = 1;
+        es[k] = &w[k].load;
     }
     SEND_WINDOW(up, s, &rel, es, n);
+    free(w);
 }
 
 static void emit_serving_load(gstream_t *s)
@@ -195,26 +243,28 @@ static void emit_serving_load(gstream_t *s)
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__PoolServingLoad p[KVR_POOLS_MAX], *ps[KVR_POOLS_MAX];
+    Dynamo__Kvrelay__V1__PoolServingLoad *ps[KVR_POOLS_MAX];
     Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
     Dynamo__Kvrelay__V1__TokenLoadStats tok = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
     Dynamo__Kvrelay__V1__PoolDeploymentStatus dep = DYNAMO__KVRELAY__V1__POOL_DEPLOYMENT_STATUS__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
-    kvr_relay_ident_t id[KVR_POOLS_MAX];
-    uint32_t ids[KVR_POOLS_MAX], n = gen != 0 ? visible_pools(s, ids) : 0;
+    uint32_t n;
+    window_pool_t *w = window_pools(s, gen, &n);
 
+    if (w == NULL && n > 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
+    }
     relay_identity(g, &rel);
     lv.tokens = &tok; /* no gauges: UNAVAILABLE */
     lv.status = DYNAMO__KVRELAY__V1__DATA_STATUS__DATA_STATUS_UNAVAILABLE;
     for (uint32_t k = 0; k < n; k++) {
-        dynamo__kvrelay__v1__pool_serving_load__init(&p[k]);
-        kvr_relay_ident(g->relay, ids[k], gen, &id[k]);
-        p[k].producer = &id[k].producer;
-        p[k].load = &lv;
-        p[k].deployment = &dep;
-        ps[k] = &p[k];
+        w[k].serving.load = &lv;
+        w[k].serving.deployment = &dep;
+        ps[k] = &w[k].serving;
     }
     SEND_WINDOW(up, s, &rel, ps, n);
+    free(w);
 }
 
 static void emit_readiness(gstream_t *s)
@@ -455,12 +505,16 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
     kvr_pool_info_t slot;
     kvr_relay_ident_t id;
 
-    if (pool < 0 || kvr_store_pool_info(g->store, (uint32_t)pool, &slot) != KVR_OK) {
-        kvr_grpc_stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
+    if (pool >= 0 && kvr_store_pool_info(g->store, (uint32_t)pool, &slot) != KVR_OK)
+        pool = -1; /* taken on by the publisher, so in the table: never */
+    /* A namespace's token is told the same for any pool not its own, another namespace's or
+     * none at all, so that it cannot learn which pools other namespaces have. */
+    if (s->scope >= 0 && (pool < 0 || slot.ns != (uint32_t)s->scope)) {
+        kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0, "not a pool of this token's namespace");
         return;
     }
-    if (s->scope >= 0 && slot.ns != (uint32_t)s->scope) {
-        kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0, "the pool belongs to another namespace");
+    if (pool < 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
         return;
     }
     kvr_relay_ident(g->relay, (uint32_t)pool, gen, &id);
@@ -534,12 +588,23 @@ static void wake_pool(gstream_t *s)
     }
 }
 
+/* A new revision is sent only when what this stream lists changed: a revision moved by another
+ * namespace's pool is taken without a message, so a watcher learns nothing of other namespaces
+ * from when catalogs come (the contract lets a watcher skip revisions). */
 static void tick_catalog(gstream_t *s, uint64_t t)
 {
-    if (kvr_relay_catalog_revision(s->conn->g->relay) != s->sent_revision) {
-        emit_catalog(s);
-        kvr_grpc_stream_kick(s);
+    uint64_t rev = kvr_relay_catalog_revision(s->conn->g->relay), view[2 + KVR_POOLS_MAX / 64];
+    uint32_t ids[KVR_POOLS_MAX];
+
+    if (rev == s->sent_revision)
+        return;
+    catalog_view(s, view, ids); /* after the revision: the catalog rule of emit_catalog */
+    if (memcmp(view, s->sent_view, sizeof(view)) == 0) {
+        s->sent_revision = rev;
+        return;
     }
+    emit_catalog(s);
+    kvr_grpc_stream_kick(s);
 }
 
 static void tick_readiness(gstream_t *s, uint64_t t)

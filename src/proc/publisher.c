@@ -2,22 +2,25 @@
  * publisher.c — the relay's single writer (docs/architecture.md, "A publication, step by step").
  *
  * One process, forked and supervised like the workers. It:
- *  1. drains the store's change log (insert/remove of a canonical hash, with the entry and
- *     its generation so that events a crash repair appended twice count once), applies
- *     owner counting (the first resident block of a hash inserts its fingerprint, the last
- *     one to leave removes it) to its Cuckoo filter, which tracks dirty buckets;
+ *  0. takes on the relay pools (namespace, model) the store makes (take_pools): a filter, owner
+ *     counts and a sequence each, and an identity it publishes (docs/tenancy.md, "Pools");
+ *  1. drains the store's change log (insert/remove of a canonical hash in a pool, with the
+ *     entry and its generation so that events a crash repair appended twice count once),
+ *     applies owner counting (the first resident block of a hash inserts its fingerprint,
+ *     the last one to leave removes it) to that pool's Cuckoo filter, which tracks dirty
+ *     buckets;
  *  2. at a publication boundary (--publication-threshold events, or --publication-delay
- *     after the first pending one) drains the dirty set into one CBI1 delta N -> N+1 with
- *     absolute images, encodes the whole gRPC FilterUpdate message once into the shared
- *     frame ring, and bumps the published sequence;
- *  3. admits new pool subscribers at a sequence N with an exact copy of the filter at N
- *     (one of two snapshot copies, shared by subscribers admitted at the same N; when both
- *     are in use, new subscribers wait, like the reference's encoding permits);
+ *     after the first pending one) drains each pool's dirty set into one CBI1 delta N -> N+1
+ *     of that pool with absolute images, encodes the whole gRPC FilterUpdate message once
+ *     into the shared frame ring, and bumps the pool's published sequence;
+ *  3. admits new pool subscribers at their pool's sequence N with an exact copy of its filter
+ *     at N (one of four snapshot copies, shared by subscribers admitted at the same N; when
+ *     all are in use, new subscribers wait, like the reference's encoding permits);
  *  4. cuts subscribers whose unread frames exceed 16 frames or 16 MiB (SUBSCRIBER_LAGGED)
  *     and wakes the workers that stream to live subscribers.
  *
  * A new publisher (start, or replacement after a crash) always begins a new generation:
- * layout_generation + 1, filter rebuilt from a scan of the index, sequence 0, catalog
+ * layout_generation + 1, every pool's filter rebuilt from a scan of the index, sequences 0, catalog
  * revision + 1; subscribers of the old generation are closed (PUBLICATION_UNAVAILABLE).
  * A change-log overflow does the same without a restart.
  */
@@ -69,7 +72,9 @@ static void on_term(int sig)
 
 /* Takes on the pools the store made since we last looked (docs/tenancy.md, "Pools"): each gets
  * its filter over its shared region, emptied, and its identity; then the relay counts them
- * ready and the catalog revision moves, so that watchers list them. */
+ * ready and the catalog revision moves, so that watchers list them. Out of memory it sets
+ * resync (the caller starts a new generation, or exits, outside the store lock: this may run
+ * in the rescan's callback). */
 static void take_pools(pub_t *p)
 {
     uint32_t n = kvr_store_pool_count(&p->store), from = p->npools, known = kvr_relay_pools_ready(&p->relay);
@@ -85,8 +90,10 @@ static void take_pools(pub_t *p)
         if (kvr_ckf_init(&pp->ckf, kvr_relay_filter(&p->relay, i), p->relay.sh->bucket_count, p->relay.sh->seed, 0,
                          1) != KVR_OK ||
             kvr_owners_init(&pp->owners, 1024) != KVR_OK) {
-            kvr_error("publisher: out of memory for pool %u; exiting (a new publisher starts over)", i);
-            _exit(71);
+            kvr_error("publisher: out of memory for pool %u", i);
+            p->resync = 1;
+            n = i; /* the pools before it are whole */
+            break;
         }
         kvr_ckf_clear(&pp->ckf);
         kvr_ckf_dirty_reset(&pp->ckf);
@@ -309,7 +316,8 @@ static int publish(pub_t *p)
         p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
     }
     if (sent) {
-        record_latency(p);
+        if (rc == KVR_OK) /* else the retry's publication records it, once */
+            record_latency(p);
         pub_check_lag(p);
         pub_wake_live_workers(p);
     }
@@ -369,8 +377,11 @@ static void admit_subscribers(pub_t *p)
         }
         if (exact < 0) /* the copy must be exact at a published sequence: publish what is due */
             exact = p->pending == 0 ? 1 : publish(p) == KVR_OK;
-        if (!exact || (use = snapshot_copy(p, pool)) < 0)
-            return; /* out of memory, or every copy is being streamed: wait */
+        if (!exact)
+            return;                                                /* out of memory: wait */
+        KVR_DASSERT(kvr_ckf_dirty_count(&p->pool[pool].ckf) == 0); /* nothing pending: nothing dirty */
+        if ((use = snapshot_copy(p, pool)) < 0)
+            continue; /* every copy is being streamed: this one waits, another pool's may share one */
         /* Written before the CAS to LIVE, which publishes them to the worker (it reads them
          * after it sees LIVE, core/relay.c). */
         kvr_atomic_store_seq_cst(&s->snap_index, use);
@@ -391,6 +402,10 @@ static void new_generation(pub_t *p, const char *why)
     size_t hashes;
 
     KVR_DASSERT(pub_is_me(p));
+    /* Every pool made so far is rebuilt below; a pool that cannot be taken on (out of memory)
+     * leaves resync set, and we exit after the rescan, outside the store lock. */
+    p->resync = 0;
+    take_pools(p);
     /* The relay's generation: stored by the publishers (one at a time) and by the supervisor
      * before it forks the first; seq_cst as every store of the new generation below. */
     p->generation = kvr_atomic_load_seq_cst(&sh->generation) + 1;
@@ -422,8 +437,7 @@ static void new_generation(pub_t *p, const char *why)
         }
     }
     memset(p->ann_live, 0, p->max_blocks);
-    p->resync = 0;
-    kvr_store_resync(&p->store, scan_cb, p); /* takes on pools it meets (apply_insert) */
+    kvr_store_resync(&p->store, scan_cb, p); /* takes on pools made since (apply_insert) */
     if (p->resync) {
         kvr_error("publisher: out of memory rebuilding the filter; exiting (a new publisher starts over)");
         _exit(71);
@@ -637,7 +651,6 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     if (p->ann_gen == NULL || p->ann_live == NULL || p->ann_canon == NULL || p->ann_pool == NULL)
         _exit(70);
     pub_rebuild_refs(p);
-    take_pools(p);
     new_generation(p, "start");
     /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
      * kvr_seg_worker_load's (role was written before, at the claim) */

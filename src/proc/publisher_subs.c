@@ -173,8 +173,9 @@ static void lag_pass(pub_t *p, int cut)
         kvr_relay_sub_t *s = &sh->sub[i];
         uint64_t cursor, frames, seq;
         uint32_t pool;
-        /* acquire: pairs with the workers' seq_cst state CASes (a slot seen LIVE is ours to
-         * judge; its pool was written before the CAS that requested it) */
+        /* acquire: LIVE is our own CAS, or a worker's later one (a slot seen LIVE is ours to
+         * judge); its pool was written before the worker's CAS to REQUESTED, which our
+         * admission saw */
         if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE || (pool = s->pool) >= p->npools)
             continue;
         seq = p->pool[pool].seq;

@@ -44,7 +44,9 @@
  * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
  * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
  * generation renamed run. 3: the tenants table (off_tenants, shm/tenants_sh.h), an entry's
- * namespace, the store's per-namespace seeds and counters. */
+ * namespace, the store's per-namespace seeds and counters. 4: relay pools (the store's pool table,
+ * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
+ * hdr->relay_pools). */
 #define KVR_SEG_LAYOUT_VERSION 4u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)

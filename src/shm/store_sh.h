@@ -56,7 +56,7 @@ typedef struct {
     uint8_t model_len;
     uint8_t pad0_;
     char ns_name[KVR_NS_NAME_MAX + 1]; /* the namespace's name when the pool was made */
-    char model[KVR_NS_MODEL_MAX + 1];  /* NUL-terminated */
+    char model[KVR_MODEL_MAX + 1];     /* NUL-terminated */
     uint8_t pad1_[2];
 } kvr_pool_sh_t;
 static_assert(sizeof(kvr_pool_sh_t) == 168, "pool slot layout");

@@ -195,7 +195,7 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
     cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
     cr_assert_eq(kvr_seg_proc_claim_at(&seg, 0, 0), 0);
     cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0);
+    cr_assert_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     max_blocks = seg.hdr->max_blocks;
     rep_state.gen = calloc(max_blocks, sizeof(uint32_t));
     rep_state.canon = calloc(max_blocks, sizeof(uint64_t));

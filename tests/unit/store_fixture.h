@@ -27,7 +27,7 @@ static inline void fx_open(fx_t *f, uint64_t memory, uint32_t page_size, uint64_
     cr_assert_eq(kvr_store_format(&f->seg, no_evict), KVR_OK);
     cr_assert_geq(kvr_seg_proc_claim(&f->seg, 0), 0);
     cr_assert_eq(kvr_store_open(&f->st, &f->seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(&f->st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0, "pool 0, as the supervisor makes it");
+    cr_assert_eq(kvr_store_pool(&f->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0, "pool 0, as the supervisor makes it");
 }
 
 /* A second handle on the same segment with its own process slot (a simulated process). */

@@ -71,7 +71,7 @@ static void fresh(kvr_seg_t *seg, kvr_store_t *st, uint64_t memory, int n)
     kvr_seg_seal(seg);
     cr_assert_geq(kvr_seg_proc_claim(seg, 0), 0);
     cr_assert_eq(kvr_store_open(st, seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0);
+    cr_assert_eq(kvr_store_pool(st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     for (int i = 0; i < n; i++) {
         snprintf(key, sizeof(key), "blk-%d", i);
         memset(val, 'a' + i % 26, sizeof(val));
@@ -535,7 +535,7 @@ Test(segment, uses_huge_pages_when_reserved_else_falls_back, .timeout = 60)
     cr_expect_eq(kvr_store_format(&seg, 0), KVR_OK);
     cr_expect_geq(kvr_seg_proc_claim(&seg, 0), 0);
     cr_expect_eq(kvr_store_open(&st, &seg), KVR_OK);
-    cr_expect_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0);
+    cr_expect_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     cr_expect_eq(kvr_store_put(&st, KVR_NS_DEFAULT, 0, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
     cr_expect_eq(kvr_store_exists(&st, KVR_NS_DEFAULT, "hp", 2, NULL), 1);
     kvr_seg_destroy(&seg);

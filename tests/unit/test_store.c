@@ -381,7 +381,7 @@ Test(store, change_log_overflow_is_flagged_and_resync_clears_it)
     cr_assert_eq(kvr_store_format(&f.seg, 0), KVR_OK);
     cr_assert_geq(kvr_seg_proc_claim(&f.seg, 0), 0);
     cr_assert_eq(kvr_store_open(&f.st, &f.seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_DEFAULT, "default", "kvrelay", 7), 0);
+    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     for (int i = 0; i < 6; i++) {
         snprintf(k, sizeof(k), "k%d", i);
         cr_assert_eq(fx_put(&f, k, 10), KVR_PUT_CREATED);

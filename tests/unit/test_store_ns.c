@@ -10,7 +10,7 @@
 /* The namespace's relay pool (every PUT names one: core/store_pools.c). */
 static uint32_t ns_pool(kvr_store_t *st, uint16_t ns)
 {
-    int pool = kvr_store_pool(st, ns, "t", "kvrelay", 7);
+    int pool = kvr_store_pool(st, ns, "t", "kvrelay", 7, KVR_POOLS_MAX);
     cr_assert_geq(pool, 0);
     return (uint32_t)pool;
 }
@@ -87,7 +87,7 @@ Test(store_ns, namespace_out_of_range_is_invalid)
 
     fx_open(&f, 8 << 20, 4096, 64, 0);
     cr_assert_eq(kvr_store_put(&f.st, KVR_NS_MAX, 0, "K", 1, a, sizeof(a), 1), KVR_EINVAL);
-    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_MAX, "t", "m", 1), KVR_EINVAL, "nor has it a pool");
+    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_MAX, "t", "m", 1, KVR_POOLS_MAX), KVR_EINVAL, "nor has it a pool");
     cr_assert_eq(kvr_store_get(&f.st, KVR_NS_MAX, "K", 1, &ref), KVR_EINVAL);
     cr_assert_eq(kvr_store_exists(&f.st, KVR_NS_MAX, "K", 1, NULL), 0);
     cr_assert_eq(kvr_store_release(&f.st, KVR_NS_MAX, "K", 1, NULL), KVR_EINVAL);

@@ -23,7 +23,7 @@ static void open_pools(fx_t *f, uint32_t pools)
     cr_assert_eq(kvr_store_open(&f->st, &f->seg), KVR_OK);
 }
 
-#define POOL(f, ns, model) kvr_store_pool(&(f)->st, (ns), "t", (model), strlen(model))
+#define POOL(f, ns, model) kvr_store_pool(&(f)->st, (ns), "t", (model), strlen(model), KVR_POOLS_MAX)
 
 Test(store_pools, one_pool_per_namespace_and_model_found_again)
 {
@@ -61,10 +61,24 @@ Test(store_pools, past_max_pools_a_new_pool_is_refused_and_the_old_ones_stay)
     fx_close(&f);
 }
 
+Test(store_pools, a_namespace_makes_at_most_its_share_of_pools)
+{
+    fx_t f;
+
+    open_pools(&f, 8);
+    cr_assert_eq(kvr_store_pool(&f.st, 1, "a", "m1", 2, 2), 0);
+    cr_assert_eq(kvr_store_pool(&f.st, 1, "a", "m2", 2, 2), 1);
+    cr_assert_eq(kvr_store_pool(&f.st, 1, "a", "m3", 2, 2), KVR_EQUOTA, "namespace 1 has its 2");
+    cr_assert_eq(kvr_store_pool(&f.st, 1, "a", "m1", 2, 2), 0, "its own are still found");
+    cr_assert_eq(kvr_store_pool(&f.st, 2, "b", "m3", 2, 2), 2, "another namespace is not held back");
+    cr_assert_eq(kvr_store_pool_count(&f.st), 3);
+    fx_close(&f);
+}
+
 Test(store_pools, an_invalid_model_is_refused)
 {
     fx_t f;
-    char big[KVR_NS_MODEL_MAX + 2];
+    char big[KVR_MODEL_MAX + 2];
 
     open_pools(&f, 4);
     memset(big, 'x', sizeof(big) - 1);
@@ -73,7 +87,7 @@ Test(store_pools, an_invalid_model_is_refused)
     cr_assert_eq(POOL(&f, 0, "a b"), KVR_EINVAL);
     cr_assert_eq(POOL(&f, 0, "a\tb"), KVR_EINVAL);
     cr_assert_eq(POOL(&f, 0, big), KVR_EINVAL, "129 bytes");
-    big[KVR_NS_MODEL_MAX] = '\0';
+    big[KVR_MODEL_MAX] = '\0';
     cr_assert_eq(POOL(&f, 0, big), 0, "128 bytes");
     cr_assert_eq(POOL(&f, 0, "meta-llama/Llama-3.1-8B-Instruct"), 1);
     fx_close(&f);
