@@ -404,8 +404,8 @@ def test_one_model_in_two_namespaces_is_two_pools(relay, tmp_path):
     put_new(rs, "a", ha, TOK_A, "m1")
     put_new(rs, "b", hb, TOK_B, "m1")
     a_lab, b_lab = (NS_A, "m1"), (NS_B, "m1")
+    # (which pools exist besides these is test_a_pool_is_made_by_the_first_put_into_it's)
     every = catalog_until(rs, ADMIN, {a_lab, b_lab, DEFAULT_POOL}, "the admin's catalog")
-    assert set(every) == {a_lab, b_lab, DEFAULT_POOL}, sorted(every)
     a, b = every[a_lab], every[b_lab]
     assert pool_key(a) != pool_key(b), "A's and B's m1 pools must be two pool identities"
     assert cache_hex(a) == cache_hex(b), (cache_hex(a), cache_hex(b))
@@ -415,6 +415,28 @@ def test_one_model_in_two_namespaces_is_two_pools(relay, tmp_path):
     assert (a.serving_endpoint.namespace, b.serving_endpoint.namespace) == (NS_A, NS_B)
     assert_pool_holds(rs, a, TOK_A, ha, hb, "A's m1 pool")
     assert_pool_holds(rs, b, TOK_B, hb, ha, "B's m1 pool")
+
+
+def test_a_pool_is_made_by_the_first_put_into_it(relay, tmp_path):
+    """Before any PUT the admin's catalog lists the default pool alone and A's catalog is empty
+    (no pool of A's exists yet, not even one of its default model); A's first PUT, with
+    X-KV-Model m1, makes (A, m1) and nothing else: A's catalog lists it alone, the admin's it
+    and the default pool, B's stays empty."""
+    rs = start_tenants(relay, tmp_path)
+    first = catalog_until(rs, ADMIN, {DEFAULT_POOL}, "the admin's catalog before any PUT")
+    assert set(first) == {DEFAULT_POOL}, f"before any PUT the admin sees {sorted(first)}"
+    for token in (TOK_A, TOK_B):
+        pools = catalog_until(rs, token, set(), f"the catalog under {token} before any PUT")
+        assert set(pools) == set(), f"before any PUT {token} sees {sorted(pools)}"
+    h = hashes("first/a-m1", 1)
+    put_new(rs, "a", h, TOK_A, "m1")
+    a_lab = (NS_A, "m1")
+    pools = catalog_until(rs, TOK_A, {a_lab}, "A's catalog after its first PUT")
+    assert set(pools) == {a_lab}, f"A's catalog after one PUT with X-KV-Model m1: {sorted(pools)}"
+    every = catalog_until(rs, ADMIN, {a_lab, DEFAULT_POOL}, "the admin's catalog after A's PUT")
+    assert set(every) == {a_lab, DEFAULT_POOL}, sorted(every)
+    assert set(catalog_until(rs, TOK_B, set(), "B's catalog after A's PUT")) == set()
+    assert_pool_holds(rs, pools[a_lab], TOK_A, h, [], "A's m1 pool")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,6 +466,22 @@ def test_a_put_past_max_pools_is_refused_and_stores_nothing(relay):
     assert set(pools) == {m1, DEFAULT_POOL}, f"catalog {sorted(pools)}: no m2 pool past --max-pools 2"
     assert_pool_holds(rs, pools[m1], None, h1, hd + h2, "the m1 pool")
     assert_pool_holds(rs, pools[DEFAULT_POOL], None, hd, h1 + h2, "the default pool")
+
+
+def test_max_pools_is_eight_by_default(relay):
+    """Without --max-pools (and without tenants): the default pool and seven models make the
+    eight pools the default allows; an eighth model's PUT gets 507 and stores nothing."""
+    rs = relay(*BASE_ARGS)
+    models = [f"dm{i}" for i in range(1, 9)]
+    hs = hashes("default-max", len(models))
+    for m, h in zip(models[:7], hs):
+        r = put(rs, f"{m}-0", h, None, m)
+        assert r.status == 201, f"PUT with X-KV-Model {m} (pool {models.index(m) + 2} of 8): {r!r}"
+    assert_error(put(rs, "dm8-0", hs[7], None, "dm8"), 507)
+    assert rs.srv.request("GET", kv_path("dm8-0"), token=None).status == 404
+    want = {(EP_NS, m) for m in models[:7]} | {DEFAULT_POOL}
+    pools = catalog_until(rs, None, want, "the catalog of eight pools")
+    assert set(pools) == want, sorted(pools)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,8 +568,7 @@ def seg_path():
 
 def test_a_warm_restart_keeps_every_block_in_its_namespace_and_pool(relay, tmp_path, seg_path):
     """Blocks of A (models m1 and --model), of B and of the default namespace; SIGTERM; a
-    restart on the same segment with the tenants file's lines reordered and a namespace added
-    first. The catalog lists the same pools with the same pool ids (only producer_incarnation
+    restart on the same segment with the tenants file's lines reordered (B first). The catalog lists the same pools with the same pool ids (only producer_incarnation
     and layout_generation may change), each pool's filter holds exactly its own hashes again,
     and every block is back in its namespace."""
     path = tmp_path / "tenants"
@@ -554,9 +591,9 @@ def test_a_warm_restart_keeps_every_block_in_its_namespace_and_pool(relay, tmp_p
     assert rs.srv.stop() == 0, rs.srv.log_tail(30)
     rs.close()
 
-    # the lines reordered (B first) and a namespace added before the others
+    # the lines reordered: B first, A's digest line before its token
     sha_a2 = hashlib.sha256(TOK_A2.encode()).hexdigest()
-    path.write_text(f"team-new tok-new-77\nteam-b {TOK_B}\nteam-a\tsha256:{sha_a2}\nteam-a {TOK_A}\n")
+    path.write_text(f"team-b {TOK_B}\nteam-a\tsha256:{sha_a2}\nteam-a {TOK_A}\n")
     rs = relay(*args)
     assert check_envelope(info(rs, ADMIN)) != inc0, "a restart is a new relay incarnation"
     after = catalog_until(rs, ADMIN, set(groups), "the admin's catalog after the restart")
@@ -568,8 +605,6 @@ def test_a_warm_restart_keeps_every_block_in_its_namespace_and_pool(relay, tmp_p
             b.serving_endpoint, list(b.registrations), b.query_semantics), lab
     a_pools = catalog_until(rs, TOK_A, {(NS_A, "m1"), (NS_A, MODEL)}, "A's catalog after the restart")
     assert set(a_pools) == {(NS_A, "m1"), (NS_A, MODEL)}, sorted(a_pools)
-    assert set(catalog_until(rs, "tok-new-77", set(), "the new namespace's catalog")) == set(), \
-        "a namespace that never PUT has no pool"
 
     allh = [h for *_, hs in groups.values() for h in hs]
     for lab, (token, _prefix, _model, hs) in groups.items():
