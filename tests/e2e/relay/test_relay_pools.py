@@ -2,8 +2,10 @@
 Relay pools per namespace and model (issue 23): the relay publishes one pool, with its own
 Cuckoo filter and its own identity, per (namespace, model). The model of a PUT is its
 `X-KV-Model` header, else the namespace's `model=` of the tenants file, else `--model`; a pool
-is made by the first PUT into it (at most `--max-pools`; past that a PUT gets 507), and the
-pool of (`default`, --model) always exists. Under --tenants the bearer token travels as gRPC
+is made by the first PUT into it (at most `--max-pools`, and `--max-pools-per-namespace` per
+namespace; past that a PUT gets 507), and the pool of (`default`, --model) always exists, as
+does, from the load of the tenants file, each configured namespace's pool of its default model
+(so that no other namespace can take its room; docs/tenancy.md, "Pools"). Under --tenants the bearer token travels as gRPC
 metadata (`authorization: Bearer ...`) and scopes the relay: a tenant sees and follows its
 own namespace's pools only, the admin token all of them.
 
@@ -17,6 +19,8 @@ and model M is ("prod.team-a", M), the default namespace's is ("prod", M).
 """
 
 import hashlib
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -305,7 +309,8 @@ def test_each_namespace_sees_and_follows_only_its_own_pools(relay, tmp_path):
 
 
 def test_another_namespaces_pool_is_refused_and_no_valid_token_is_unauthenticated(relay, tmp_path):
-    """B subscribing to A's pool (and A to the default namespace's pool) ends PERMISSION_DENIED;
+    """B subscribing to A's pool (and A to the default namespace's pool, or to a pool that exists
+    nowhere) ends PERMISSION_DENIED, the admin's subscription to no pool NOT_FOUND;
     the catalog, a subscription and a load stream without a token or with an unknown token end
     UNAUTHENTICATED; GetRelayInfo answers every valid token and health needs none. The refused
     attempts leave the owners' subscriptions working."""
@@ -322,6 +327,19 @@ def test_another_namespaces_pool_is_refused_and_no_valid_token_is_unauthenticate
                            (TOK_A2, every[DEFAULT_POOL], "A2 subscribing to the default pool")):
         name, _reason, details = refusal(lambda: subscribe(rs, d, token, "intruder", timeout=RPC_DEADLINE), what)
         assert name == "PERMISSION_DENIED", f"{what}: {name} ({details!r})"
+
+    # a pool that exists nowhere: the same answer to a namespace's token (it learns nothing of
+    # which pools exist), POOL_NOT_FOUND to the admin
+    ghost = pb.ProducerIdentity()
+    ghost.CopyFrom(a_d.producer)
+    ghost.pool_id.indexer_domain.cache_semantics.digest = bytes(16 * [0x5A])
+    ghost_d = pb.KvPoolDescriptor()
+    ghost_d.CopyFrom(a_d)
+    ghost_d.producer.CopyFrom(ghost)
+    name, _reason, details = refusal(lambda: subscribe(rs, ghost_d, TOK_A, "ghost", timeout=RPC_DEADLINE), "A, no pool")
+    assert name == "PERMISSION_DENIED", f"A subscribing to no pool at all: {name} ({details!r})"
+    name, reason, details = refusal(lambda: subscribe(rs, ghost_d, ADMIN, "ghost", timeout=RPC_DEADLINE), "admin")
+    assert name == "NOT_FOUND", f"the admin subscribing to no pool at all: {name} {reason} ({details!r})"
 
     watch = lambda token: rs.new_stub().WatchKvPoolCatalog(  # noqa: E731
         pb.WatchKvPoolCatalogRequest(subscriber_id="no-auth", contract_marker=CONTRACT_MARKER),
@@ -418,24 +436,25 @@ def test_one_model_in_two_namespaces_is_two_pools(relay, tmp_path):
 
 
 def test_a_pool_is_made_by_the_first_put_into_it(relay, tmp_path):
-    """Before any PUT the admin's catalog lists the default pool alone and A's catalog is empty
-    (no pool of A's exists yet, not even one of its default model); A's first PUT, with
-    X-KV-Model m1, makes (A, m1) and nothing else: A's catalog lists it alone, the admin's it
-    and the default pool, B's stays empty."""
+    """Before any PUT the admin's catalog lists the default pool and each configured namespace's
+    default-model pool (made when the tenants file is loaded), A's catalog A's alone, B's B's
+    alone; A's first PUT with X-KV-Model m1 makes (A, m1) and nothing else: A's catalog gains it,
+    the admin's too, B's stays as it was."""
     rs = start_tenants(relay, tmp_path)
-    first = catalog_until(rs, ADMIN, {DEFAULT_POOL}, "the admin's catalog before any PUT")
-    assert set(first) == {DEFAULT_POOL}, f"before any PUT the admin sees {sorted(first)}"
-    for token in (TOK_A, TOK_B):
-        pools = catalog_until(rs, token, set(), f"the catalog under {token} before any PUT")
-        assert set(pools) == set(), f"before any PUT {token} sees {sorted(pools)}"
+    a_def, b_def = (NS_A, MODEL), (NS_B, MODEL)
+    first = catalog_until(rs, ADMIN, {DEFAULT_POOL, a_def, b_def}, "the admin's catalog before any PUT")
+    assert set(first) == {DEFAULT_POOL, a_def, b_def}, f"before any PUT the admin sees {sorted(first)}"
+    for token, mine in ((TOK_A, a_def), (TOK_B, b_def)):
+        pools = catalog_until(rs, token, {mine}, f"the catalog under {token} before any PUT")
+        assert set(pools) == {mine}, f"before any PUT {token} sees {sorted(pools)}"
     h = hashes("first/a-m1", 1)
     put_new(rs, "a", h, TOK_A, "m1")
     a_lab = (NS_A, "m1")
-    pools = catalog_until(rs, TOK_A, {a_lab}, "A's catalog after its first PUT")
-    assert set(pools) == {a_lab}, f"A's catalog after one PUT with X-KV-Model m1: {sorted(pools)}"
-    every = catalog_until(rs, ADMIN, {a_lab, DEFAULT_POOL}, "the admin's catalog after A's PUT")
-    assert set(every) == {a_lab, DEFAULT_POOL}, sorted(every)
-    assert set(catalog_until(rs, TOK_B, set(), "B's catalog after A's PUT")) == set()
+    pools = catalog_until(rs, TOK_A, {a_lab, a_def}, "A's catalog after its first PUT")
+    assert set(pools) == {a_lab, a_def}, f"A's catalog after one PUT with X-KV-Model m1: {sorted(pools)}"
+    every = catalog_until(rs, ADMIN, {a_lab, a_def, b_def, DEFAULT_POOL}, "the admin's catalog after A's PUT")
+    assert set(every) == {a_lab, a_def, b_def, DEFAULT_POOL}, sorted(every)
+    assert set(catalog_until(rs, TOK_B, {b_def}, "B's catalog after A's PUT")) == {b_def}
     assert_pool_holds(rs, pools[a_lab], TOK_A, h, [], "A's m1 pool")
 
 
@@ -468,20 +487,23 @@ def test_a_put_past_max_pools_is_refused_and_stores_nothing(relay):
     assert_pool_holds(rs, pools[DEFAULT_POOL], None, hd, h1 + h2, "the default pool")
 
 
-def test_max_pools_is_eight_by_default(relay):
-    """Without --max-pools (and without tenants): the default pool and seven models make the
-    eight pools the default allows; an eighth model's PUT gets 507 and stores nothing."""
-    rs = relay(*BASE_ARGS)
-    models = [f"dm{i}" for i in range(1, 9)]
-    hs = hashes("default-max", len(models))
-    for m, h in zip(models[:7], hs):
-        r = put(rs, f"{m}-0", h, None, m)
-        assert r.status == 201, f"PUT with X-KV-Model {m} (pool {models.index(m) + 2} of 8): {r!r}"
-    assert_error(put(rs, "dm8-0", hs[7], None, "dm8"), 507)
-    assert rs.srv.request("GET", kv_path("dm8-0"), token=None).status == 404
-    want = {(EP_NS, m) for m in models[:7]} | {DEFAULT_POOL}
-    pools = catalog_until(rs, None, want, "the catalog of eight pools")
-    assert set(pools) == want, sorted(pools)
+def test_a_namespace_past_its_share_of_pools_is_refused_and_others_go_on(relay, tmp_path):
+    """--max-pools-per-namespace 3: A has its default-model pool from the load of the file and
+    makes two more with X-KV-Model; a third model's PUT gets 507 naming the flag and stores
+    nothing, while B still makes a pool of that very model; A's existing pools keep taking PUTs.
+    Defaults: 16 pools per segment, 4 per namespace (--help)."""
+    rs = start_tenants(relay, tmp_path, "--max-pools-per-namespace", "3")
+    ha, hb = hashes("share/a", 4), hashes("share/b", 1)
+    assert put(rs, "a-m1", ha[0], TOK_A, "m1").status == 201
+    assert put(rs, "a-m2", ha[1], TOK_A, "m2").status == 201
+    r = put(rs, "a-m3", ha[2], TOK_A, "m3")
+    assert_error(r, 507)
+    assert b"--max-pools-per-namespace" in r.body, r.body
+    assert rs.srv.request("GET", kv_path("a-m3"), token=TOK_A).status == 404
+    assert put(rs, "b-m3", hb[0], TOK_B, "m3").status == 201, "another namespace is not held back"
+    assert put(rs, "a-m1-again", ha[3], TOK_A, "m1").status == 201
+    want = {(NS_A, MODEL), (NS_A, "m1"), (NS_A, "m2")}
+    assert set(catalog_until(rs, TOK_A, want, "A's three pools")) == want
 
 
 # ---------------------------------------------------------------------------------------------
@@ -692,3 +714,40 @@ def test_load_streams_list_only_the_callers_pools(relay, tmp_path):
                     full += got == want
             finally:
                 rd.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# A reload ends the relay streams of a removed token
+
+
+def test_a_removed_token_ends_its_relay_streams(relay, tmp_path):
+    """B watches its catalog and follows its pool; the tenants file loses B's token and the
+    server gets SIGHUP: both streams end UNAUTHENTICATED within a second (as B's HTTP requests get
+    401), while A's watch goes on."""
+    rs = start_tenants(relay, tmp_path)
+    put_new(rs, "b", hashes("reload/b", 1), TOK_B)
+    b_lab = (NS_B, MODEL)
+    b_d = catalog_until(rs, TOK_B, {b_lab}, "B's catalog")[b_lab]
+    mk = lambda token, sid: rs.new_stub().WatchKvPoolCatalog(  # noqa: E731
+        rs.s.pb.WatchKvPoolCatalogRequest(subscriber_id=sid, contract_marker=CONTRACT_MARKER),
+        timeout=STREAM_DEADLINE, metadata=md(token))
+    b_watch, a_watch = rs.reader(mk(TOK_B, "b-watch"), "b-watch"), rs.reader(mk(TOK_A, "a-watch"), "a-watch")
+    _, b_pool = follow(rs, b_d, TOK_B, "b-pool")
+    try:
+        b_watch.next_msg(5 * SLOW, "B's first catalog")
+        a_watch.next_msg(5 * SLOW, "A's first catalog")
+        b_pool.next_msg(5 * SLOW, "B's first snapshot chunk")
+        rs.tenants_path.write_text(tenants_text().replace(f"team-b {TOK_B}\n", ""))
+        t0 = time.monotonic()
+        os.kill(rs.srv.pid, signal.SIGHUP)
+        for what, r in (("B's catalog watch", b_watch), ("B's pool stream", b_pool)):
+            ev = r.wait_end(5 * SLOW)
+            assert ev is not None, f"{what} still open 5 s after the reload"
+            assert ev[0] == "err" and rpc_status(ev[2])[0] == "UNAUTHENTICATED", f"{what}: {describe_end(ev)}"
+        took = time.monotonic() - t0
+        assert took < 1.0 * SLOW, f"B's streams ended {took:.2f} s after SIGHUP"
+        assert a_watch.wait_end(0.5) is None, "A's watch ended too"
+        assert rs.srv.request("GET", "/kv/stats", token=TOK_B).status == 401
+    finally:
+        for r in (b_watch, a_watch, b_pool):
+            r.cancel()
