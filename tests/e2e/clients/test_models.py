@@ -32,7 +32,8 @@ POOL_LINE = re.compile(r'relay: pool (\d+) is namespace "([^"]*)", model "([^"]*
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = module_server(tmp_path_factory, "models", args=("--memory", "128M", "--workers", "2", "--max-pools", "16"))
+    s = module_server(tmp_path_factory, "models", args=("--memory", "128M", "--workers", "2", "--max-pools", "16",
+                                                        "--max-pools-per-namespace", "16"))
     yield s
     s.stop()
 
