@@ -40,7 +40,8 @@ static void open_store(bs_t *b, uint64_t memory, uint64_t max_blocks, int no_evi
     kvr_seg_config_t cfg = {.memory = memory, .page_size = 4096, .max_blocks = max_blocks};
     cfg.hugepages = getenv("KVR_BENCH_HUGEPAGES") ? KVR_HUGEPAGES_AUTO : KVR_HUGEPAGES_OFF;
     if (kvr_seg_create(&b->seg, &cfg) != KVR_OK || kvr_store_format(&b->seg, no_evict) != KVR_OK ||
-        kvr_seg_proc_claim(&b->seg, 0) < 0 || kvr_store_open(&b->st, &b->seg) != KVR_OK) {
+        kvr_seg_proc_claim(&b->seg, 0) < 0 || kvr_store_open(&b->st, &b->seg) != KVR_OK ||
+        kvr_store_pool(&b->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX) != 0) {
         fprintf(stderr, "bench: cannot create a %llu-byte store\n", (unsigned long long)memory);
         exit(1);
     }
@@ -86,7 +87,7 @@ static double bench_put_2m(void)
     /* Warm: touch the whole arena once (a running server's arena is populated). */
     for (uint64_t i = 0; i < 250; i++) {
         key64(key, i);
-        kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, 2 * MIB, i);
+        kvr_store_put(&b.st, KVR_NS_DEFAULT, 0, key, 64, src, 2 * MIB, i);
     }
     for (uint64_t i = 0; i < 250; i++) {
         key64(key, i);
@@ -96,7 +97,7 @@ static double bench_put_2m(void)
     do {
         /* 200 blocks resident at a time, released in FIFO order */
         key64(key, n + 1000);
-        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, 2 * MIB, n) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, 0, key, 64, src, 2 * MIB, n) != KVR_PUT_CREATED)
             exit(2);
         if (n >= 200) {
             key64(key, n + 1000 - 200);
@@ -123,7 +124,7 @@ static double bench_put_release_4k(void)
     do {
         for (int k = 0; k < 1000; k++, n++) {
             key64(key, n & 0xffff);
-            kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, sizeof(src), n);
+            kvr_store_put(&b.st, KVR_NS_DEFAULT, 0, key, 64, src, sizeof(src), n);
             kvr_store_release(&b.st, KVR_NS_DEFAULT, key, 64, NULL);
         }
     } while ((t = now()) - t0 < 1.0);
@@ -144,7 +145,7 @@ static void fill_lookup_store(bs_t *b)
     lookup_order = malloc(sizeof(uint32_t) * LOOKUP_KEYS);
     for (uint32_t i = 0; i < LOOKUP_KEYS; i++) {
         key64(lookup_keys[i], (uint64_t)i * 2654435761u);
-        if (kvr_store_put(&b->st, KVR_NS_DEFAULT, lookup_keys[i], 64, "v", 1, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b->st, KVR_NS_DEFAULT, 0, lookup_keys[i], 64, "v", 1, i) != KVR_PUT_CREATED)
             exit(3);
         lookup_order[i] = i;
     }
@@ -258,7 +259,7 @@ static double bench_fill_uniform(uint64_t block)
     memset(src, 5, block);
     for (;; i++) {
         key64(key, i);
-        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, block, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, 0, key, 64, src, block, i) != KVR_PUT_CREATED)
             break;
     }
     kvr_store_stats(&b.st, &s);
@@ -283,7 +284,7 @@ static void bench_fill_mixed(double *avg, double *min)
     for (uint64_t i = 0; i < 3000; i++) {
         uint64_t len = 256 * 1024 + (uint64_t)rand_r(&seed) % (8 * MIB - 256 * 1024 + 1);
         key64(key, i);
-        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, key, 64, src, len, i) != KVR_PUT_CREATED)
+        if (kvr_store_put(&b.st, KVR_NS_DEFAULT, 0, key, 64, src, len, i) != KVR_PUT_CREATED)
             exit(5);
         /* some blocks are also deleted, as engines do */
         if (i % 7 == 0 && i > 10) {

@@ -9,13 +9,20 @@
 #
 #   scripts/bench-tenants.sh [--reps N] [--duration S] [--memory SIZE] [--connections N] [--keys N]
 #
-# For every repetition the three configurations run in a rotated order, each on a fresh server
-# (--memory, one worker per core, --grpc-bind off): a preload of the GET set (not measured), a
-# GET run, then PUTs of new keys past --memory so the store is full and evicting (not
-# measured), then the measured PUT run. build/kvrelay-bench drives all of them the same way
-# (16 connections by default, every GET body verified). Prints one line per run and, at the
-# end, the medians and each configuration's ratio to "open"; the raw JSON stays in
-# build/bench-runs/<date>-tenants/.
+# The three servers run side by side for the whole run, so that every repetition compares the
+# same three instances (the instance, its memory placement and first touches, is what made runs
+# of fresh servers spread by up to 40 %): each is started (--memory, one worker per core,
+# --grpc-bind off) and filled past --memory with PUTs of new keys (not measured), so it is full
+# and evicting. Then every repetition, in a rotated order, puts each configuration's GET set back
+# (not measured: the PUTs before evicted it), measures a GET run and a run of PUTs of new keys,
+# while the other two servers are idle. The tenants server has --max-pools 64: the pool of each
+# of its 63 namespaces is made when the file is loaded (docs/tenancy.md, "Pools"). Each
+# measured run also takes the server's CPU time (the on-CPU nanoseconds of every thread of the
+# supervisor and its children, /proc/PID/task/TID/schedstat) and divides it by the requests: CPU
+# per request does not depend on what the client or the other servers got of the two cores.
+# Prints one line per run and, at the end, each configuration's median ratio to "open" over the
+# repetitions (pairs from the same repetition), in requests/s and in server CPU per request
+# (scripts/bench_tenants_report.py); the raw JSON stays in build/bench-runs/<date>-tenants/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -53,35 +60,48 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-start() { # config -> sets PORT and SPID
-    local cfg=$1 pf=$RUN/port.$1 args=()
+declare -A PORT_OF SPID_OF
+
+start() { # config -> PORT_OF[config], SPID_OF[config]
+    local cfg=$1 pf=$RUN/port.$1 args=() spid port
     case $cfg in
     open) ;;
     token) args=(--token tok-single) ;;
-    tenants) args=(--tenants "$TENANTS" --admin-token tok-admin) ;;
+    tenants) args=(--tenants "$TENANTS" --admin-token tok-admin --max-pools 64) ;; # a pool per namespace
     esac
     rm -f "$pf"
     "$SRV" --http-bind 127.0.0.1:0 --grpc-bind off --memory "$MEM" --log-level warn --port-file "$pf" \
         "${args[@]}" 2>>"$RUN/server.$cfg.log" &
-    SPID=$!
-    PIDS+=("$SPID")
+    spid=$!
+    PIDS+=("$spid")
     for _ in $(seq 1 200); do
         [ -s "$pf" ] && grep -q '^http=' "$pf" && break
         sleep 0.05 # polling the port file the server writes once it listens
     done
-    PORT=$(sed -n 's/^http=.*://p' "$pf")
-    [ -n "$PORT" ] || { echo "bench-tenants: $cfg did not start" >&2; exit 1; }
+    port=$(sed -n 's/^http=.*://p' "$pf")
+    [ -n "$port" ] || { echo "bench-tenants: $cfg did not start" >&2; exit 1; }
     for _ in $(seq 1 200); do
-        curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null && return 0
+        if curl -fs "http://127.0.0.1:$port/readyz" >/dev/null; then
+            PORT_OF[$cfg]=$port
+            SPID_OF[$cfg]=$spid
+            return 0
+        fi
         sleep 0.05 # polling /readyz until every worker serves
     done
     echo "bench-tenants: $cfg never ready" >&2
     exit 1
 }
 
-stop() {
-    kill "$SPID"
-    wait "$SPID" 2>/dev/null || true
+# On-CPU nanoseconds so far of every thread of the supervisor spid and of its children.
+server_cpu_ns() {
+    local spid=$1 t sum=0 pids
+    pids="$spid $(cat /proc/"$spid"/task/*/children 2>/dev/null)"
+    for p in $pids; do
+        for t in /proc/"$p"/task/*/schedstat; do
+            [ -r "$t" ] && sum=$((sum + $(cut -d' ' -f1 "$t")))
+        done
+    done
+    echo "$sum"
 }
 
 tok_of() { case $1 in open) echo "" ;; token) echo tok-single ;; tenants) echo "$TOKEN_TENANT" ;; esac; }
@@ -91,44 +111,37 @@ bench() { # cfg rep label -- kvrelay-bench args
     shift 4
     local tok
     tok=$(tok_of "$cfg")
-    "$BENCH" --target "127.0.0.1:$PORT" ${tok:+--token "$tok"} --connections "$CONNS" --quiet \
+    "$BENCH" --target "127.0.0.1:${PORT_OF[$cfg]}" ${tok:+--token "$tok"} --connections "$CONNS" --quiet \
         --json "$RUN/$cfg.$rep.$label.json" "$@" >/dev/null
 }
 
+measured() { # cfg rep label -- kvrelay-bench args: the run, and the server's CPU ns in .cpu
+    local cfg=$1 rep=$2 label=$3 before after
+    before=$(server_cpu_ns "${SPID_OF[$cfg]}")
+    bench "$@"
+    after=$(server_cpu_ns "${SPID_OF[$cfg]}")
+    echo $((after - before)) >"$RUN/$cfg.$rep.$label.cpu"
+}
+
 CONFIGS=(open token tenants)
+for cfg in "${CONFIGS[@]}"; do
+    start "$cfg"
+    bench "$cfg" 0 fill -- --workload put --size 16K --key-prefix fill --duration 3s
+done
 for rep in $(seq 1 "$REPS"); do
     for k in 0 1 2; do
         cfg=${CONFIGS[$(((k + rep) % 3))]}
-        start "$cfg"
+        # the GET set back in (the last repetition's PUTs evicted it), not measured
         bench "$cfg" "$rep" preload -- --workload get --size 16K --keys "$KEYS" --preload --duration 1s
-        bench "$cfg" "$rep" get -- --workload get --size 16K --keys "$KEYS" --duration "$DUR"
-        bench "$cfg" "$rep" fill -- --workload put --size 16K --key-prefix fill --duration 3s
-        bench "$cfg" "$rep" put -- --workload put --size 16K --key-prefix new --duration "$DUR"
-        stop
+        measured "$cfg" "$rep" get -- --workload get --size 16K --keys "$KEYS" --duration "$DUR"
+        measured "$cfg" "$rep" put -- --workload put --size 16K --key-prefix "new$rep" --duration "$DUR"
         for op in get put; do
-            python3 - "$RUN/$cfg.$rep.$op.json" "$cfg" "$rep" "$op" <<'EOF'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(f"run {sys.argv[3]} {sys.argv[2]:8} {sys.argv[4]}: {d['throughput']['requests_per_s']:10.0f} req/s "
-      f"{d['throughput']['gb_per_s']:.3f} GB/s p99 {d['latency_ms']['p99']:.3f} ms errors {d['errors']}")
-EOF
+            python3 "$ROOT/scripts/bench_tenants_report.py" line "$RUN/$cfg.$rep.$op" "$cfg" "$rep" "$op"
         done
     done
 done
-
-python3 - "$RUN" "$REPS" <<'EOF'
-import json, statistics, sys
-run, reps = sys.argv[1], int(sys.argv[2])
-med = {}
-for cfg in ("open", "token", "tenants"):
-    for op in ("get", "put"):
-        xs = [json.load(open(f"{run}/{cfg}.{r}.{op}.json"))["throughput"]["requests_per_s"] for r in range(1, reps + 1)]
-        med[cfg, op] = statistics.median(xs)
-print()
-print("| 16 KiB, req/s (median of %d) | GET | PUT-new | GET / open | PUT-new / open |" % reps)
-print("| --- | --- | --- | --- | --- |")
-for cfg in ("open", "token", "tenants"):
-    print(f"| {cfg} | {med[cfg, 'get']:.0f} | {med[cfg, 'put']:.0f} | {med[cfg, 'get'] / med['open', 'get']:.3f} "
-          f"| {med[cfg, 'put'] / med['open', 'put']:.3f} |")
-print(f"\nraw: {run}")
-EOF
+for cfg in "${CONFIGS[@]}"; do
+    kill "${SPID_OF[$cfg]}"
+    wait "${SPID_OF[$cfg]}" 2>/dev/null || true
+done
+python3 "$ROOT/scripts/bench_tenants_report.py" table "$RUN" "$REPS"

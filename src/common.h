@@ -85,5 +85,7 @@ typedef struct kvr_store_s kvr_store_t; /* a process's handle on the block store
 
 #define KVR_NS_MAX     64 /* namespaces: "default" (id 0) and up to 63 from --tenants */
 #define KVR_NS_DEFAULT 0
+#define KVR_MODEL_MAX  128 /* bytes of a model name (wire/keys.h, kvr_model_valid) */
+#define KVR_POOLS_MAX  256 /* relay pools, one per (namespace, model): the most --max-pools allows */
 
 #endif

@@ -75,6 +75,8 @@ static const opt_t opts[] = {
     {"load-window", T_DURATION, "1s", 1, 3600000, N(load_window_ms), "load window length"},
     {"readiness-heartbeat-interval", T_DURATION, "10s", 1, 3600000, N(readiness_heartbeat_ms), "readiness snapshot repeat"},
     {"max-streams", T_UINT, "64", 1, 4096, N(max_streams), "admission limit per relay stream type"},
+    {"max-pools", T_UINT, "16", 1, 256, N(max_pools), "relay pools, one per (namespace, model), each with its own filter; a PUT that would make one more gets 507 (docs/tenancy.md)"},
+    {"max-pools-per-namespace", T_UINT, "4", 1, 256, N(max_pools_per_ns), "relay pools one namespace may make (its models); a PUT that would make one more gets 507"},
     {"publication-threshold", T_UINT, "16", 1, 1u << 20, N(publication_threshold), "events per published delta"},
     {"publication-delay", T_DURATION, "1ms", 0, 60000, N(publication_delay_us), "flush a partial delta after"},
 };

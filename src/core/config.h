@@ -69,6 +69,8 @@ typedef struct {
     uint64_t load_window_ms;
     uint64_t readiness_heartbeat_ms;
     uint64_t max_streams;
+    uint64_t max_pools;
+    uint64_t max_pools_per_ns;
     uint64_t publication_threshold;
     uint64_t publication_delay_us;
 

@@ -32,13 +32,14 @@ static void bind_regions(kvr_relay_t *r, kvr_seg_t *seg)
 
     r->seg = seg;
     r->sh = kvr_seg_at(seg, h->off_relay);
-    r->filter = kvr_seg_at(seg, h->off_filter);
+    r->filters = kvr_seg_at(seg, h->off_filter);
+    r->filter_words = KVR_ALIGN_UP(h->ckf_buckets * 8, 4096) / 8;
     for (int i = 0; i < KVR_RELAY_SNAPSHOTS; i++)
         r->snap[i] = kvr_seg_at(seg, h->off_snap + (uint64_t)i * KVR_ALIGN_UP(h->ckf_buckets * 8, 4096));
     r->ring = kvr_seg_at(seg, h->off_ring);
 }
 
-/* "ns/component/endpoint" -> its three parts. */
+/* "ns/component/endpoint" -> its three parts (pointers into s). */
 static int split_endpoint(const char *s, kvr_bytes_t parts[3])
 {
     const char *p = s;
@@ -53,10 +54,58 @@ static int split_endpoint(const char *s, kvr_bytes_t parts[3])
     return KVR_OK;
 }
 
+int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char ns[KVR_ENDPOINT_NS_MAX],
+                            char component[KVR_CFG_STR_MAX], char endpoint[KVR_CFG_STR_MAX])
+{
+    kvr_bytes_t parts[3];
+
+    /* each part is shorter than --endpoint (< KVR_CFG_STR_MAX) and ns_name is a namespace name
+     * (<= KVR_NS_NAME_MAX): nothing is cut */
+    if (split_endpoint(cfg->endpoint, parts) != KVR_OK || strlen(ns_name) > KVR_NS_NAME_MAX)
+        return KVR_EINVAL;
+    if (ns_name[0] == '\0' || strcmp(ns_name, "default") == 0)
+        snprintf(ns, KVR_ENDPOINT_NS_MAX, "%.*s", (int)parts[0].len, parts[0].ptr);
+    else
+        snprintf(ns, KVR_ENDPOINT_NS_MAX, "%.*s.%s", (int)parts[0].len, parts[0].ptr, ns_name);
+    snprintf(component, KVR_CFG_STR_MAX, "%.*s", (int)parts[1].len, parts[1].ptr);
+    snprintf(endpoint, KVR_CFG_STR_MAX, "%.*s", (int)parts[2].len, parts[2].ptr);
+    return KVR_OK;
+}
+
+void kvr_relay_take_pool(kvr_relay_t *r, uint32_t i, const char *ns_name, const char *model)
+{
+    kvr_relay_pool_t *p = &r->sh->pool[i];
+    const kvr_config_t *cfg = r->cfg;
+    char ns[KVR_ENDPOINT_NS_MAX], comp[KVR_CFG_STR_MAX], ep[KVR_CFG_STR_MAX];
+    kvr_bytes_t m = {model, strlen(model)}, pn, pc, pe;
+
+    KVR_DASSERT(i < r->sh->npools);
+    kvr_identity_cache_default(&m, 1, (uint32_t)cfg->kv_block_size, !strcmp(cfg->hash_format, "eagle") ? 2 : 1,
+                               p->cache_digest);
+    if (kvr_relay_pool_endpoint(cfg, ns_name, ns, comp, ep) != KVR_OK)
+        ns[0] = comp[0] = ep[0] = '\0'; /* --endpoint was checked at the start, the name is one: never */
+    pn = (kvr_bytes_t){ns, strlen(ns)};
+    pc = (kvr_bytes_t){comp, strlen(comp)};
+    pe = (kvr_bytes_t){ep, strlen(ep)};
+    kvr_identity_routing_default(pn, pc, pe, p->routing_digest);
+}
+
+void kvr_relay_set_pools_ready(kvr_relay_t *r, uint32_t n)
+{
+    /* release: the identities written before (kvr_relay_take_pool) are visible to a reader
+     * that loads the count with acquire (kvr_relay_pools_ready) */
+    kvr_atomic_store_release(&r->sh->pools_ready, n);
+}
+
+uint32_t kvr_relay_pools_ready(const kvr_relay_t *r)
+{
+    return (uint32_t)kvr_atomic_load_acquire(&r->sh->pools_ready);
+}
+
 int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
 {
     kvr_relay_sh_t *sh;
-    kvr_bytes_t model, parts[3], dc;
+    kvr_bytes_t parts[3], dc;
     uint64_t inc = 0;
 
     KVR_DASSERT(kvr_seg_am_supervisor(seg)); /* before the first fork: nobody else maps it */
@@ -70,22 +119,18 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
     sh->incarnation = inc ? inc : 1;
     sh->seed = KVR_CKF_DEFAULT_SEED;
     sh->bucket_count = seg->hdr->ckf_buckets;
-    model.ptr = cfg->model;
-    model.len = strlen(cfg->model);
-    kvr_identity_cache_default(&model, 1, (uint32_t)cfg->kv_block_size,
-                               !strcmp(cfg->hash_format, "eagle") ? 2 : 1, sh->cache_digest);
+    sh->npools = seg->hdr->relay_pools;
     if (split_endpoint(cfg->endpoint, parts) != KVR_OK) {
         kvr_error("relay: --endpoint must be namespace/component/endpoint, got '%s'", cfg->endpoint);
         return KVR_EINVAL;
     }
-    kvr_identity_routing_default(parts[0], parts[1], parts[2], sh->routing_digest);
     dc.ptr = cfg->dc_id;
     dc.len = strlen(cfg->dc_id);
     sh->dc_id = kvr_identity_dc_id(dc);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
         kvr_atomic_store_relaxed(&sh->sub[i].state, KVR_SUB_FREE); /* before any fork */
-    memset(r->filter, 0, sh->bucket_count * 8);
-    kvr_info("relay: pool of %llu buckets, incarnation %016llx, dc_id %016llx",
+    memset(r->filters, 0, r->filter_words * 8 * sh->npools);
+    kvr_info("relay: up to %u pools of %llu buckets, incarnation %016llx, dc_id %016llx", sh->npools,
              (unsigned long long)sh->bucket_count, (unsigned long long)sh->incarnation,
              (unsigned long long)sh->dc_id);
     return KVR_OK;
@@ -161,7 +206,9 @@ void kvr_relay_status(const kvr_seg_t *seg, kvr_relay_status_t *st)
     /* A status for /debug/relay and /metrics: relaxed loads of independent values (the
      * identity below is immutable after the fork); a reader may see one event late. */
     st->generation = kvr_atomic_load_relaxed(&sh->generation);
-    st->published_seq = kvr_atomic_load_relaxed(&sh->published_seq);
+    st->pools = (uint32_t)kvr_atomic_load_relaxed(&sh->pools_ready);
+    for (uint32_t i = 0; i < st->pools && i < KVR_POOLS_MAX; i++)
+        st->published_seq += kvr_atomic_load_relaxed(&sh->pool[i].published_seq);
     st->catalog_revision = kvr_atomic_load_relaxed(&sh->catalog_revision);
     st->bucket_count = sh->bucket_count;
     st->seed = sh->seed;
@@ -199,9 +246,14 @@ uint64_t kvr_relay_buckets(const kvr_relay_t *r)
     return r->sh->bucket_count;
 }
 
-uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint64_t i)
+uint64_t kvr_relay_pool_blocks(const kvr_relay_t *r, uint32_t pool)
 {
-    return kvr_atomic_load_relaxed(&r->filter[i]); /* the publisher's relaxed stores (wire/ckf.c) */
+    return kvr_atomic_load_relaxed(&r->sh->pool[pool].blocks); /* the publisher's relaxed gauge */
+}
+
+uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint32_t pool, uint64_t i)
+{
+    return kvr_atomic_load_relaxed(&kvr_relay_filter(r, pool)[i]); /* the publisher's relaxed stores (wire/ckf.c) */
 }
 
 int kvr_relay_present(const kvr_relay_t *r)
@@ -209,17 +261,23 @@ int kvr_relay_present(const kvr_relay_t *r)
     return r != NULL && r->sh != NULL;
 }
 
-int kvr_relay_pool_matches(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want)
+int kvr_relay_pool_find(const kvr_relay_t *r, const Dynamo__Kvrelay__V1__KvPoolId *want)
 {
     const kvr_relay_sh_t *sh = r->sh;
     const Dynamo__Kvrelay__V1__DigestIdentity *c = want->indexer_domain->cache_semantics;
     const Dynamo__Kvrelay__V1__DigestIdentity *rt = want->indexer_domain->routing_scope;
+    uint32_t n = kvr_relay_pools_ready(r);
     kvr_relay_ident_t id;
 
-    kvr_relay_ident(r, 0, &id);
-    return want->dc_id == sh->dc_id && c->digest.len == 16 && memcmp(c->digest.data, sh->cache_digest, 16) == 0 &&
-           rt->digest.len == 16 && memcmp(rt->digest.data, sh->routing_digest, 16) == 0 &&
-           c->source == id.cache.source && rt->source == id.routing.source;
+    kvr_relay_ident(r, 0, 0, &id); /* the sources, the same for every pool */
+    if (want->dc_id != sh->dc_id || c->digest.len != 16 || rt->digest.len != 16 || c->source != id.cache.source ||
+        rt->source != id.routing.source)
+        return -1;
+    for (uint32_t i = 0; i < n; i++)
+        if (memcmp(c->digest.data, sh->pool[i].cache_digest, 16) == 0 &&
+            memcmp(rt->digest.data, sh->pool[i].routing_digest, 16) == 0)
+            return (int)i;
+    return -1;
 }
 
 /* ------------------------------------------------------------------ subscribers */
@@ -244,7 +302,7 @@ KVR_DASSERT_FN static int sub_mine(const kvr_relay_t *r, int idx)
     return KVR_SUB_OWNER_PID(w) == (int32_t)getpid() && KVR_SUB_OWNER_SLOT(w) == r->seg->slot;
 }
 
-int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
+int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation, uint32_t pool)
 {
     uint64_t me = KVR_SUB_OWNER(getpid(), owner_slot);
 
@@ -267,6 +325,7 @@ int kvr_relay_sub_open(kvr_relay_t *r, int owner_slot, uint64_t generation)
         /* The slot's fields, ours while CLAIMED: relaxed, published to the publisher by the
          * seq_cst CAS to REQUESTED below (a release, which its CAS or load of state acquires). */
         s->generation = generation;
+        s->pool = pool;
         kvr_atomic_store_relaxed(&s->close_reason, 0);
         kvr_atomic_store_relaxed(&s->snap_seq, 0);
         kvr_atomic_store_relaxed(&s->snap_index, -1);
@@ -316,7 +375,7 @@ size_t kvr_relay_sub_chunk(kvr_relay_t *r, int idx, uint32_t chunk, uint8_t *dst
     /* The copy stays ours while the slot is not RELEASING: the publisher drops its
      * reference only after snap_done or once we released the slot. snap_index and snap_seq:
      * relaxed, published by the CAS to LIVE that kvr_relay_sub_poll saw. */
-    len = kvr_relay_snapshot_chunk(r, kvr_atomic_load_relaxed(&s->snap_index), s->generation,
+    len = kvr_relay_snapshot_chunk(r, kvr_atomic_load_relaxed(&s->snap_index), s->pool, s->generation,
                                    kvr_atomic_load_relaxed(&s->snap_seq), chunk, dst, cap);
     if (len > 0 && chunk + 1 == kvr_cbi1_chunk_count(r->sh->bucket_count)) {
         /* release: our reads of the copy come before the publisher, which acquires
@@ -337,7 +396,7 @@ ssize_t kvr_relay_sub_next_frame(kvr_relay_t *r, int idx, uint8_t *dst, size_t c
     KVR_DASSERT(sub_mine(r, idx));
     /* relaxed: ours since the publisher's admission, published to us by its CAS to LIVE */
     c = kvr_atomic_load_relaxed(&s->cursor);
-    n = kvr_relay_read_frame(r, s->generation, c, dst, cap);
+    n = kvr_relay_read_frame(r, s->pool, s->generation, c, dst, cap);
     if (n > 0) {
         *seq = c;
         /* release: the publisher's lag check reads the cursor to count our queue */
@@ -351,7 +410,9 @@ int kvr_relay_sub_pending(const kvr_relay_t *r, int idx)
     KVR_DASSERT(sub_mine(r, idx));
     /* a hint for when to read next: acquire pairs with the publisher's release store of
      * published_seq (put_frame); the cursor is our own */
-    return kvr_atomic_load_acquire(&r->sh->published_seq) >= kvr_atomic_load_relaxed(&r->sh->sub[idx].cursor);
+    const kvr_relay_sub_t *s = &r->sh->sub[idx];
+
+    return kvr_atomic_load_acquire(&r->sh->pool[s->pool].published_seq) >= kvr_atomic_load_relaxed(&s->cursor);
 }
 
 void kvr_relay_sub_close(kvr_relay_t *r, int idx)
@@ -412,10 +473,12 @@ static uint64_t ring_reserve(kvr_relay_sh_t *sh, size_t len)
     return head;
 }
 
-void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_t len, size_t payload_len)
+void kvr_relay_put_frame(kvr_relay_t *r, uint32_t pool, uint64_t seq, const uint8_t *msg, size_t len,
+                         size_t payload_len)
 {
     kvr_relay_sh_t *sh = r->sh;
-    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES], *prev = &sh->frame[(seq - 1) % KVR_RELAY_FRAMES];
+    kvr_relay_pool_t *p = &sh->pool[pool];
+    kvr_relay_frame_t *f = &p->frame[seq % KVR_RELAY_FRAMES], *prev = &p->frame[(seq - 1) % KVR_RELAY_FRAMES];
     uint64_t off, queue;
 
     /* the publisher that started the generation; sequences count from 1 */
@@ -439,13 +502,15 @@ void kvr_relay_put_frame(kvr_relay_t *r, uint64_t seq, const uint8_t *msg, size_
     kvr_atomic_store_release(&f->seq, seq);
     /* Pairs with the reader's acquire load of published_seq: the frame and its index entry
      * are visible to a reader that sees seq published. */
-    kvr_atomic_store_release(&sh->published_seq, seq);
+    kvr_atomic_store_release(&p->published_seq, seq);
 }
 
-ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, uint8_t *dst, size_t cap)
+ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint32_t pool, uint64_t generation, uint64_t seq, uint8_t *dst,
+                             size_t cap)
 {
     kvr_relay_sh_t *sh = r->sh;
-    kvr_relay_frame_t *f = &sh->frame[seq % KVR_RELAY_FRAMES];
+    kvr_relay_pool_t *p = &sh->pool[pool];
+    kvr_relay_frame_t *f = &p->frame[seq % KVR_RELAY_FRAMES];
     uint64_t off, len, pos;
 
     if (seq == 0)
@@ -455,7 +520,7 @@ ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, 
      * seq_cst store of it (new_generation), made before any frame of that generation. */
     if (kvr_atomic_load_acquire(&sh->generation) != generation)
         return 0; /* retired: the caller's next poll ends the stream with the reason */
-    if (kvr_atomic_load_acquire(&sh->published_seq) < seq)
+    if (kvr_atomic_load_acquire(&p->published_seq) < seq)
         return 0;
     /* acquire: pairs with put_frame's release store of seq; the fields are this frame's */
     if (kvr_atomic_load_acquire(&f->seq) != seq)
@@ -484,16 +549,17 @@ ssize_t kvr_relay_read_frame(kvr_relay_t *r, uint64_t generation, uint64_t seq, 
 
 /* ------------------------------------------------------------------ messages */
 
-void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_t *id)
+void kvr_relay_ident(const kvr_relay_t *r, uint32_t pool, uint64_t generation, kvr_relay_ident_t *id)
 {
     const kvr_relay_sh_t *sh = r->sh;
+    const kvr_relay_pool_t *p = &sh->pool[pool];
 
     dynamo__kvrelay__v1__digest_identity__init(&id->cache);
-    id->cache.digest.data = (uint8_t *)sh->cache_digest;
+    id->cache.digest.data = (uint8_t *)p->cache_digest;
     id->cache.digest.len = 16;
     id->cache.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
     dynamo__kvrelay__v1__digest_identity__init(&id->routing);
-    id->routing.digest.data = (uint8_t *)sh->routing_digest;
+    id->routing.digest.data = (uint8_t *)p->routing_digest;
     id->routing.digest.len = 16;
     id->routing.source = DYNAMO__KVRELAY__V1__IDENTITY_SOURCE__IDENTITY_SOURCE_DEFAULT_DERIVED;
     dynamo__kvrelay__v1__indexer_domain_id__init(&id->domain);
@@ -519,13 +585,13 @@ void kvr_relay_ident(const kvr_relay_t *r, uint64_t generation, kvr_relay_ident_
     id->relay.relay_incarnation = sh->incarnation;
 }
 
-size_t kvr_relay_filter_update(const kvr_relay_t *r, uint64_t generation, uint64_t base_seq, uint64_t seq, int kind,
-                               size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload)
+size_t kvr_relay_filter_update(const kvr_relay_t *r, uint32_t pool, uint64_t generation, uint64_t base_seq,
+                               uint64_t seq, int kind, size_t payload_len, uint8_t *dst, size_t cap, uint8_t **payload)
 {
     kvr_relay_ident_t id;
     kvr_wire_filter_update_t u;
 
-    kvr_relay_ident(r, generation, &id);
+    kvr_relay_ident(r, pool, generation, &id);
     u.relay = &id.relay;
     u.producer = &id.producer;
     u.base_seq = base_seq;
@@ -540,8 +606,8 @@ size_t kvr_relay_chunk_msg_max(const kvr_relay_t *r)
     return kvr_cbi1_chunk_size(r->sh->bucket_count, 0) + KVR_RELAY_ENVELOPE_MAX;
 }
 
-size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation, uint64_t seq, uint32_t chunk,
-                                uint8_t *dst, size_t cap)
+size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint32_t pool, uint64_t generation, uint64_t seq,
+                                uint32_t chunk, uint8_t *dst, size_t cap)
 {
     const kvr_relay_sh_t *sh = r->sh;
     size_t plen = kvr_cbi1_chunk_size(sh->bucket_count, chunk), len;
@@ -550,7 +616,7 @@ size_t kvr_relay_snapshot_chunk(const kvr_relay_t *r, int k, uint64_t generation
 
     if (plen == 0 || k < 0 || k >= KVR_RELAY_SNAPSHOTS)
         return 0;
-    len = kvr_relay_filter_update(r, generation, seq, seq, DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_SNAPSHOT_CHUNK,
+    len = kvr_relay_filter_update(r, pool, generation, seq, seq, DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_SNAPSHOT_CHUNK,
                                   plen, dst, cap, &payload);
     if (len == 0 || kvr_cbi1_encode_chunk(payload, plen, &hdr, r->snap[k], chunk) == NULL)
         return 0;

@@ -14,6 +14,7 @@
 #include "common.h"
 #include "core/config.h"
 #include "shm/segment.h"
+#include "shm/tenants_sh.h"
 
 /* A process's handle on the relay's regions; its fields are in core/relay_int.h. */
 typedef struct kvr_relay_s kvr_relay_t;
@@ -35,7 +36,9 @@ void kvr_relay_wake(int fd);
 #define KVR_RELAY_STREAM_TYPES 5
 
 typedef struct {
-    uint64_t generation, published_seq, catalog_revision;
+    uint64_t generation, catalog_revision;
+    uint64_t published_seq; /* the sum of every pool's last published sequence */
+    uint32_t pools;         /* pools the publisher has taken on */
     uint64_t bucket_count, seed, dc_id, incarnation;
     uint32_t publisher_pid;
     uint32_t live_subscribers;               /* pool subscriber slots in LIVE */
@@ -50,8 +53,22 @@ uint64_t kvr_relay_catalog_revision(const kvr_relay_t *r);
 uint64_t kvr_relay_incarnation(const kvr_relay_t *r);
 uint64_t kvr_relay_buckets(const kvr_relay_t *r);
 
-/* Bucket i of the publisher's working filter (a relaxed read: a view, not a snapshot). */
-uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint64_t i);
+/* Pools the publisher has taken on: ids 0 .. n-1 can be listed and streamed. */
+uint32_t kvr_relay_pools_ready(const kvr_relay_t *r);
+
+/* Pool i's resident blocks as the publisher last counted them (a gauge). */
+uint64_t kvr_relay_pool_blocks(const kvr_relay_t *r, uint32_t pool);
+
+/* Bucket i of pool's working filter (a relaxed read: a view, not a snapshot). */
+uint64_t kvr_relay_filter_word(const kvr_relay_t *r, uint32_t pool, uint64_t i);
+
+/* The Dynamo endpoint a pool of namespace ns_name is served under: --endpoint, with
+ * "<its namespace>.<ns_name>" as the namespace for every namespace but "default"
+ * (docs/tenancy.md, "Pools"). Writes the three parts, which always fit; KVR_OK, or KVR_EINVAL
+ * when --endpoint is not namespace/component/endpoint (checked at the start). */
+#define KVR_ENDPOINT_NS_MAX (KVR_CFG_STR_MAX + KVR_NS_NAME_MAX + 2)
+int kvr_relay_pool_endpoint(const kvr_config_t *cfg, const char *ns_name, char ns[KVR_ENDPOINT_NS_MAX],
+                            char component[KVR_CFG_STR_MAX], char endpoint[KVR_CFG_STR_MAX]);
 
 /* 1 when this process has the relay's regions mapped (a segment formatted with a relay). */
 int kvr_relay_present(const kvr_relay_t *r);

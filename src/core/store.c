@@ -108,6 +108,7 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
         kvr_store_retire_stats(&st, s);
     if (store_lock(&st) != KVR_OK)
         return KVR_ERR;
+    kvr_store_pools_attach_locked(&st);
     kvr_store_repair_locked(&st, -1);
     store_unlock(&st);
     return KVR_OK;
@@ -268,7 +269,7 @@ void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i)
     sh->ns_agg[e->ns].logical_bytes -= e->length * e->refs;
     sh->logical_bytes -= e->length * e->refs;
     if (e->meta & KVR_ENT_ANNOUNCED) {
-        chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
+        chlog_event_locked(st, KVR_EV_REMOVE, i);
         e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
     }
     if (e->pins > 0) {
@@ -363,8 +364,8 @@ KVR_DASSERT_FN static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *t
 
 /* ------------------------------------------------------------------ put */
 
-int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t len, uint64_t canon,
-                        kvr_put_txn_t *txn)
+int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, uint32_t pool, const void *key, size_t klen, uint64_t len,
+                        uint64_t canon, kvr_put_txn_t *txn)
 {
     kvr_store_sh_t *sh = st->sh;
     uint64_t khash, pages;
@@ -373,8 +374,10 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t kl
     int rc;
 
     KVR_DASSERT(store_mine(st));
-    if (!kvr_store_key_valid(key, klen) || ns >= KVR_NS_MAX)
+    /* acquire: pairs with kvr_store_pool's release store of npools (the slot is whole) */
+    if (!kvr_store_key_valid(key, klen) || ns >= KVR_NS_MAX || pool >= kvr_atomic_load_acquire(&sh->npools))
         return KVR_EINVAL;
+    KVR_DASSERT(sh->pool[pool].ns == ns); /* the caller resolved the pool from this namespace */
     khash = key_hash(st, ns, key, klen);
     pages = pages_for(st, klen, len);
     if (store_lock(st) != KVR_OK)
@@ -412,6 +415,7 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t kl
     e->canon = canon;
     e->length = len;
     kvr_index_set_key(e, ns, key, klen);
+    e->pool = (uint8_t)pool;
     e->refs = 0;
     e->pins = 0;
     e->first_page = head;
@@ -499,7 +503,7 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     sh->ns_agg[e->ns].refs++;
     sh->ns_agg[e->ns].resident_bytes += e->length;
     sh->ns_agg[e->ns].logical_bytes += e->length;
-    chlog_event_locked(st, KVR_EV_INSERT, e->canon, txn->entry, e->gen);
+    chlog_event_locked(st, KVR_EV_INSERT, txn->entry);
     e->meta |= KVR_ENT_ANNOUNCED;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
@@ -521,11 +525,11 @@ void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn)
     store_unlock(st);
 }
 
-int kvr_store_put(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, const void *data, uint64_t len,
-                  uint64_t canon)
+int kvr_store_put(kvr_store_t *st, uint16_t ns, uint32_t pool, const void *key, size_t klen, const void *data,
+                  uint64_t len, uint64_t canon)
 {
     kvr_put_txn_t txn;
-    int rc = kvr_store_put_begin(st, ns, key, klen, len, canon, &txn);
+    int rc = kvr_store_put_begin(st, ns, pool, key, klen, len, canon, &txn);
 
     if (rc != KVR_OK)
         return rc;
@@ -708,7 +712,7 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx)
         return;
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++)
         if (ent[i].state == KVR_ENT_LIVE)
-            cb(ctx, (uint32_t)i, ent[i].gen, ent[i].canon);
+            cb(ctx, (uint32_t)i, ent[i].gen, ent[i].canon, ent[i].pool);
     /* The consumer's side of the change log, taken under the lock so that no append comes
      * between the scan and the new tail: every event up to head is in the scan. head is only
      * stored under the lock we hold (a plain value here); the release store of tail pairs with

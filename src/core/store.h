@@ -114,11 +114,12 @@ uint64_t kvr_store_block_max(const kvr_store_t *st);
 int kvr_store_key_valid(const void *key, size_t klen);
 
 /*
- * One-shot put of len bytes from data. canon is the canonical hash for the filter.
+ * One-shot put of len bytes from data. canon is the canonical hash for the filter of relay pool
+ * `pool` (kvr_store_pool: the caller resolves it from the namespace and the model).
  * Returns KVR_PUT_CREATED, KVR_PUT_DEDUP, KVR_ECONFLICT, KVR_ENOSPACE, KVR_EINVAL or KVR_ERR.
  */
-int kvr_store_put(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, const void *data, uint64_t len,
-                  uint64_t canon);
+int kvr_store_put(kvr_store_t *st, uint16_t ns, uint32_t pool, const void *key, size_t klen, const void *data,
+                  uint64_t len, uint64_t canon);
 
 /*
  * Two-phase put, for bodies that arrive in pieces: begin reserves the entry and pages
@@ -127,8 +128,8 @@ int kvr_store_put(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, co
  * KVR_PUT_DEDUP / KVR_ECONFLICT when a concurrent put of the same key committed first);
  * abort gives everything back.
  */
-int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t len, uint64_t canon,
-                        kvr_put_txn_t *txn);
+int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, uint32_t pool, const void *key, size_t klen, uint64_t len,
+                        uint64_t canon, kvr_put_txn_t *txn);
 int kvr_store_put_write(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, const void *src,
                         uint64_t n);
 /* Fills iov with the payload spans of a reservation from offset off; returns the count. */
@@ -195,8 +196,38 @@ int kvr_store_reap_slot(kvr_store_t *st, int slot);
  * Calls cb for every resident block under the lock, and marks the change log consumed up
  * to that point (clears overflow). The publisher's resync after an overflow.
  */
-typedef void (*kvr_store_scan_cb)(void *ctx, uint32_t entry, uint32_t gen, uint64_t canon);
+typedef void (*kvr_store_scan_cb)(void *ctx, uint32_t entry, uint32_t gen, uint64_t canon, uint32_t pool);
 void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx);
+
+/* ---- relay pools (store_pools.c; the table is kvr_store_sh_t.pool, its rules in store_sh.h) */
+
+/*
+ * The pool of (ns, model): found without a lock, or made under the store lock as the next
+ * slot. ns_name is recorded with a new pool (the relay derives its identity from it).
+ * Returns the pool id, KVR_ENOSPACE when the segment's --max-pools are all taken, KVR_EQUOTA
+ * when namespace ns has ns_max pools already, or KVR_EINVAL for an invalid model
+ * (kvr_model_valid).
+ */
+int kvr_store_pool(kvr_store_t *st, uint16_t ns, const char *ns_name, const char *model, size_t mlen,
+                   uint32_t ns_max);
+
+/* A warm restart, before the repair (which then frees the entries of pools cut here): keeps the
+ * longest prefix of whole slots within the segment's --max-pools. */
+void kvr_store_pools_attach_locked(kvr_store_t *st);
+
+/* Pools made so far (acquire: the slots below it are whole and never change). */
+uint32_t kvr_store_pool_count(const kvr_store_t *st);
+
+/* What a pool is: its namespace (id and name) and model. The strings live in the segment and
+ * never change. */
+typedef struct {
+    uint16_t ns;
+    const char *ns_name;
+    const char *model;
+} kvr_pool_info_t;
+
+/* Pool i's description: KVR_OK, or KVR_ENOTFOUND when i >= kvr_store_pool_count. */
+int kvr_store_pool_info(const kvr_store_t *st, uint32_t i, kvr_pool_info_t *out);
 
 /* Debug view: full consistency check of every structure against a scan. KVR_OK or KVR_ERR
  * (the reason is logged). Also fills *out with the scan's totals if non-NULL. */

@@ -62,11 +62,13 @@ static inline void store_unlock(kvr_store_t *st)
     }
 }
 
-/* Appends to the change log and remembers to wake its consumer after unlocking. */
-static inline void chlog_event_locked(kvr_store_t *st, uint32_t op, uint64_t canon, uint32_t entry,
-                                      uint32_t gen)
+/* Appends entry i's insert or remove to the change log and remembers to wake its consumer
+ * after unlocking. */
+static inline void chlog_event_locked(kvr_store_t *st, uint32_t op, uint32_t i)
 {
-    if (kvr_chlog_append_locked(st->log, &st->sh->lock, op, canon, entry, gen) == 1)
+    const kvr_entry_t *e = &st->ix.ent[i];
+
+    if (kvr_chlog_append_locked(st->log, &st->sh->lock, op, e->canon, i, e->gen, e->pool) == 1)
         st->chlog_wakeup = 1;
 }
 

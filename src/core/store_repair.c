@@ -25,7 +25,7 @@ static void drop_duplicate(void *ctx, uint32_t i)
 
     KVR_DASSERT(store_locked(st));
     if (e->meta & KVR_ENT_ANNOUNCED)
-        chlog_event_locked(st, KVR_EV_REMOVE, e->canon, i, e->gen);
+        chlog_event_locked(st, KVR_EV_REMOVE, i);
     e->meta = 0;
     e->state = KVR_ENT_FREE;
 }
@@ -69,18 +69,19 @@ static void clear_dead_pins_locked(kvr_store_t *st, int dead_slot)
 static void settle_entries_locked(kvr_store_t *st, int dead_slot)
 {
     kvr_entry_t *ent = st->ix.ent;
+    uint32_t npools = kvr_atomic_load_relaxed(&st->sh->npools); /* stored under the lock we hold */
 
     KVR_DASSERT(store_locked(st));
     for (uint64_t i = 0; i < st->seg->hdr->max_blocks; i++) {
         kvr_entry_t *e = &ent[i];
         e->pins = 0;
-        if (e->state > KVR_ENT_DYING || (e->state != KVR_ENT_FREE && e->ns >= KVR_NS_MAX)) {
-            e->state = KVR_ENT_FREE; /* not a state, or not a namespace: nothing to keep */
+        if (e->state > KVR_ENT_DYING || (e->state != KVR_ENT_FREE && (e->ns >= KVR_NS_MAX || e->pool >= npools))) {
+            e->state = KVR_ENT_FREE; /* not a state, a namespace or a pool: nothing to keep */
         } else if (e->state == KVR_ENT_RESERVED && !proc_alive(st, KVR_ENT_OWNER(e), dead_slot)) {
             e->state = KVR_ENT_FREE;
         } else if (e->state == KVR_ENT_DYING) {
             if (e->meta & KVR_ENT_ANNOUNCED)
-                chlog_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                chlog_event_locked(st, KVR_EV_REMOVE, (uint32_t)i);
             e->meta &= (uint8_t)~KVR_ENT_ANNOUNCED;
             e->state = KVR_ENT_ZOMBIE;
         }
@@ -119,7 +120,7 @@ static void free_zombies_announce_live_locked(kvr_store_t *st)
         if (e->state == KVR_ENT_ZOMBIE && e->pins == 0)
             e->state = KVR_ENT_FREE;
         else if (e->state == KVR_ENT_LIVE && !(e->meta & KVR_ENT_ANNOUNCED)) {
-            chlog_event_locked(st, KVR_EV_INSERT, e->canon, (uint32_t)i, e->gen);
+            chlog_event_locked(st, KVR_EV_INSERT, (uint32_t)i);
             e->meta |= KVR_ENT_ANNOUNCED;
         }
     }
@@ -140,7 +141,7 @@ static void drop_broken_chains_locked(kvr_store_t *st, uint8_t *bm)
             !kvr_arena_claim_chain(&st->arena, e->first_page, pages_for(st, e->key_len, e->length), bm)) {
             kvr_warn("store repair: entry %llu has a broken chain; dropped", (unsigned long long)i);
             if (e->state == KVR_ENT_LIVE && (e->meta & KVR_ENT_ANNOUNCED))
-                chlog_event_locked(st, KVR_EV_REMOVE, e->canon, (uint32_t)i, e->gen);
+                chlog_event_locked(st, KVR_EV_REMOVE, (uint32_t)i);
             e->meta = 0;
             e->state = KVR_ENT_FREE;
         }
@@ -350,6 +351,8 @@ static int check_ns_locked(kvr_store_t *st)
         if (e->state != KVR_ENT_LIVE && e->state != KVR_ENT_RESERVED)
             continue;
         CHECK(e->ns < KVR_NS_MAX, "entry %llu in namespace %u", (unsigned long long)i, e->ns);
+        CHECK(e->pool < kvr_atomic_load_relaxed(&st->sh->npools), "entry %llu in pool %u", (unsigned long long)i,
+              e->pool);
         if (e->state == KVR_ENT_RESERVED) {
             scan[e->ns].reserved_bytes += e->length;
             continue;

@@ -194,8 +194,9 @@ static int options_of(ctx_t *c, kvr_tenant_ns_t *ns, const span_t *f, size_t nf)
             ns->quota = q, ns->quota_line = c->line;
     }
     if (model.p != NULL) {
-        if (model.n == 0 || model.n > KVR_NS_MODEL_MAX)
-            return fail(c, "model= is %zu bytes; it is 1 to %d", model.n, KVR_NS_MODEL_MAX);
+        if (!kvr_model_valid(model.p, model.n))
+            return fail(c, "model=%s is not 1 to %d printable bytes without spaces", quote(qb, sizeof(qb), model),
+                        KVR_MODEL_MAX);
         if (ns->model_line != 0 && (strlen(ns->model) != model.n || memcmp(ns->model, model.p, model.n) != 0))
             return fail(c, "namespace \"%s\" has model=%s here but model=%s on line %u", ns->name,
                         quote(qb, sizeof(qb), model), ns->model, ns->model_line);

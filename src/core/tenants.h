@@ -31,10 +31,10 @@
 /* A namespace of a parsed table. ns[0] is always "default", whether the file names it or not. */
 typedef struct {
     char name[KVR_NS_NAME_MAX + 1];
-    char model[KVR_NS_MODEL_MAX + 1]; /* "" none */
-    uint64_t quota;                   /* bytes; 0 none */
-    uint32_t line;                    /* first line naming it (0: "default", not in the file) */
-    uint32_t quota_line, model_line;  /* where memory= / model= was first given (0: never) */
+    char model[KVR_MODEL_MAX + 1];   /* "" none */
+    uint64_t quota;                  /* bytes; 0 none */
+    uint32_t line;                   /* first line naming it (0: "default", not in the file) */
+    uint32_t quota_line, model_line; /* where memory= / model= was first given (0: never) */
 } kvr_tenant_ns_t;
 
 typedef struct {

@@ -64,7 +64,7 @@ void kvr_tenants_attach(kvr_seg_t *seg)
     for (int i = 0; i < KVR_NS_MAX; i++) {
         kvr_ns_sh_t *s = &sh->ns[i];
         s->name[KVR_NS_NAME_MAX] = '\0';
-        s->model[KVR_NS_MODEL_MAX] = '\0';
+        s->model[KVR_MODEL_MAX] = '\0';
         s->configured = 0;
         if (s->in_use && !valid_name(s->name))
             memset(s, 0, sizeof(*s));
@@ -231,7 +231,7 @@ static int copy_once(const kvr_tenants_sh_t *sh, kvr_tenants_copy_t *c, uint64_t
         return -1;
     for (int j = 0; j < KVR_NS_MAX; j++) {
         c->ns[j].name[KVR_NS_NAME_MAX] = '\0';
-        c->ns[j].model[KVR_NS_MODEL_MAX] = '\0';
+        c->ns[j].model[KVR_MODEL_MAX] = '\0';
     }
     c->tok[n].ns = KVR_NS_DEFAULT;
     c->tok[n].flags = KVR_TOK_ADMIN;

@@ -230,11 +230,45 @@ static void put_failed(kvr_api_res_t *res, int rc)
     }
 }
 
+/* The relay pool of a PUT (docs/tenancy.md, "Pools"): (its namespace, X-KV-Model, else the
+ * namespace's model=, else --model). -1 after an error answer. */
+static int put_pool(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    const char *m = rq->model;
+    size_t mlen = rq->model_len;
+    int pool;
+
+    if (m == NULL && (pool = kvr_api_default_pool(a, res->ns)) >= 0)
+        return pool;
+    if (m == NULL) {
+        m = kvr_api_ns_model(a, res->ns);
+        if (m == NULL)
+            m = a->cfg->model;
+        mlen = strlen(m);
+    }
+    pool = kvr_store_pool(a->store, res->ns, kvr_api_ns_name(a, res->ns), m, mlen, (uint32_t)a->cfg->max_pools_per_ns);
+    if (pool >= 0 && rq->model == NULL)
+        kvr_api_default_pool_set(a, res->ns, (uint32_t)pool);
+    if (pool >= 0)
+        return pool;
+    if (pool == KVR_EINVAL)
+        kvr_api_error(res, 400, "InvalidRequest", "X-KV-Model must be 1 to 128 printable bytes without spaces");
+    else if (pool == KVR_ENOSPACE)
+        kvr_api_error(res, 507, "InsufficientStorage",
+                      "a new model would make one relay pool more than --max-pools allows");
+    else if (pool == KVR_EQUOTA)
+        kvr_api_error(res, 507, "InsufficientStorage",
+                      "a new model would make the namespace one relay pool more than --max-pools-per-namespace allows");
+    else
+        kvr_api_error(res, 500, "Internal", "store error");
+    return -1;
+}
+
 static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res, const uint8_t *key,
                              size_t klen)
 {
     uint64_t canon;
-    int rc;
+    int rc, pool;
 
     if (rq->seq_hash != NULL) {
         if (kvr_parse_u64(rq->seq_hash, rq->seq_hash_len, &canon) != KVR_OK) {
@@ -264,10 +298,12 @@ static void handle_put_block(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_
         res->put = KVR_API_PUT_WAIT;
         return;
     }
+    if ((pool = put_pool(a, rq, res)) < 0)
+        return;
     memcpy(res->key, key, klen);
     res->klen = (uint16_t)klen;
     res->put_len = rq->body_len;
-    rc = kvr_store_put_begin(a->store, res->ns, key, klen, rq->body_len, canon, &res->txn);
+    rc = kvr_store_put_begin(a->store, res->ns, (uint32_t)pool, key, klen, rq->body_len, canon, &res->txn);
     if (rc == KVR_OK) {
         res->put = KVR_API_PUT_RESERVED; /* answered by kvr_api_put_end */
         a->inflight += rq->body_len;
@@ -479,6 +515,7 @@ static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
     api_json_field(&j, "incarnation", st.incarnation, 0);
     api_json_field(&j, "publisher_pid", st.publisher_pid, 0);
     api_json_field(&j, "live_pool_subscribers", st.live_subscribers, 0);
+    api_json_field(&j, "pools", st.pools, 0);
     kvr_store_log_positions(a->store, &head, &tail);
     api_json_field(&j, "log_head", head, 0);
     api_json_field(&j, "log_tail", tail, 0);
@@ -486,7 +523,8 @@ static void handle_debug_relay(kvr_api_t *a, kvr_api_res_t *res)
     send_json(res, 200, &j);
 }
 
-/* The publisher's working filter as bucket_count little-endian u64 words (x86: as stored). */
+/* Pool 0's working filter, (default, --model) on a new segment, as bucket_count little-endian
+ * u64 words (x86: as stored). */
 static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
 {
     uint64_t buckets = kvr_relay_buckets(a->relay);
@@ -498,7 +536,7 @@ static void handle_debug_filter(kvr_api_t *a, kvr_api_res_t *res)
         return;
     }
     for (uint64_t i = 0; i < buckets; i++)
-        kvr_put_le64(copy + i * 8, kvr_relay_filter_word(a->relay, i));
+        kvr_put_le64(copy + i * 8, kvr_relay_filter_word(a->relay, 0, i));
     kvr_api_send_heap(res, (char *)copy, len, "application/octet-stream");
 }
 

@@ -77,6 +77,8 @@ typedef struct {
     size_t auth_len;
     const char *seq_hash; /* X-KV-Sequence-Hash value, or NULL */
     size_t seq_hash_len;
+    const char *model; /* X-KV-Model value (a PUT's relay pool), or NULL */
+    size_t model_len;
     uint64_t body_len;  /* Content-Length (PUT), or the whole chunked body */
     size_t head_bytes;  /* request line + header names and values */
     int length_unknown; /* chunked, not received yet: check the head only */

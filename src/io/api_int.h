@@ -15,6 +15,12 @@
 int kvr_api_auth_init(kvr_api_t *a);
 int kvr_api_authorize(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res);
 const char *kvr_api_ns_name(kvr_api_t *a, uint16_t ns);
+/* The namespace's model= of the tenants file, or NULL. */
+const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns);
+/* This worker's memory of namespace ns's default-model pool under the tenants table in force
+ * (a reload may change model=): the pool, or -1; and its setter. */
+int kvr_api_default_pool(kvr_api_t *a, uint16_t ns);
+void kvr_api_default_pool_set(kvr_api_t *a, uint16_t ns, uint32_t pool);
 uint64_t kvr_api_ns_quota(kvr_api_t *a, uint16_t ns);
 int kvr_api_tenants_on(const kvr_api_t *a);
 int kvr_api_ns_listed(kvr_api_t *a, uint16_t ns);

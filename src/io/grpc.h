@@ -5,12 +5,12 @@
  *
  * Each worker owns one SO_REUSEPORT listener. Streams (docs/relay-contract.md):
  *   GetRelayInfo               unary
- *   WatchKvPoolCatalog         the one pool, at once and on every revision change
+ *   WatchKvPoolCatalog         the caller's pools, at once and when what it lists changes
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
  *                              published deltas from the shared frame ring, heartbeats
  *   SubscribeServingReadiness  an empty, complete topology, repeated every interval
  *   SubscribeKvPoolLoad        one window per --load-window
- *   SubscribeServingLoad       the pool with status UNAVAILABLE, one window per interval
+ *   SubscribeServingLoad       the caller's pools with status UNAVAILABLE, one window per interval
  *   grpc.health.v1.Health/Check
  * Errors before the first message are Trailers-Only; every error carries grpc-status,
  * grpc-message and, where a reason applies, the kv-relay-error-reason trailer

@@ -26,7 +26,8 @@
 #define GRPC_UNIMPLEMENTED 12
 
 /* gstream_t.auth: what the call's authorization metadata said. With --tenants a relay call
- * needs the admin token (docs/tenancy.md): the filter covers every namespace. */
+ * needs a token: a namespace's token sees that namespace's pools (gstream_t.scope), the admin
+ * token every pool (docs/tenancy.md, "Pools"). */
 enum { GAUTH_NONE = 0,
        GAUTH_UNKNOWN,
        GAUTH_TENANT,
@@ -265,13 +266,9 @@ static void dispatch(gstream_t *s)
         kvr_grpc_stream_end(s, GRPC_UNIMPLEMENTED, 0, "unknown method");
         return;
     }
-    if (s->method->rpc >= 0 && s->conn->g->tenants != NULL && s->auth != GAUTH_ADMIN) {
-        if (s->auth == GAUTH_TENANT)
-            kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0,
-                                "with tenants, the relay serves the admin token (its filter covers every namespace)");
-        else
-            kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0,
-                                "missing or invalid bearer token in the authorization metadata");
+    if (s->method->rpc >= 0 && s->conn->g->tenants != NULL && s->auth != GAUTH_ADMIN && s->auth != GAUTH_TENANT) {
+        kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0,
+                            "missing or invalid bearer token in the authorization metadata");
         return;
     }
     s->method->call(s, msg, mlen);
@@ -288,6 +285,7 @@ static gstream_t *stream_new(gconn_t *c, int32_t id)
     s->id = id;
     s->admitted = -1;
     s->sub = -1;
+    s->scope = -1;
     s->end_status = -1;
     s->next = c->streams.next;
     s->prev = &c->streams;
@@ -304,6 +302,7 @@ static void stream_free(gstream_t *s)
     s->next->prev = s->prev;
     free(s->req);
     free(s->out);
+    free(s->token);
     free(s);
 }
 
@@ -339,8 +338,17 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
         int admin = 0;
         s->auth = GAUTH_UNKNOWN;
         if (valuelen > 7 && strncasecmp((const char *)value, "Bearer ", 7) == 0 &&
-            kvr_tenants_auth(s->conn->g->tenants, (const char *)value + 7, valuelen - 7, &ns, &admin))
+            kvr_tenants_auth(s->conn->g->tenants, (const char *)value + 7, valuelen - 7, &ns, &admin)) {
+            free(s->token);
+            s->token = malloc(valuelen - 7);
+            if (s->token == NULL)
+                return NGHTTP2_ERR_CALLBACK_FAILURE;
+            memcpy(s->token, value + 7, valuelen - 7);
+            s->token_len = valuelen - 7;
+            s->auth_gen = kvr_tenants_view_generation(s->conn->g->tenants); /* auth refreshed the view */
             s->auth = admin ? GAUTH_ADMIN : GAUTH_TENANT;
+            s->scope = admin ? -1 : (int)ns;
+        }
     }
     return 0;
 }
@@ -636,6 +644,28 @@ void kvr_grpc_flush(kvr_grpc_t *g)
     kvr_uring_flush(&g->uring);
 }
 
+/* A reload of the tenants table may have removed the token a relay stream was opened with, or
+ * moved it to another namespace: the stream ends then, as that token's HTTP requests get 401
+ * (docs/tenancy.md). Checked on the tick, once per change of the table. */
+static void recheck_token(gstream_t *s)
+{
+    kvr_tenants_view_t *v = s->conn->g->tenants;
+    uint16_t ns;
+    int admin = 0;
+
+    if (v == NULL || s->token == NULL || s->end_status >= 0 || s->method == NULL || s->method->rpc < 0)
+        return; /* no tenants, no token given, or not the relay's (health needs none) */
+    kvr_tenants_view_refresh(v);
+    if (kvr_tenants_view_generation(v) == s->auth_gen)
+        return;
+    if (kvr_tenants_auth(v, s->token, s->token_len, &ns, &admin) && (admin ? -1 : (int)ns) == s->scope) {
+        s->auth_gen = kvr_tenants_view_generation(v);
+        return;
+    }
+    kvr_grpc_stream_end(s, KVR_GRPC_UNAUTHENTICATED, 0, "the bearer token is no longer valid (tenants file reloaded)");
+    kvr_grpc_stream_kick(s);
+}
+
 void kvr_grpc_tick(kvr_grpc_t *g)
 {
     uint64_t t = kvr_clock_ms();
@@ -646,9 +676,11 @@ void kvr_grpc_tick(kvr_grpc_t *g)
             conn_maybe_free(c);
             continue;
         }
-        for (gstream_t *s = c->streams.next; s != &c->streams; s = s->next)
+        for (gstream_t *s = c->streams.next; s != &c->streams; s = s->next) {
+            recheck_token(s);
             if (s->end_status < 0 && s->method != NULL && s->method->tick != NULL)
                 s->method->tick(s, t);
+        }
         if (c->ping_outstanding && t - c->ping_sent_ms > PING_TIMEOUT_MS) {
             kvr_info("grpc: keepalive ping unanswered; closing the connection");
             conn_close(c);

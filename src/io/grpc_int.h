@@ -61,8 +61,12 @@ struct gstream_s {
     int32_t id;
     char path[160];
     int path_len;
-    int grpc_ct;                     /* content-type is application/grpc* */
-    int auth;                        /* the authorization metadata: GAUTH_* (grpc_conn.c) */
+    int grpc_ct; /* content-type is application/grpc* */
+    int auth;    /* the authorization metadata: GAUTH_* (grpc_conn.c) */
+    int scope;   /* the namespace whose pools it sees, or -1: every pool */
+    char *token; /* its bearer token, to check again after a reload */
+    size_t token_len;
+    uint64_t auth_gen;               /* the tenants table's generation it was last checked against */
     const kvr_grpc_method_t *method; /* NULL until the request is complete, or unknown */
     uint8_t *req;
     size_t req_len, req_cap;
@@ -80,6 +84,7 @@ struct gstream_s {
 
     /* pool streams */
     int sub;
+    uint32_t pool;
     uint64_t generation;
     uint32_t next_chunk, chunk_count;
     uint64_t snap_seq;
@@ -89,6 +94,8 @@ struct gstream_s {
     /* periodic streams */
     uint64_t next_emit_ms;
     uint64_t sent_revision;
+    uint64_t sent_view[2 + KVR_POOLS_MAX / 64]; /* the catalog it sent: generation, publisher up,
+                                                 * a bit per pool listed (grpc_relay.c) */
     uint64_t window_seq;
 };
 

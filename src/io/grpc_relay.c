@@ -3,12 +3,14 @@
  * one entry per method at the end of this file. Every call is validated (marker, protocol
  * version, subscriber id: docs/relay-contract.md, "Transport and service"), streams are
  * admitted against --max-streams, then each method answers (GetRelayInfo) or streams:
- *   WatchKvPoolCatalog         the one pool, at once and on every revision change
+ *   WatchKvPoolCatalog         the caller's pools (one per namespace and model; the admin's:
+ *                              all), at once and on every revision change
  *   SubscribeKvPool            snapshot chunks from a publisher snapshot copy, then the
  *                              published deltas from the shared frame ring, heartbeats
  *   SubscribeServingReadiness  an empty, complete topology, repeated every interval
  *   SubscribeKvPoolLoad        one window per --load-window
- *   SubscribeServingLoad       the pool with status UNAVAILABLE, one window per interval
+ *   SubscribeServingLoad       the caller's pools with status UNAVAILABLE, one window per interval
+ * A pool of another namespace than the caller's token ends PERMISSION_DENIED (docs/tenancy.md).
  * Shared relay state is reached only through core/relay.h.
  */
 #include "io/grpc_int.h"
@@ -40,30 +42,106 @@ static void relay_identity(kvr_grpc_t *g, Dynamo__Kvrelay__V1__RelayIdentity *r)
     r->relay_incarnation = kvr_relay_incarnation(g->relay);
 }
 
+/* The pools this stream may see, in id order, into ids (room for KVR_POOLS_MAX): every pool the
+ * publisher has taken on, or only its namespace's (gstream_t.scope). */
+static uint32_t visible_pools(gstream_t *s, uint32_t *ids)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint32_t n = kvr_relay_pools_ready(g->relay), k = 0;
+
+    for (uint32_t i = 0; i < n && i < KVR_POOLS_MAX; i++) {
+        kvr_pool_info_t pi;
+        if (kvr_store_pool_info(g->store, i, &pi) == KVR_OK && (s->scope < 0 || pi.ns == (uint32_t)s->scope))
+            ids[k++] = i;
+    }
+    return k;
+}
+
+/* A catalog descriptor's storage, one per pool (a catalog may list KVR_POOLS_MAX of them). */
+typedef struct {
+    kvr_relay_ident_t id;
+    Dynamo__Kvrelay__V1__KvPoolDescriptor desc;
+    Dynamo__Kvrelay__V1__DynamoEndpointId ep;
+    Dynamo__Kvrelay__V1__ModelRegistration reg, *regs[1];
+    Dynamo__Kvrelay__V1__ModelTarget target;
+    Dynamo__Kvrelay__V1__BaseModelTarget base;
+    Dynamo__Kvrelay__V1__KvQuerySemantics qs;
+    Dynamo__Kvrelay__V1__WorkerRole roles[1];
+    char ns[KVR_ENDPOINT_NS_MAX], comp[KVR_CFG_STR_MAX], epn[KVR_CFG_STR_MAX];
+} catalog_pool_t;
+
+static void describe_pool(kvr_grpc_t *g, uint32_t pool, uint64_t gen, catalog_pool_t *c)
+{
+    const kvr_config_t *cfg = g->cfg;
+    kvr_pool_info_t slot;
+
+    dynamo__kvrelay__v1__kv_pool_descriptor__init(&c->desc);
+    dynamo__kvrelay__v1__dynamo_endpoint_id__init(&c->ep);
+    dynamo__kvrelay__v1__model_registration__init(&c->reg);
+    dynamo__kvrelay__v1__model_target__init(&c->target);
+    dynamo__kvrelay__v1__base_model_target__init(&c->base);
+    dynamo__kvrelay__v1__kv_query_semantics__init(&c->qs);
+    kvr_relay_ident(g->relay, pool, gen, &c->id);
+    if (kvr_store_pool_info(g->store, pool, &slot) != KVR_OK) /* listed: never */
+        slot.ns_name = slot.model = "";
+    if (kvr_relay_pool_endpoint(cfg, slot.ns_name, c->ns, c->comp, c->epn) != KVR_OK)
+        c->ns[0] = c->comp[0] = c->epn[0] = '\0'; /* --endpoint was checked at the start: never */
+    c->ep.namespace_ = c->ns;
+    c->ep.component = c->comp;
+    c->ep.endpoint = c->epn;
+    c->base.base_model = (char *)slot.model;
+    c->target.target_case = DYNAMO__KVRELAY__V1__MODEL_TARGET__TARGET_BASE;
+    c->target.base = &c->base;
+    c->reg.canonical_model_id = (char *)slot.model;
+    c->reg.target = &c->target;
+    c->regs[0] = &c->reg;
+    c->qs.kv_block_size = (uint32_t)cfg->kv_block_size;
+    c->qs.hash_format = !strcmp(cfg->hash_format, "eagle")
+                          ? DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1
+                          : DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1;
+    c->roles[0] = DYNAMO__KVRELAY__V1__WORKER_ROLE__WORKER_ROLE_LEGACY;
+    c->desc.producer = &c->id.producer;
+    c->desc.serving_endpoint = &c->ep;
+    c->desc.n_registrations = 1;
+    c->desc.registrations = c->regs;
+    c->desc.query_semantics = &c->qs;
+    c->desc.n_pool_roles = 1;
+    c->desc.pool_roles = c->roles;
+}
+
+/* What a catalog of this stream lists, to compare with what it sent (sent_view): the generation,
+ * whether the publisher runs, and a bit per listed pool. Returns the number of pools, in ids. */
+static uint32_t catalog_view(gstream_t *s, uint64_t view[2 + KVR_POOLS_MAX / 64], uint32_t *ids)
+{
+    kvr_grpc_t *g = s->conn->g;
+    uint32_t n = 0;
+
+    memset(view, 0, sizeof(s->sent_view));
+    view[0] = kvr_relay_generation(g->relay);
+    view[1] = kvr_seg_publisher_up(g->seg);
+    if (view[0] != 0 && view[1])
+        n = visible_pools(s, ids);
+    for (uint32_t k = 0; k < n; k++)
+        view[2 + ids[k] / 64] |= 1ull << (ids[k] % 64);
+    return n;
+}
+
 static void emit_catalog(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
-    const kvr_config_t *cfg = g->cfg;
-    /* The revision first, then what it covers (the generation, whether the publisher runs):
-     * every writer changes those before it bumps the revision, so what we send is at least
-     * as new as the revision we send it under, and a later change shows as a revision that
-     * tick_catalog has not sent. */
+    /* The revision first, then what it covers (the generation, the pools taken on, whether
+     * the publisher runs): every writer changes those before it bumps the revision, so what
+     * we send is at least as new as the revision we send it under, and a later change shows as
+     * a revision that tick_catalog has not sent. */
     uint64_t rev = kvr_relay_catalog_revision(g->relay);
-    uint64_t gen = kvr_relay_generation(g->relay);
+    uint64_t view[2 + KVR_POOLS_MAX / 64];
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_UPDATE__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
     Dynamo__Kvrelay__V1__KvPoolCatalogSnapshot snap = DYNAMO__KVRELAY__V1__KV_POOL_CATALOG_SNAPSHOT__INIT;
-    Dynamo__Kvrelay__V1__KvPoolDescriptor desc = DYNAMO__KVRELAY__V1__KV_POOL_DESCRIPTOR__INIT, *descs[1];
-    Dynamo__Kvrelay__V1__DynamoEndpointId ep = DYNAMO__KVRELAY__V1__DYNAMO_ENDPOINT_ID__INIT;
-    Dynamo__Kvrelay__V1__ModelRegistration reg = DYNAMO__KVRELAY__V1__MODEL_REGISTRATION__INIT, *regs[1];
-    Dynamo__Kvrelay__V1__ModelTarget target = DYNAMO__KVRELAY__V1__MODEL_TARGET__INIT;
-    Dynamo__Kvrelay__V1__BaseModelTarget base = DYNAMO__KVRELAY__V1__BASE_MODEL_TARGET__INIT;
-    Dynamo__Kvrelay__V1__KvQuerySemantics qs = DYNAMO__KVRELAY__V1__KV_QUERY_SEMANTICS__INIT;
-    Dynamo__Kvrelay__V1__WorkerRole roles[1] = {DYNAMO__KVRELAY__V1__WORKER_ROLE__WORKER_ROLE_LEGACY};
-    kvr_relay_ident_t id;
-    char ns[KVR_CFG_STR_MAX], comp[KVR_CFG_STR_MAX], epn[KVR_CFG_STR_MAX];
+    Dynamo__Kvrelay__V1__KvPoolDescriptor *descs[KVR_POOLS_MAX];
+    uint32_t ids[KVR_POOLS_MAX], n = catalog_view(s, view, ids);
+    catalog_pool_t *c = NULL;
 
-    sscanf(cfg->endpoint, "%511[^/]/%511[^/]/%511s", ns, comp, epn);
     relay_identity(g, &rel);
     up.protocol_version = KVR_RELAY_PROTOCOL_VERSION;
     up.relay = &rel;
@@ -71,39 +149,25 @@ static void emit_catalog(gstream_t *s)
     up.revision = rev;
     up.snapshot = &snap;
     up.contract_marker = KVR_RELAY_CONTRACT_MARKER;
-    if (gen != 0 && kvr_seg_publisher_up(g->seg)) {
-        kvr_relay_ident(g->relay, gen, &id);
-        ep.namespace_ = ns;
-        ep.component = comp;
-        ep.endpoint = epn;
-        base.base_model = (char *)cfg->model;
-        target.target_case = DYNAMO__KVRELAY__V1__MODEL_TARGET__TARGET_BASE;
-        target.base = &base;
-        reg.canonical_model_id = (char *)cfg->model;
-        reg.target = &target;
-        regs[0] = &reg;
-        qs.kv_block_size = (uint32_t)cfg->kv_block_size;
-        qs.hash_format = !strcmp(cfg->hash_format, "eagle")
-                           ? DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_EAGLE_V1
-                           : DYNAMO__KVRELAY__V1__KV_QUERY_HASH_FORMAT__KV_QUERY_HASH_FORMAT_DYNAMO_STANDARD_V1;
-        desc.producer = &id.producer;
-        desc.serving_endpoint = &ep;
-        desc.n_registrations = 1;
-        desc.registrations = regs;
-        desc.query_semantics = &qs;
-        desc.n_pool_roles = 1;
-        desc.pool_roles = roles;
-        descs[0] = &desc;
-        snap.n_pools = 1;
-        snap.pools = descs;
+    memcpy(s->sent_view, view, sizeof(view));
+    if (n > 0 && (c = malloc(n * sizeof(*c))) == NULL) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
     }
+    for (uint32_t k = 0; c != NULL && k < n; k++) {
+        describe_pool(g, ids[k], view[0], &c[k]);
+        descs[k] = &c[k].desc;
+    }
+    snap.n_pools = c != NULL ? n : 0;
+    snap.pools = descs;
     kvr_grpc_out_message(s, &up.base);
+    free(c);
 }
 
 /* Sends a load window: KvPoolLoadUpdate and ServingLoadUpdate have the same header and pool
- * fields, set alike here (a macro: they are two message types); pools_[0] is the pool, or
- * NULL before the first generation. */
-#define SEND_WINDOW(up, s, rel, pools_) \
+ * fields, set alike here (a macro: they are two message types); pools_ are the n_ visible
+ * pools' entries (none before the first generation). */
+#define SEND_WINDOW(up, s, rel, pools_, n_) \
     do { \
         (up).protocol_version = KVR_RELAY_PROTOCOL_VERSION; \
         (up).relay = (rel); \
@@ -111,36 +175,67 @@ static void emit_catalog(gstream_t *s)
         (up).observed_ms = kvr_clock_wall_us() / 1000; \
         (up).window_ms = (s)->conn->g->cfg->load_window_ms; \
         (up).contract_marker = KVR_RELAY_CONTRACT_MARKER; \
-        (up).n_pools = (pools_)[0] != NULL; \
+        (up).n_pools = (n_); \
         (up).pools = (pools_); \
         kvr_grpc_out_message((s), &(up).base); \
         relay_stat((s)->conn->g, KVR_RC_LOAD_WINDOWS, 1); \
     } while (0)
+
+/* One visible pool's storage in a load window (either message type). */
+typedef struct {
+    kvr_relay_ident_t id;
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry load;
+    Dynamo__Kvrelay__V1__PoolServingLoad serving;
+} window_pool_t;
+
+/* The stream's visible pools, each with its identity, in a heap array (the caller frees it);
+ * *n their count. NULL with *n 0 when none is visible; NULL with *n 1 when out of memory. */
+static window_pool_t *window_pools(gstream_t *s, uint64_t gen, uint32_t *n)
+{
+    uint32_t ids[KVR_POOLS_MAX];
+    window_pool_t *w;
+
+    *n = gen != 0 ? visible_pools(s, ids) : 0;
+    if (*n == 0)
+        return NULL;
+    w = malloc(*n * sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    for (uint32_t k = 0; k < *n; k++) {
+        kvr_relay_ident(s->conn->g->relay, ids[k], gen, &w[k].id);
+        dynamo__kvrelay__v1__kv_pool_load_entry__init(&w[k].load);
+        dynamo__kvrelay__v1__pool_serving_load__init(&w[k].serving);
+        w[k].load.producer = w[k].serving.producer = &w[k].id.producer;
+        w[k].load.kv_used_blocks = kvr_relay_pool_blocks(s->conn->g->relay, ids[k]);
+    }
+    return w;
+}
 
 static void emit_load(gstream_t *s)
 {
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__KvPoolLoadUpdate up = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__KvPoolLoadEntry e = DYNAMO__KVRELAY__V1__KV_POOL_LOAD_ENTRY__INIT, *es[1] = {NULL};
+    Dynamo__Kvrelay__V1__KvPoolLoadEntry *es[KVR_POOLS_MAX];
     Dynamo__Kvrelay__V1__RelayIdentity rel;
-    kvr_relay_ident_t id;
-    kvr_store_stats_t st;
     kvr_seg_status_t ss;
+    uint32_t n;
+    window_pool_t *w = window_pools(s, gen, &n);
 
-    relay_identity(g, &rel);
-    if (gen != 0) {
-        kvr_store_stats(g->store, &st);
-        kvr_relay_ident(g->relay, gen, &id);
-        e.producer = &id.producer;
-        e.kv_used_blocks = st.unique_blocks;
-        kvr_seg_status(g->seg, &ss);
-        e.total_kv_blocks = ss.max_blocks;
-        e.kv_observed_ranks = 1;
-        e.kv_expected_ranks = 1;
-        es[0] = &e;
+    if (w == NULL && n > 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
     }
-    SEND_WINDOW(up, s, &rel, es);
+    relay_identity(g, &rel);
+    kvr_seg_status(g->seg, &ss);
+    for (uint32_t k = 0; k < n; k++) {
+        w[k].load.total_kv_blocks = ss.max_blocks;
+        w[k].load.kv_observed_ranks = 1;
+        w[k].load.kv_expected_ranks = 1;
+        es[k] = &w[k].load;
+    }
+    SEND_WINDOW(up, s, &rel, es, n);
+    free(w);
 }
 
 static void emit_serving_load(gstream_t *s)
@@ -148,24 +243,28 @@ static void emit_serving_load(gstream_t *s)
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
     Dynamo__Kvrelay__V1__ServingLoadUpdate up = DYNAMO__KVRELAY__V1__SERVING_LOAD_UPDATE__INIT;
-    Dynamo__Kvrelay__V1__PoolServingLoad p = DYNAMO__KVRELAY__V1__POOL_SERVING_LOAD__INIT, *ps[1] = {NULL};
+    Dynamo__Kvrelay__V1__PoolServingLoad *ps[KVR_POOLS_MAX];
     Dynamo__Kvrelay__V1__LoadView lv = DYNAMO__KVRELAY__V1__LOAD_VIEW__INIT;
     Dynamo__Kvrelay__V1__TokenLoadStats tok = DYNAMO__KVRELAY__V1__TOKEN_LOAD_STATS__INIT;
     Dynamo__Kvrelay__V1__PoolDeploymentStatus dep = DYNAMO__KVRELAY__V1__POOL_DEPLOYMENT_STATUS__INIT;
     Dynamo__Kvrelay__V1__RelayIdentity rel;
-    kvr_relay_ident_t id;
+    uint32_t n;
+    window_pool_t *w = window_pools(s, gen, &n);
 
-    relay_identity(g, &rel);
-    if (gen != 0) {
-        kvr_relay_ident(g->relay, gen, &id);
-        lv.tokens = &tok; /* no gauges: UNAVAILABLE */
-        lv.status = DYNAMO__KVRELAY__V1__DATA_STATUS__DATA_STATUS_UNAVAILABLE;
-        p.producer = &id.producer;
-        p.load = &lv;
-        p.deployment = &dep;
-        ps[0] = &p;
+    if (w == NULL && n > 0) {
+        kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_INTERNAL, "out of memory");
+        return;
     }
-    SEND_WINDOW(up, s, &rel, ps);
+    relay_identity(g, &rel);
+    lv.tokens = &tok; /* no gauges: UNAVAILABLE */
+    lv.status = DYNAMO__KVRELAY__V1__DATA_STATUS__DATA_STATUS_UNAVAILABLE;
+    for (uint32_t k = 0; k < n; k++) {
+        w[k].serving.load = &lv;
+        w[k].serving.deployment = &dep;
+        ps[k] = &w[k].serving;
+    }
+    SEND_WINDOW(up, s, &rel, ps, n);
+    free(w);
 }
 
 static void emit_readiness(gstream_t *s)
@@ -185,7 +284,7 @@ static void emit_readiness(gstream_t *s)
 static void emit_heartbeat(gstream_t *s)
 {
     uint8_t buf[KVR_RELAY_ENVELOPE_MAX], *payload;
-    size_t len = kvr_relay_filter_update(s->conn->g->relay, s->generation, s->last_seq, s->last_seq,
+    size_t len = kvr_relay_filter_update(s->conn->g->relay, s->pool, s->generation, s->last_seq, s->last_seq,
                                          DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_HEARTBEAT, 0,
                                          buf, sizeof(buf), &payload);
     if (len == 0 || kvr_grpc_out_reserve(s, len) != KVR_OK)
@@ -402,13 +501,23 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
 {
     kvr_grpc_t *g = s->conn->g;
     uint64_t gen = kvr_relay_generation(g->relay);
+    int pool = kvr_relay_pool_find(g->relay, rq->expected_producer->pool_id);
+    kvr_pool_info_t slot;
     kvr_relay_ident_t id;
 
-    kvr_relay_ident(g->relay, gen, &id);
-    if (!kvr_relay_pool_matches(g->relay, rq->expected_producer->pool_id)) {
+    if (pool >= 0 && kvr_store_pool_info(g->store, (uint32_t)pool, &slot) != KVR_OK)
+        pool = -1; /* taken on by the publisher, so in the table: never */
+    /* A namespace's token is told the same for any pool not its own, another namespace's or
+     * none at all, so that it cannot learn which pools other namespaces have. */
+    if (s->scope >= 0 && (pool < 0 || slot.ns != (uint32_t)s->scope)) {
+        kvr_grpc_stream_end(s, KVR_GRPC_PERMISSION_DENIED, 0, "not a pool of this token's namespace");
+        return;
+    }
+    if (pool < 0) {
         kvr_grpc_stream_end(s, KVR_GRPC_NOT_FOUND, KVR_RELAY_REASON_POOL_NOT_FOUND, "unknown pool");
         return;
     }
+    kvr_relay_ident(g->relay, (uint32_t)pool, gen, &id);
     if (gen == 0 || !kvr_seg_publisher_up(g->seg)) {
         kvr_grpc_stream_end(s, KVR_GRPC_UNAVAILABLE, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE,
                             "no publisher is running");
@@ -420,7 +529,8 @@ static void pool_open(gstream_t *s, const Dynamo__Kvrelay__V1__SubscribeKvPoolRe
         return;
     }
     s->generation = gen;
-    s->sub = kvr_relay_sub_open(g->relay, g->store->slot, gen);
+    s->pool = (uint32_t)pool;
+    s->sub = kvr_relay_sub_open(g->relay, g->store->slot, gen, s->pool);
     if (s->sub < 0) {
         kvr_grpc_stream_end(s, KVR_GRPC_RESOURCE_EXHAUSTED, KVR_RELAY_REASON_RESOURCE_LIMIT,
                             "no subscriber slot free");
@@ -478,12 +588,23 @@ static void wake_pool(gstream_t *s)
     }
 }
 
+/* A new revision is sent only when what this stream lists changed: a revision moved by another
+ * namespace's pool is taken without a message, so a watcher learns nothing of other namespaces
+ * from when catalogs come (the contract lets a watcher skip revisions). */
 static void tick_catalog(gstream_t *s, uint64_t t)
 {
-    if (kvr_relay_catalog_revision(s->conn->g->relay) != s->sent_revision) {
-        emit_catalog(s);
-        kvr_grpc_stream_kick(s);
+    uint64_t rev = kvr_relay_catalog_revision(s->conn->g->relay), view[2 + KVR_POOLS_MAX / 64];
+    uint32_t ids[KVR_POOLS_MAX];
+
+    if (rev == s->sent_revision)
+        return;
+    catalog_view(s, view, ids); /* after the revision: the catalog rule of emit_catalog */
+    if (memcmp(view, s->sent_view, sizeof(view)) == 0) {
+        s->sent_revision = rev;
+        return;
     }
+    emit_catalog(s);
+    kvr_grpc_stream_kick(s);
 }
 
 static void tick_readiness(gstream_t *s, uint64_t t)

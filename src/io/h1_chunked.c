@@ -97,7 +97,7 @@ void kvr_h1_chunked_input(h1c_t *c)
         return;
     }
     /* The body is whole. The request is decided now, while c->rq (path, Authorization,
-     * X-KV-Sequence-Hash) still points into the head in hbuf. */
+     * X-KV-Sequence-Hash, X-KV-Model) still points into the head in hbuf. */
     c->rq.length_unknown = 0;
     c->rq.body_len = c->body_len = c->cdec;
     c->bytes_in = c->cdec;

@@ -104,6 +104,9 @@ static int read_headers(h1c_t *c, const struct phr_header *hd, size_t nh, int mi
         } else if (hdr_is(h, "x-kv-sequence-hash")) {
             c->rq.seq_hash = h->value;
             c->rq.seq_hash_len = h->value_len;
+        } else if (hdr_is(h, "x-kv-model")) {
+            c->rq.model = h->value;
+            c->rq.model_len = h->value_len;
         }
     }
     /* Malformed framing first (400): chunked applied twice (RFC 9112 section 7: never more

@@ -180,6 +180,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         rq.seq_hash = req->headers.entries[i].value.base;
         rq.seq_hash_len = req->headers.entries[i].value.len;
     }
+    if ((i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-kv-model"), -1)) >= 0) {
+        rq.model = req->headers.entries[i].value.base;
+        rq.model_len = req->headers.entries[i].value.len;
+    }
     rq.body_len = req->entity.len;
     rq.head_bytes = head_bytes(req);
     rq.buffered = 1;

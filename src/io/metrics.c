@@ -113,7 +113,8 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     for (int t = 0; t < KVR_STREAM_TYPES; t++)
         emit(o, "kv_dc_relay_subscribers{stream=\"%s\"} %u\n", stream_names[t], rs.active[t]);
     counters(o, st, relay_rows, KVR_ARRAY_SIZE(relay_rows));
-    scalar(o, "kv_dc_relay_catalog_pool_count", "untyped", "Pools in the catalog.", gen != 0 && pub_up);
+    scalar(o, "kv_dc_relay_catalog_pool_count", "untyped", "Pools in the catalog (the admin's view: every pool).",
+           gen != 0 && pub_up ? rs.pools : 0);
     scalar(o, "kv_dc_relay_requested_publication_hub_count", "untyped", "Hubs requested by at least one subscriber.",
            rs.active[KVR_STREAM_POOL] > 0);
     scalar(o, "kv_dc_relay_initialized_publication_hub_count", "untyped", "Hubs holding a filter mirror.", gen != 0 && pub_up);
@@ -139,7 +140,7 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
            "Frames the slowest live pool subscriber is behind the published sequence (the publisher samples it at each publication and scan).",
            sum(st, KVR_ST_RELAY_SUB_LAG));
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
-    scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence.",
+    scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence, summed over the pools.",
            rs.published_seq);
     scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
            ss->publisher_restarts);

@@ -1,7 +1,7 @@
 /*
  * kvrelay-watch — a command-line consumer of a kvrelay (or any dynamo.kvrelay.v1) relay.
  *
- * It reads the catalog, subscribes to the first pool, keeps a live replica with the CBI1
+ * It reads the catalog, subscribes to its first pool (or --model's), keeps a live replica with the CBI1
  * mirror (every sequencing and format check of docs/relay-contract.md §6), prints sequence /
  * fill / lag once a second, and answers `contains` for hashes (--contains) or for token lists
  * (--tokens, hashed as Dynamo routers do with --kv-block-size, --hash-format, --lora,
@@ -27,11 +27,12 @@
  * node at the default fill), a "no" is exact. A node that cannot be reached is reported on
  * stderr and leaves the exit status 1; the others still answer.
  *
- * A kvrelay under --tenants serves its relay to the admin token only (docs/tenancy.md):
- * --token TOKEN, --token-file FILE (its content, trailing whitespace stripped) or, without
- * either, the environment variable KVRELAY_TOKEN is sent as `authorization: Bearer TOKEN`
- * gRPC metadata on every call. Without it such a relay ends the first call UNAUTHENTICATED;
- * a tenant's token gets PERMISSION_DENIED. Both are reported on stderr, exit status 1:
+ * A kvrelay under --tenants shows each token its namespace's pools, the admin token every pool
+ * (docs/tenancy.md): --token TOKEN, --token-file FILE (its content, trailing whitespace
+ * stripped) or, without either, the environment variable KVRELAY_TOKEN is sent as
+ * `authorization: Bearer TOKEN` gRPC metadata on every call. Without it such a relay ends the
+ * first call UNAUTHENTICATED; another namespace's pool gets PERMISSION_DENIED. Both are
+ * reported on stderr, exit status 1:
  *
  *   kvrelay-watch --grpc 127.0.0.1:5561 --token-file /var/run/kvrelay/admin/token
  */
@@ -131,13 +132,15 @@ static void usage(const char *p)
             "usage: %s --grpc HOST:PORT [--subscriber-id ID] [--duration SECONDS]\n"
             "          [--contains HASH]... [--tokens T0,T1,...] [--kv-block-size N]\n"
             "          [--hash-format standard|eagle] [--lora NAME] [--cache-namespace NS] [--quiet]\n"
-            "          [--token T | --token-file FILE]\n"
+            "          [--token T | --token-file FILE] [--model NAME]\n"
             "   or: %s --relay NAME=HOST:PORT... | --relays N1=A1,N2=A2,...\n"
             "          [--lookup KEY|HASH]... [--key KEY]... [--contains HASH]... [--tokens ...]\n"
             "          [--token T | --token-file FILE]\n"
-            "  --token T         bearer token sent as gRPC authorization metadata (a relay under\n"
-            "                    --tenants wants the admin token); or --token-file FILE: its content,\n"
-            "                    trailing whitespace stripped; default: $KVRELAY_TOKEN, if set\n",
+            "  --token T         bearer token sent as gRPC authorization metadata (under --tenants a\n"
+            "                    namespace's token sees its own pools, the admin token all); or\n"
+            "                    --token-file FILE: its content, trailing whitespace stripped;\n"
+            "                    default: $KVRELAY_TOKEN, if set\n"
+            "  --model NAME      follow the pool of this model (default: the catalog's first pool)\n",
             p, p);
 }
 
@@ -170,8 +173,26 @@ static const char *status_hint(int code)
     if (code == KVR_GRPC_UNAUTHENTICATED)
         return " (--token / --token-file / KVRELAY_TOKEN?)";
     if (code == KVR_GRPC_PERMISSION_DENIED)
-        return " (the relay wants the admin token)";
+        return " (the pool is another namespace's: its token, or the admin token)";
     return "";
+}
+
+/* --model: the pool to follow, by its registration's model; NULL: the catalog's first pool. */
+static const char *want_model;
+
+/* The catalog's pool to follow: the first, or the first of --model. NULL when none is. */
+static Dynamo__Kvrelay__V1__ProducerIdentity *pick_pool(const Dynamo__Kvrelay__V1__KvPoolCatalogSnapshot *snap)
+{
+    for (size_t i = 0; i < snap->n_pools; i++) {
+        const Dynamo__Kvrelay__V1__KvPoolDescriptor *d = snap->pools[i];
+        if (want_model == NULL)
+            return d->producer;
+        for (size_t r = 0; r < d->n_registrations; r++)
+            if (d->registrations[r]->canonical_model_id != NULL &&
+                strcmp(d->registrations[r]->canonical_model_id, want_model) == 0)
+                return d->producer;
+    }
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ fleet */
@@ -249,12 +270,12 @@ static int fleet_advance(node_t *x, const char *sid, uint8_t *req, size_t cap)
     }
     x->cat = dynamo__kvrelay__v1__kv_pool_catalog_update__unpack(NULL, x->w.catalog_len, x->w.catalog_bytes);
     if (x->cat == NULL || x->cat->contract_marker != MARKER || x->cat->protocol_version != 1 ||
-        x->cat->snapshot == NULL || x->cat->snapshot->n_pools == 0) {
-        fprintf(stderr, "kvrelay-watch: %s: the catalog has no pool\n", x->name);
+        x->cat->snapshot == NULL || (x->w.producer = pick_pool(x->cat->snapshot)) == NULL) {
+        fprintf(stderr, "kvrelay-watch: %s: the catalog has no pool%s%s\n", x->name, want_model ? " of model " : "",
+                want_model ? want_model : "");
         x->down = 1;
         return 0;
     }
-    x->w.producer = x->cat->snapshot->pools[0]->producer;
     if (kvr_relay_validate_producer(x->w.producer) != 0 ||
         kvr_mirror_init(&x->w.mirror, x->w.producer->ckf_format->seed, x->w.producer->ckf_format->bucket_count,
                         x->w.producer->pool_id->dc_id) != KVR_OK) {
@@ -492,7 +513,8 @@ static int parse_args(args_t *a, int argc, char **argv)
                                        {"relay", 1, 0, 'r'},         {"relays", 1, 0, 'R'},
                                        {"lookup", 1, 0, 'L'},        {"key", 1, 0, 'K'},
                                        {"token", 1, 0, 'A'},         {"token-file", 1, 0, 'F'},
-                                       {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+                                       {"model", 1, 0, 'm'},         {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     /* clang-format on */
     int opt, token_given = 0;
 
@@ -515,6 +537,7 @@ static int parse_args(args_t *a, int argc, char **argv)
         case 'l': a->lora = optarg; break;
         case 'n': a->ns = optarg; break;
         case 'q': a->quiet = 1; break;
+        case 'm': want_model = optarg; break;
         case 'r':
             if (fleet_add(a->fleet, &a->nfleet, optarg) < 0)
                 return 2;
@@ -603,19 +626,19 @@ static int fetch_catalog(kvr_gclient_t *c, const char *sid, watch_t *w)
     return 0;
 }
 
-/* The catalog's first pool: *cat is the unpacked catalog (the caller frees it), w's producer
- * is checked and its replica made. 0 on success. */
+/* The catalog's first pool (of --model): *cat is the unpacked catalog (the caller frees it), w's
+ * producer is checked and its replica made. 0 on success. */
 static int open_pool(watch_t *w, Dynamo__Kvrelay__V1__KvPoolCatalogUpdate **cat)
 {
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *k;
 
     k = *cat = dynamo__kvrelay__v1__kv_pool_catalog_update__unpack(NULL, w->catalog_len, w->catalog_bytes);
     if (k == NULL || k->contract_marker != MARKER || k->protocol_version != 1 || k->snapshot == NULL ||
-        k->snapshot->n_pools == 0) {
-        fprintf(stderr, "kvrelay-watch: the catalog has no pool\n");
+        (w->producer = pick_pool(k->snapshot)) == NULL) {
+        fprintf(stderr, "kvrelay-watch: the catalog has no pool%s%s\n", want_model ? " of model " : "",
+                want_model ? want_model : "");
         return -1;
     }
-    w->producer = k->snapshot->pools[0]->producer;
     if (kvr_relay_validate_producer(w->producer) != 0 ||
         kvr_mirror_init(&w->mirror, w->producer->ckf_format->seed, w->producer->ckf_format->bucket_count,
                         w->producer->pool_id->dc_id) != KVR_OK) {

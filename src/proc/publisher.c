@@ -2,22 +2,25 @@
  * publisher.c — the relay's single writer (docs/architecture.md, "A publication, step by step").
  *
  * One process, forked and supervised like the workers. It:
- *  1. drains the store's change log (insert/remove of a canonical hash, with the entry and
- *     its generation so that events a crash repair appended twice count once), applies
- *     owner counting (the first resident block of a hash inserts its fingerprint, the last
- *     one to leave removes it) to its Cuckoo filter, which tracks dirty buckets;
+ *  0. takes on the relay pools (namespace, model) the store makes (take_pools): a filter, owner
+ *     counts and a sequence each, and an identity it publishes (docs/tenancy.md, "Pools");
+ *  1. drains the store's change log (insert/remove of a canonical hash in a pool, with the
+ *     entry and its generation so that events a crash repair appended twice count once),
+ *     applies owner counting (the first resident block of a hash inserts its fingerprint,
+ *     the last one to leave removes it) to that pool's Cuckoo filter, which tracks dirty
+ *     buckets;
  *  2. at a publication boundary (--publication-threshold events, or --publication-delay
- *     after the first pending one) drains the dirty set into one CBI1 delta N -> N+1 with
- *     absolute images, encodes the whole gRPC FilterUpdate message once into the shared
- *     frame ring, and bumps the published sequence;
- *  3. admits new pool subscribers at a sequence N with an exact copy of the filter at N
- *     (one of two snapshot copies, shared by subscribers admitted at the same N; when both
- *     are in use, new subscribers wait, like the reference's encoding permits);
+ *     after the first pending one) drains each pool's dirty set into one CBI1 delta N -> N+1
+ *     of that pool with absolute images, encodes the whole gRPC FilterUpdate message once
+ *     into the shared frame ring, and bumps the pool's published sequence;
+ *  3. admits new pool subscribers at their pool's sequence N with an exact copy of its filter
+ *     at N (one of four snapshot copies, shared by subscribers admitted at the same N; when
+ *     all are in use, new subscribers wait, like the reference's encoding permits);
  *  4. cuts subscribers whose unread frames exceed 16 frames or 16 MiB (SUBSCRIBER_LAGGED)
  *     and wakes the workers that stream to live subscribers.
  *
  * A new publisher (start, or replacement after a crash) always begins a new generation:
- * layout_generation + 1, filter rebuilt from a scan of the index, sequence 0, catalog
+ * layout_generation + 1, every pool's filter rebuilt from a scan of the index, sequences 0, catalog
  * revision + 1; subscribers of the old generation are closed (PUBLICATION_UNAVAILABLE).
  * A change-log overflow does the same without a restart.
  */
@@ -65,21 +68,83 @@ static void on_term(int sig)
     pub_term = 1;
 }
 
+/* ------------------------------------------------------------------ pools */
+
+/* Takes on the pools the store made since we last looked (docs/tenancy.md, "Pools"): each gets
+ * its filter over its shared region, emptied, and its identity; then the relay counts them
+ * ready and the catalog revision moves, so that watchers list them. Out of memory it sets
+ * resync (the caller starts a new generation, or exits, outside the store lock: this may run
+ * in the rescan's callback). */
+static void take_pools(pub_t *p)
+{
+    uint32_t n = kvr_store_pool_count(&p->store), from = p->npools, known = kvr_relay_pools_ready(&p->relay);
+
+    KVR_DASSERT(pub_is_me(p));
+    if (n > p->relay.sh->npools)
+        n = p->relay.sh->npools; /* the store never makes more than the segment's --max-pools */
+    if (n <= from)
+        return;
+    for (uint32_t i = from; i < n; i++) {
+        pub_pool_t *pp = &p->pool[i];
+        kvr_pool_info_t slot;
+        if (kvr_ckf_init(&pp->ckf, kvr_relay_filter(&p->relay, i), p->relay.sh->bucket_count, p->relay.sh->seed, 0,
+                         1) != KVR_OK ||
+            kvr_owners_init(&pp->owners, 1024) != KVR_OK) {
+            kvr_error("publisher: out of memory for pool %u", i);
+            p->resync = 1;
+            n = i; /* the pools before it are whole */
+            break;
+        }
+        kvr_ckf_clear(&pp->ckf);
+        kvr_ckf_dirty_reset(&pp->ckf);
+        pp->seq = 0;
+        pp->blocks = 0;
+        if (i < known)
+            continue; /* a predecessor's pool: its identity stands, new_generation resets the rest */
+        /* A new pool starts at sequence 0, empty: subscribers take a snapshot at 0 and deltas
+         * follow. Our own stores: nobody reads a pool before it is counted ready. */
+        kvr_atomic_store_seq_cst(&p->relay.sh->pool[i].published_seq, 0);
+        for (int f = 0; f < KVR_RELAY_FRAMES; f++)
+            kvr_atomic_store_seq_cst(&p->relay.sh->pool[i].frame[f].seq, 0);
+        if (kvr_store_pool_info(&p->store, i, &slot) != KVR_OK) /* i < the count: never */
+            slot.ns_name = slot.model = "";
+        kvr_relay_take_pool(&p->relay, i, slot.ns_name, slot.model);
+    }
+    p->npools = n;
+    if (n <= known)
+        return;
+    kvr_relay_set_pools_ready(&p->relay, n);
+    /* the catalog rule: what it covers first (pools_ready), the revision after */
+    kvr_atomic_fetch_add_seq_cst(&p->relay.sh->catalog_revision, 1);
+}
+
 /* ------------------------------------------------------------------ events */
 
-static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon)
+static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uint32_t pool)
 {
+    pub_pool_t *pp;
+
     if (e >= p->max_blocks)
         return;
+    if (pool >= p->npools)
+        take_pools(p); /* the pool was made before the block's insert was logged */
+    if (pool >= p->npools)
+        return; /* never expected: an entry names no pool of the store's table */
     if (p->ann_live[e] && p->ann_gen[e] == gen)
         return;           /* a repair's duplicate */
-    if (p->ann_live[e] && /* never expected: the older incarnation's remove was lost */
-        kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]) == KVR_ERR)
-        p->resync = 1;
+    if (p->ann_live[e]) { /* never expected: the older incarnation's remove was lost */
+        pub_pool_t *old = &p->pool[p->ann_pool[e]];
+        old->blocks--;
+        if (kvr_owners_del(&old->owners, &old->ckf, p->ann_canon[e]) == KVR_ERR)
+            p->resync = 1;
+    }
+    pp = &p->pool[pool];
+    pp->blocks++;
     p->ann_live[e] = 1;
     p->ann_gen[e] = gen;
     p->ann_canon[e] = canon;
-    switch (kvr_owners_add(&p->owners, &p->ckf, canon)) {
+    p->ann_pool[e] = (uint8_t)pool;
+    switch (kvr_owners_add(&pp->owners, &pp->ckf, canon)) {
     case KVR_OK:
         break;
     case KVR_ENOSPACE:
@@ -95,13 +160,14 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
     if (e >= p->max_blocks || !p->ann_live[e] || p->ann_gen[e] != gen)
         return;
     p->ann_live[e] = 0;
-    if (kvr_owners_del(&p->owners, &p->ckf, p->ann_canon[e]) == KVR_ERR)
+    p->pool[p->ann_pool[e]].blocks--;
+    if (kvr_owners_del(&p->pool[p->ann_pool[e]].owners, &p->pool[p->ann_pool[e]].ckf, p->ann_canon[e]) == KVR_ERR)
         p->resync = 1; /* out of memory, or a copy that was not there: rebuild */
 }
 
-static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon)
+static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon, uint32_t pool)
 {
-    apply_insert(ctx, e, gen, canon);
+    apply_insert(ctx, e, gen, canon, pool);
 }
 
 /* ------------------------------------------------------------------ publication */
@@ -147,85 +213,130 @@ static void record_latency(pub_t *p)
     kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
 }
 
-/* Copies an encoded delta message into the ring and publishes it as sequence seq. Cannot
- * fail. The writer's side of the ring protocol is kvr_relay_put_frame (core/relay.c), next
- * to the reader's. */
-static void put_frame(pub_t *p, uint64_t seq, size_t len, size_t payload_len)
+/* Copies an encoded delta message into the ring and publishes it as pool's sequence seq.
+ * Cannot fail. The writer's side of the ring protocol is kvr_relay_put_frame (core/relay.c),
+ * next to the reader's. */
+static void put_frame(pub_t *p, uint32_t pool, uint64_t seq, size_t len, size_t payload_len)
 {
     KVR_DASSERT(pub_owns_relay(p));
-    kvr_relay_put_frame(&p->relay, seq, p->msg, len, payload_len);
-    p->seq = seq;
+    kvr_relay_put_frame(&p->relay, pool, seq, p->msg, len, payload_len);
+    p->pool[pool].seq = seq;
+}
+
+/* The pools' block counts, for the load streams: a gauge, relaxed (read relaxed). */
+static void mirror_blocks(pub_t *p)
+{
+    for (uint32_t i = 0; i < p->npools; i++)
+        kvr_atomic_store_relaxed(&p->relay.sh->pool[i].blocks, p->pool[i].blocks);
+}
+
+/* Closes pool's subscribers and drops its snapshot copies: they resubscribe to copies taken
+ * from the filter as it is now (the reference hub re-snapshots too). */
+static void resnapshot_pool(pub_t *p, uint32_t pool)
+{
+    kvr_relay_sh_t *sh = p->relay.sh;
+
+    for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
+        /* seq_cst: pairs with the worker's CAS to REQUESTED, which published its pool */
+        uint32_t st = kvr_atomic_load_seq_cst(&sh->sub[i].state);
+        if ((st == KVR_SUB_REQUESTED || st == KVR_SUB_LIVE) && sh->sub[i].pool == pool)
+            pub_close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
+    }
+    for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
+        if (kvr_atomic_load_seq_cst(&sh->snap[k].pool) == pool)
+            kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0); /* see snapshot_copy */
 }
 
 /*
- * Publishes the dirty set as delta seq + 1. The dirty set is the only record of what
- * changed since the last publication, so everything that can fail (the buffers) comes
- * before it is drained: on failure nothing is drained and the delta is retried later.
- * After the drain, an encoding failure (never expected: the buffers are sized) starts a
- * new generation rather than leave mirrors silently behind. Returns KVR_OK when the
- * filter is now exact at the published sequence.
+ * Publishes pool's dirty set as its next delta. The dirty set is the only record of what
+ * changed since the last publication, so everything that can fail (the buffers) comes before
+ * it is drained: on failure nothing is drained and the delta is retried later (KVR_ERR).
+ * After the drain, an encoding failure (never expected: the buffers are sized) starts a new
+ * generation rather than leave mirrors silently behind. Sets *sent when a frame went out.
  */
-static int publish(pub_t *p)
+static int publish_pool(pub_t *p, uint32_t pool, int *sent)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
-    size_t dirty = kvr_ckf_dirty_count(&p->ckf), n, len, plen;
-    uint64_t now = kvr_clock_ns(), seq = p->seq + 1;
+    pub_pool_t *pp = &p->pool[pool];
+    size_t dirty = kvr_ckf_dirty_count(&pp->ckf), n, len, plen;
+    uint64_t seq = pp->seq + 1;
     kvr_cbi1_hdr_t hdr = {sh->seed, sh->bucket_count, sh->dc_id, seq};
     uint8_t *payload;
 
-    if (now < p->retry_at_ns)
+    if (dirty == 0)
+        return KVR_OK;
+    if (reserve_buffers(p, dirty) != KVR_OK)
         return KVR_ERR;
-    if (reserve_buffers(p, dirty) != KVR_OK) {
-        /* keep the dirty set and the pending count: the main loop comes back */
-        p->retry_at_ns = now + 10000000ull;
-        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "publisher: out of memory for a delta of %zu images; retrying", dirty);
-        return KVR_ERR;
-    }
-    p->retry_at_ns = 0;
-    p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
-    n = kvr_ckf_drain(&p->ckf, p->images);
+    n = kvr_ckf_drain(&pp->ckf, p->images);
     if (n == 0)
         return KVR_OK; /* net reversion: nothing changed since the last publication */
     if (n > KVR_CBI1_MAX_DELTA_IMAGES) {
-        /* The reference hub re-snapshots: close every subscriber; they resubscribe to
-         * copies taken from the filter as it is now. */
-        kvr_warn("publisher: delta of %zu images is too large; subscribers must resnapshot", n);
-        for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
-            pub_close_sub(p, i, KVR_RELAY_REASON_PUBLICATION_UNAVAILABLE);
-        for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
-            kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0); /* see snapshot_copy */
+        kvr_warn("publisher: delta of %zu images for pool %u is too large; its subscribers must resnapshot", n, pool);
+        resnapshot_pool(p, pool);
         return KVR_OK;
     }
     plen = kvr_cbi1_delta_size(n);
-    len = kvr_relay_filter_update(&p->relay, p->generation, p->seq, seq,
+    len = kvr_relay_filter_update(&p->relay, pool, p->generation, pp->seq, seq,
                                   DYNAMO__KVRELAY__V1__FILTER_UPDATE_KIND__FILTER_UPDATE_KIND_DELTA, plen, p->msg,
                                   p->msg_cap, &payload);
-    if (len == 0 || kvr_cbi1_encode_delta(payload, plen, &hdr, p->seq, p->images, n) == NULL) {
-        kvr_error("publisher: cannot encode delta %llu; starting a new generation", (unsigned long long)seq);
+    if (len == 0 || kvr_cbi1_encode_delta(payload, plen, &hdr, pp->seq, p->images, n) == NULL) {
+        kvr_error("publisher: cannot encode delta %llu of pool %u; starting a new generation",
+                  (unsigned long long)seq, pool);
         new_generation(p, "delta encoding failed");
         return KVR_OK;
     }
-    put_frame(p, seq, len, plen);
+    put_frame(p, pool, seq, len, plen);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTAS, 1);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTA_BYTES, len);
-    record_latency(p);
-    pub_check_lag(p);
-    pub_wake_live_workers(p);
+    *sent = 1;
     return KVR_OK;
 }
 
-/* A snapshot copy exact at the published sequence: one already taken, or a free one filled
- * now. -1 when both are being streamed. */
-static int snapshot_copy(pub_t *p)
+/*
+ * A publication boundary: every pool with changes publishes its delta. Returns KVR_OK when
+ * every filter is now exact at its published sequence; KVR_ERR when a pool's buffers could
+ * not grow (its changes stay dirty, the pending count stays, and the main loop comes back).
+ */
+static int publish(pub_t *p)
+{
+    uint64_t now = kvr_clock_ns();
+    uint64_t gen = p->generation;
+    int sent = 0, rc = KVR_OK;
+
+    if (now < p->retry_at_ns)
+        return KVR_ERR;
+    for (uint32_t i = 0; i < p->npools && p->generation == gen; i++)
+        if (publish_pool(p, i, &sent) != KVR_OK)
+            rc = KVR_ERR;
+    if (rc != KVR_OK) {
+        p->retry_at_ns = now + 10000000ull;
+        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "publisher: out of memory for a delta; retrying");
+    } else {
+        p->retry_at_ns = 0;
+        p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
+    }
+    if (sent) {
+        if (rc == KVR_OK) /* else the retry's publication records it, once */
+            record_latency(p);
+        pub_check_lag(p);
+        pub_wake_live_workers(p);
+    }
+    return rc;
+}
+
+/* A snapshot copy of pool's filter exact at its published sequence: one already taken, or a
+ * free one filled now. -1 when every copy is being streamed. */
+static int snapshot_copy(pub_t *p, uint32_t pool)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
+    uint64_t seq = p->pool[pool].seq;
 
     KVR_DASSERT(pub_owns_relay(p));
     /* Our own stores (the only writer of the copies' headers): seq_cst as ever. */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
         if (kvr_atomic_load_seq_cst(&sh->snap[k].valid) &&
             kvr_atomic_load_seq_cst(&sh->snap[k].generation) == p->generation &&
-            kvr_atomic_load_seq_cst(&sh->snap[k].seq) == p->seq)
+            kvr_atomic_load_seq_cst(&sh->snap[k].pool) == pool && kvr_atomic_load_seq_cst(&sh->snap[k].seq) == seq)
             return k;
     /* A copy nobody holds (refs counted here, privately) is read by no worker: the stores
      * below race with no reader. valid 1 last, release: pairs with a reader's acquire of it
@@ -233,8 +344,9 @@ static int snapshot_copy(pub_t *p)
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
         if (p->refs[k] == 0) {
             kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0);
-            memcpy(p->relay.snap[k], p->relay.filter, sh->bucket_count * 8);
-            kvr_atomic_store_seq_cst(&sh->snap[k].seq, p->seq);
+            memcpy(p->relay.snap[k], kvr_relay_filter(&p->relay, pool), sh->bucket_count * 8);
+            kvr_atomic_store_seq_cst(&sh->snap[k].pool, pool);
+            kvr_atomic_store_seq_cst(&sh->snap[k].seq, seq);
             kvr_atomic_store_seq_cst(&sh->snap[k].generation, p->generation);
             kvr_atomic_store_release(&sh->snap[k].valid, 1);
             return k;
@@ -242,11 +354,13 @@ static int snapshot_copy(pub_t *p)
     return -1;
 }
 
-/* Admits waiting subscribers at the current sequence, sharing or taking snapshot copies. */
+/* Admits waiting subscribers at their pool's current sequence, sharing or taking snapshot
+ * copies. */
 static void admit_subscribers(pub_t *p)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
     int exact = -1; /* not yet known */
+    uint32_t pool;
 
     KVR_DASSERT(pub_owns_relay(p));
     pub_reclaim_subscribers(p);
@@ -256,19 +370,23 @@ static void admit_subscribers(pub_t *p)
 
         if (kvr_atomic_load_seq_cst(&s->state) != KVR_SUB_REQUESTED) /* pairs with the worker's CAS */
             continue;
-        if (s->generation != p->generation) {
+        /* the worker wrote generation and pool before its CAS to REQUESTED, seen above */
+        if (s->generation != p->generation || (pool = s->pool) >= p->npools) {
             pub_close_sub(p, i, KVR_RELAY_REASON_PRODUCER_CHANGED);
             continue;
         }
-        if (exact < 0) /* the copy must be exact at a published sequence */
-            exact = p->pending == 0 && kvr_ckf_dirty_count(&p->ckf) == 0 ? 1 : publish(p) == KVR_OK;
-        if (!exact || (use = snapshot_copy(p)) < 0)
-            return; /* out of memory, or both copies are being streamed: wait */
+        if (exact < 0) /* the copy must be exact at a published sequence: publish what is due */
+            exact = p->pending == 0 ? 1 : publish(p) == KVR_OK;
+        if (!exact)
+            return;                                                /* out of memory: wait */
+        KVR_DASSERT(kvr_ckf_dirty_count(&p->pool[pool].ckf) == 0); /* nothing pending: nothing dirty */
+        if ((use = snapshot_copy(p, pool)) < 0)
+            continue; /* every copy is being streamed: this one waits, another pool's may share one */
         /* Written before the CAS to LIVE, which publishes them to the worker (it reads them
          * after it sees LIVE, core/relay.c). */
         kvr_atomic_store_seq_cst(&s->snap_index, use);
-        kvr_atomic_store_seq_cst(&s->snap_seq, p->seq);
-        kvr_atomic_store_seq_cst(&s->cursor, p->seq + 1);
+        kvr_atomic_store_seq_cst(&s->snap_seq, p->pool[pool].seq);
+        kvr_atomic_store_seq_cst(&s->cursor, p->pool[pool].seq + 1);
         if (pub_sub_cas(s, KVR_SUB_REQUESTED, KVR_SUB_LIVE)) { /* else it was just released */
             pub_take_ref(p, i, use);
             pub_wake_owner(p, kvr_atomic_load_seq_cst(&s->owner)); /* pairs with the claim CAS */
@@ -281,8 +399,13 @@ static void admit_subscribers(pub_t *p)
 static void new_generation(pub_t *p, const char *why)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
+    size_t hashes;
 
     KVR_DASSERT(pub_is_me(p));
+    /* Every pool made so far is rebuilt below; a pool that cannot be taken on (out of memory)
+     * leaves resync set, and we exit after the rescan, outside the store lock. */
+    p->resync = 0;
+    take_pools(p);
     /* The relay's generation: stored by the publishers (one at a time) and by the supervisor
      * before it forks the first; seq_cst as every store of the new generation below. */
     p->generation = kvr_atomic_load_seq_cst(&sh->generation) + 1;
@@ -294,28 +417,38 @@ static void new_generation(pub_t *p, const char *why)
      * reader of the old generation finds nothing to read) or seq_cst. */
     for (int k = 0; k < KVR_RELAY_SNAPSHOTS; k++)
         kvr_atomic_store_seq_cst(&sh->snap[k].valid, 0);
-    kvr_atomic_store_seq_cst(&sh->published_seq, 0);
-    for (int f = 0; f < KVR_RELAY_FRAMES; f++)
-        kvr_atomic_store_seq_cst(&sh->frame[f].seq, 0);
+    for (uint32_t i = 0; i < p->npools; i++) {
+        kvr_atomic_store_seq_cst(&sh->pool[i].published_seq, 0);
+        for (int f = 0; f < KVR_RELAY_FRAMES; f++)
+            kvr_atomic_store_seq_cst(&sh->pool[i].frame[f].seq, 0);
+    }
     /* Every byte of the old generation is now below the tail: a reader still copying one
      * drops its copy at its re-check (kvr_relay_read_frame), as it would after a wrap. */
     kvr_atomic_store_seq_cst(&sh->ring_tail, kvr_atomic_load_seq_cst(&sh->ring_head));
 
-    kvr_ckf_clear(&p->ckf);
-    kvr_owners_destroy(&p->owners);
-    if (kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK) {
-        kvr_error("publisher: out of memory for owner counting; exiting (a new publisher starts over)");
-        _exit(71);
+    for (uint32_t i = 0; i < p->npools; i++) {
+        pub_pool_t *pp = &p->pool[i];
+        kvr_ckf_clear(&pp->ckf);
+        pp->blocks = 0;
+        kvr_owners_destroy(&pp->owners);
+        if (kvr_owners_init(&pp->owners, 1024) != KVR_OK) {
+            kvr_error("publisher: out of memory for owner counting; exiting (a new publisher starts over)");
+            _exit(71);
+        }
     }
     memset(p->ann_live, 0, p->max_blocks);
-    p->resync = 0;
-    kvr_store_resync(&p->store, scan_cb, p);
+    kvr_store_resync(&p->store, scan_cb, p); /* takes on pools made since (apply_insert) */
     if (p->resync) {
         kvr_error("publisher: out of memory rebuilding the filter; exiting (a new publisher starts over)");
         _exit(71);
     }
-    kvr_ckf_dirty_reset(&p->ckf); /* a new generation starts from a snapshot at 0 */
-    p->seq = 0;
+    hashes = 0;
+    for (uint32_t i = 0; i < p->npools; i++) {
+        kvr_ckf_dirty_reset(&p->pool[i].ckf); /* a new generation starts from a snapshot at 0 */
+        p->pool[i].seq = 0;
+        hashes += p->pool[i].owners.n;
+    }
+    mirror_blocks(p);
     p->pending = 0;
     p->retry_at_ns = 0;
     /* The catalog rule (docs/concurrency.md, the relay status row): generation first, the revision
@@ -325,8 +458,8 @@ static void new_generation(pub_t *p, const char *why)
     kvr_atomic_fetch_add_seq_cst(&sh->catalog_revision, 1);
     kvr_atomic_store_seq_cst(&sh->publisher_pid, (uint32_t)getpid()); /* status, and the owner check */
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_GENERATIONS, 1);
-    kvr_info("publisher: generation %llu (%s): %zu hashes in the filter", (unsigned long long)p->generation, why,
-             p->owners.n);
+    kvr_info("publisher: generation %llu (%s): %zu hashes in the filters of %u pools", (unsigned long long)p->generation,
+             why, hashes, p->npools);
 }
 
 /* ------------------------------------------------------------------ main */
@@ -433,13 +566,15 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
             if (p->pending == 0)
                 p->first_pending_ns = p->log_seen_ns ? p->log_seen_ns : kvr_clock_ns();
             if (kvr_chlog_op(&ev[i]) == KVR_EV_INSERT)
-                apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon);
+                apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon, ev[i].pool);
             else
                 apply_remove(p, ev[i].entry, kvr_chlog_gen(&ev[i]));
             if (++p->pending >= p->cfg->publication_threshold)
                 publish(p);
         }
     }
+    if (p->busy)
+        mirror_blocks(p);
     p->log_seen_ns = 0;
     if (p->unwoken_ns != 0)
         p->unwoken_ns = kvr_clock_ns(); /* the log was empty here: what is queued came later */
@@ -462,6 +597,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         new_generation(p, "change-log overflow");
         p->log_seen_ns = 0;
     }
+    take_pools(p); /* a PUT made one: the catalog lists it before any block of it is published */
     now = kvr_clock_ns();
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
@@ -511,9 +647,8 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     p->ann_gen = calloc(p->max_blocks, sizeof(uint32_t));
     p->ann_live = calloc(p->max_blocks, 1);
     p->ann_canon = calloc(p->max_blocks, sizeof(uint64_t));
-    if (p->ann_gen == NULL || p->ann_live == NULL || p->ann_canon == NULL ||
-        kvr_ckf_init(&p->ckf, p->relay.filter, p->relay.sh->bucket_count, p->relay.sh->seed, 0, 1) != KVR_OK ||
-        kvr_owners_init(&p->owners, p->max_blocks) != KVR_OK)
+    p->ann_pool = calloc(p->max_blocks, 1);
+    if (p->ann_gen == NULL || p->ann_live == NULL || p->ann_canon == NULL || p->ann_pool == NULL)
         _exit(70);
     pub_rebuild_refs(p);
     new_generation(p, "start");

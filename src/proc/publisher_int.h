@@ -17,23 +17,32 @@
 #include <stdint.h>
 #include <unistd.h>
 
+/* One relay pool as the publisher keeps it: its filter (over the pool's shared region, with
+ * the dirty set of the next delta), the owner counts that drive it, its last sequence. */
+typedef struct {
+    kvr_ckf_t ckf;
+    kvr_owners_t owners;
+    uint64_t seq;
+    uint64_t blocks; /* entries applied and not removed (kvr_relay_pool_t.blocks mirrors it) */
+} pub_pool_t;
+
 typedef struct {
     const kvr_config_t *cfg;
     kvr_seg_t *seg;
     kvr_store_t store;
     kvr_relay_t relay;
-    kvr_ckf_t ckf;
-    kvr_owners_t owners;
+    pub_pool_t pool[KVR_POOLS_MAX];
+    uint32_t npools;   /* pools taken on: the first npools of the store's table */
     uint32_t *ann_gen; /* per index entry: the generation whose insert was applied */
     uint8_t *ann_live; /* per index entry: 1 while that insert is in effect */
+    uint8_t *ann_pool; /* per index entry: the pool it was applied to */
     uint64_t *ann_canon;
     kvr_ckf_image_t *images;
     size_t images_cap;
     uint8_t *msg; /* encode buffer for one delta message */
     size_t msg_cap;
     uint64_t generation;
-    uint64_t seq;
-    uint64_t pending;
+    uint64_t pending; /* events applied since the last publication (every pool) */
     uint64_t first_pending_ns;
     uint64_t retry_at_ns; /* publish() failed to allocate: not again before this */
     uint64_t max_blocks;

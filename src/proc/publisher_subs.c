@@ -141,21 +141,21 @@ void pub_rebuild_refs(pub_t *p)
     }
 }
 
-/* Sum of (payload + 256) of frames [cursor, seq]: what a subscriber has queued
+/* Sum of (payload + 256) of pool's frames [cursor, seq]: what a subscriber has queued
  * (docs/relay-contract.md, "A pool stream", step 5), or
  * UINT64_MAX when the frame before its cursor is no longer indexed (far behind). */
-static uint64_t queued_bytes(pub_t *p, uint64_t cursor)
+static uint64_t queued_bytes(pub_t *p, uint32_t pool, uint64_t cursor)
 {
-    kvr_relay_sh_t *sh = p->relay.sh;
-    uint64_t top;
+    const kvr_relay_pool_t *rp = &p->relay.sh->pool[pool];
+    uint64_t top, seq = p->pool[pool].seq;
     const kvr_relay_frame_t *b;
 
-    if (cursor > p->seq)
+    if (cursor > seq)
         return 0;
-    top = sh->frame[p->seq % KVR_RELAY_FRAMES].queue_cum;
+    top = rp->frame[seq % KVR_RELAY_FRAMES].queue_cum;
     if (cursor <= 1)
         return top;
-    b = &sh->frame[(cursor - 1) % KVR_RELAY_FRAMES];
+    b = &rp->frame[(cursor - 1) % KVR_RELAY_FRAMES];
     if (kvr_atomic_load_seq_cst(&b->seq) != cursor - 1) /* our own store (the only writer) */
         return UINT64_MAX;
     return top - b->queue_cum;
@@ -171,15 +171,18 @@ static void lag_pass(pub_t *p, int cut)
     KVR_DASSERT(pub_owns_relay(p));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
         kvr_relay_sub_t *s = &sh->sub[i];
-        uint64_t cursor, frames;
-        /* acquire: pairs with the workers' seq_cst state CASes (a slot seen LIVE is ours to
-         * judge) */
-        if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE)
+        uint64_t cursor, frames, seq;
+        uint32_t pool;
+        /* acquire: LIVE is our own CAS, or a worker's later one (a slot seen LIVE is ours to
+         * judge); its pool was written before the worker's CAS to REQUESTED, which our
+         * admission saw */
+        if (kvr_atomic_load_acquire(&s->state) != KVR_SUB_LIVE || (pool = s->pool) >= p->npools)
             continue;
+        seq = p->pool[pool].seq;
         /* acquire: pairs with the worker's release store of cursor after it sent a frame */
         cursor = kvr_atomic_load_acquire(&s->cursor);
-        frames = p->seq + 1 > cursor ? p->seq + 1 - cursor : 0;
-        if (cut && (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, cursor) > KVR_RELAY_QUEUE_BYTES)) {
+        frames = seq + 1 > cursor ? seq + 1 - cursor : 0;
+        if (cut && (frames > KVR_RELAY_QUEUE_FRAMES || queued_bytes(p, pool, cursor) > KVR_RELAY_QUEUE_BYTES)) {
             kvr_info("publisher: subscriber %d lagged (%llu frames behind)", i, (unsigned long long)frames);
             pub_close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
             continue;

@@ -42,6 +42,7 @@
 #include "proc/worker.h"
 #include "io/listen.h"
 #include "io/uring.h"
+#include "wire/keys.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -436,6 +437,25 @@ static int relay_start(sup_t *s, const kvr_config_t *cfg)
     return KVR_OK;
 }
 
+/* The pool of (default, --model) exists from the start: the catalog lists it before any PUT,
+ * as it always did. Made first on a new segment, so it is pool 0 there. */
+static int default_pool(sup_t *s)
+{
+    const char *m = s->cfg->model;
+    int rc;
+
+    if (!kvr_model_valid(m, strlen(m))) {
+        kvr_error("--model must be 1 to %d printable bytes without spaces, got '%s'", KVR_MODEL_MAX, m);
+        return KVR_ERR;
+    }
+    rc = kvr_store_pool(&s->store, KVR_NS_DEFAULT, "default", m, strlen(m), (uint32_t)s->cfg->max_pools_per_ns);
+    if (rc == KVR_ENOSPACE || rc == KVR_EQUOTA)
+        kvr_warn("relay: no pool for (default, %s): the segment's --max-pools or the namespace's "
+                 "--max-pools-per-namespace are taken; its PUTs without X-KV-Model get 507",
+                 m);
+    return rc == KVR_ENOSPACE || rc == KVR_EQUOTA || rc >= 0 ? KVR_OK : KVR_ERR;
+}
+
 /* --workers, or one per online CPU; the table keeps one entry for the publisher. */
 static int worker_count(const kvr_config_t *cfg)
 {
@@ -466,6 +486,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
         return KVR_ERR;
     }
     sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
+    sc->relay_pools = (uint32_t)cfg->max_pools;
     sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
     sc->reset = cfg->segment_reset;
     sc->lock_wait_ms = KVR_SEG_LOCK_WAIT_MS; /* a killed run's lock outlives its processes briefly */
@@ -601,9 +622,11 @@ static void kill_stragglers(sup_t *s, uint64_t t)
     s->drain_deadline = t + 1000;
 }
 
-/* The namespaces' memory= of the table in force, for the store's evictions (we are the
- * table's only writer, so it is read plainly). Cheap: one store lock. */
-static void push_quotas(sup_t *s)
+/* After every publication of the tenants table (we are its only writer, so it is read
+ * plainly): the namespaces' memory= for the store's evictions (one store lock), and the pool
+ * of each configured namespace's default model, made now so that other namespaces' models can
+ * never take its place (docs/tenancy.md, "Pools"). */
+static void push_tenants(sup_t *s)
 {
     const kvr_tenants_sh_t *t = kvr_seg_at(&s->seg, s->seg.hdr->off_tenants);
     uint64_t q[KVR_NS_MAX];
@@ -611,6 +634,17 @@ static void push_quotas(sup_t *s)
     for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
         q[ns] = t->ns[ns].configured ? t->ns[ns].quota : 0;
     kvr_store_set_quotas(&s->store, q);
+    for (unsigned ns = 1; ns < KVR_NS_MAX; ns++) {
+        const char *m = t->ns[ns].model[0] ? t->ns[ns].model : s->cfg->model;
+        int rc;
+        if (!t->ns[ns].configured)
+            continue;
+        rc = kvr_store_pool(&s->store, (uint16_t)ns, t->ns[ns].name, m, strlen(m), (uint32_t)s->cfg->max_pools_per_ns);
+        if (rc == KVR_ENOSPACE || rc == KVR_EQUOTA)
+            KVR_LOG_RATELIMITED(KVR_LOG_WARN, "relay: no pool for (%s, %s): --max-pools or --max-pools-per-namespace "
+                                              "are taken",
+                                t->ns[ns].name, m);
+    }
 }
 
 /* Waits up to wait_ms for one of the blocked signals and acts on it. */
@@ -628,7 +662,7 @@ static void take_signal(sup_t *s, uint64_t wait_ms)
         start_drain(s);
     } else if (sig == SIGHUP && !s->draining) {
         kvr_tenants_src_reload(&s->tenants, &s->seg, "SIGHUP");
-        push_quotas(s);
+        push_tenants(s);
     }
 }
 
@@ -650,7 +684,7 @@ static void supervise(sup_t *s)
             wait_ms = 100;
         }
         if (!s->draining && kvr_tenants_src_poll(&s->tenants, &s->seg, kvr_clock_ms())) /* the file changed */
-            push_quotas(s);
+            push_tenants(s);
         take_signal(s, wait_ms);
         /* SIGCHLD, a timeout or an interrupt: reap whatever is there. */
         reap_children(s);
@@ -683,13 +717,15 @@ int kvr_supervisor_run(kvr_config_t *cfg)
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)
         return 1;
     clamp_block_size(cfg, &s->store);
+    if (default_pool(s) != KVR_OK)
+        return 2;
     if (relay_start(s, cfg) != KVR_OK)
         return 1;
     if (kvr_tenants_src_publish(&s->tenants, &s->seg, err, sizeof(err)) != KVR_OK) {
         kvr_error("%s", err);
         return 2;
     }
-    push_quotas(s);
+    push_tenants(s);
     /* Wake-up eventfds for every process slot, made before any fork. */
     s->fds.publisher = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     for (int i = 0; i < KVR_MAX_PROCS; i++)

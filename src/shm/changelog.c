@@ -23,7 +23,7 @@ void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity)
 }
 
 int kvr_chlog_append_locked(kvr_chlog_sh_t *log, const kvr_shlock_t *lock, uint32_t op, uint64_t canon,
-                            uint32_t entry, uint32_t gen)
+                            uint32_t entry, uint32_t gen, uint32_t pool)
 {
     /* head is written only by producers, all under the store lock: our own last value. */
     uint64_t h = kvr_atomic_load_relaxed(&log->head);
@@ -43,6 +43,7 @@ int kvr_chlog_append_locked(kvr_chlog_sh_t *log, const kvr_shlock_t *lock, uint3
     e->canon = canon;
     e->entry = entry;
     e->gen_op = (gen << 2) | op;
+    e->pool = pool;
     /* seq_cst: (1) as a release, pairs with the consumer's head load, so the event written
      * above is visible to it; (2) with the seq_cst tail and timed loads below against the
      * consumer's seq_cst tail/timed stores and head load, the Dekker pattern: either the

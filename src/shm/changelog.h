@@ -17,7 +17,7 @@
  * the sticky `overflow` flag is set: the consumer must then rebuild from a scan of the
  * index (kvr_store_resync) instead of guessing; nothing is lost silently.
  *
- * Events also carry the entry index and its generation: a crash repair may append an event
+ * Events also carry the block's relay pool, the entry index and its generation: a crash repair may append an event
  * a second time (at least once), and the consumer de-duplicates by (entry, gen).
  */
 #ifndef KVR_SHM_CHANGELOG_H
@@ -35,8 +35,10 @@ typedef struct {
     uint64_t canon;
     uint32_t entry;
     uint32_t gen_op; /* gen << 2 | op */
+    uint32_t pool;   /* the relay pool of the block (kvr_store_sh_t.pool) */
+    uint32_t pad_;
 } kvr_chlog_event_t;
-static_assert(sizeof(kvr_chlog_event_t) == 16, "log event layout");
+static_assert(sizeof(kvr_chlog_event_t) == 24, "log event layout");
 
 typedef struct {
     _Atomic uint64_t head; /* producers, under the store lock */
@@ -78,7 +80,7 @@ void kvr_chlog_format(kvr_chlog_sh_t *log, uint64_t capacity);
  * lock, which the caller holds (asserted).
  */
 int kvr_chlog_append_locked(kvr_chlog_sh_t *log, const kvr_shlock_t *lock, uint32_t op, uint64_t canon,
-                            uint32_t entry, uint32_t gen);
+                            uint32_t entry, uint32_t gen, uint32_t pool);
 
 /* The consumer: appends also report "wake" when the ring reaches n events (0: only when it
  * was empty), so a consumer may leave events queued for a while without being woken by each. */

@@ -5,8 +5,8 @@
  * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
  * the decoded key bytes) and on its namespace's LRU list. The key bytes themselves are stored at the
  * start of the block's first arena run, right before the payload, so the index carries no
- * per-entry key buffer; the first 62 bytes are also kept inline in the entry, so a lookup of a
- * key of up to 62 bytes reads two adjacent cache lines and nothing else.
+ * per-entry key buffer; the first 61 bytes are also kept inline in the entry, so a lookup of a
+ * key of up to 61 bytes reads two adjacent cache lines and nothing else.
  *
  * A key's identity is (namespace, key bytes): the namespace id is stored on the entry and
  * compared with the length, and the chain hash is seeded per namespace with a secret of the
@@ -47,12 +47,12 @@ enum { KVR_ENT_FREE = 0,
 #define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
 
 #define KVR_KEY_HEAD 46 /* key bytes kept inline on the entry's first cache line */
-#define KVR_KEY_TAIL 16 /* and on its second: keys up to 62 bytes never touch the arena */
+#define KVR_KEY_TAIL 15 /* and on its second: keys up to 61 bytes never touch the arena */
 
 /*
- * 128 bytes, two cache lines: the first holds everything a lookup reads for keys up to 48
+ * 128 bytes, two cache lines: the first holds everything a lookup reads for keys up to 46
  * bytes (hash, chain link, length, state and namespace of the key, its first 46 bytes); the second the
- * rest of the entry and key bytes 48..63. The full key is also stored in the arena.
+ * rest of the entry (with its relay pool) and key bytes 46..60. The full key is also stored in the arena.
  */
 typedef struct {
     uint64_t khash;      /* XXH3_64bits of the key */
@@ -72,12 +72,13 @@ typedef struct {
     uint32_t refs;       /* dedup reference count */
     uint32_t pins;       /* GETs in flight; derived from the per-process pin tables */
     uint32_t gen;        /* bumped at every reservation; names this incarnation in events */
+    uint8_t pool;        /* the relay pool (namespace, model) it is published in */
     uint8_t key_tail[KVR_KEY_TAIL];
 } __attribute__((aligned(128))) kvr_entry_t;
 static_assert(sizeof(kvr_entry_t) == 128, "an entry is two cache lines");
 static_assert(offsetof(kvr_entry_t, key_head) == 18, "entry layout");
 static_assert(offsetof(kvr_entry_t, canon) == 64, "entry layout");
-static_assert(offsetof(kvr_entry_t, key_tail) == 112, "entry layout");
+static_assert(offsetof(kvr_entry_t, key_tail) == 113, "entry layout");
 
 /* Shared index state (inside kvr_store_sh_t). seq sits on its own cache line. */
 typedef struct {

@@ -5,20 +5,27 @@
  * Only core/relay.c and proc/publisher*.c touch these structs; everything else goes through
  * core/relay.h.
  *
- *   status      generation (layout_generation), published sequence, catalog revision,
- *               pool identity; written by the supervisor (identity) and the publisher.
+ *   status      generation (layout_generation), catalog revision, the relay's identity
+ *               (incarnation, DcId, filter format); written by the supervisor (identity)
+ *               and the publisher.
+ *   pools       one per relay pool (namespace, model) of the store's pool table
+ *               (shm/store_sh.h), each with its own filter (hdr->off_filter + pool x one
+ *               filter's bytes), identity and published sequence. The publisher takes pools
+ *               on in table order when it first sees them: it writes a pool's identity, then
+ *               raises `pools_ready` past it (release); nobody lists or streams a pool before.
  *   frames      a broadcast ring of encoded delta frames: each delta is encoded ONCE into
- *               `ring` (a byte ring) and indexed in `frame[seq % KVR_RELAY_FRAMES]`; every
- *               subscriber reads it at its own cursor. A subscriber's queue is implicitly
- *               the frames between its cursor and the published sequence; the publisher
- *               cuts it (SUBSCRIBER_LAGGED) when that exceeds 16 frames or 16 MiB
- *               (payload + 256 per frame), so the ring only ever needs the last 16
- *               frames plus one maximal frame.
- *   snapshots   two copies of the filter, each exact at a published sequence, taken by the
- *               publisher between publications and streamed chunk by chunk by workers; a
- *               new subscriber waits for a free copy. Which subscriber holds which copy is
- *               the publisher's private bookkeeping (`refs` here is only its mirror, for
- *               debugging), so no worker ever writes a reference count.
+ *               `ring` (one byte ring for every pool) and indexed in its pool's
+ *               `frame[seq % KVR_RELAY_FRAMES]`; every subscriber reads it at its own
+ *               cursor. A subscriber's queue is implicitly the frames of its pool between its
+ *               cursor and the pool's published sequence; the publisher cuts it
+ *               (SUBSCRIBER_LAGGED) when that exceeds 16 frames or 16 MiB (payload + 256 per
+ *               frame). Other pools' frames may overwrite its unread bytes too (the ring
+ *               holds the last 32 MiB of all pools): its read then fails and it is cut the same.
+ *   snapshots   copies of a pool's filter, each exact at a published sequence of that pool
+ *               (`pool`, `seq`), taken by the publisher between publications and streamed
+ *               chunk by chunk by workers; a new subscriber waits for a free copy. Which
+ *               subscriber holds which copy is the publisher's private bookkeeping (`refs`
+ *               here is only its mirror, for debugging), so no worker ever writes a count.
  *   subs        one slot per pool subscriber, a small state machine whose every transition
  *               is a compare-and-swap from the state it expects (kvr_relay_sub_t below).
  *
@@ -37,7 +44,7 @@
 #define KVR_RELAY_FRAMES         64
 #define KVR_RELAY_RING_BYTES     (32u << 20)
 #define KVR_RELAY_MAX_SUBS       256
-#define KVR_RELAY_SNAPSHOTS      2
+#define KVR_RELAY_SNAPSHOTS      4
 #define KVR_RELAY_QUEUE_FRAMES   16
 #define KVR_RELAY_QUEUE_BYTES    (16u << 20)
 #define KVR_RELAY_FRAME_OVERHEAD 256
@@ -90,11 +97,13 @@ typedef struct {
 static_assert(sizeof(kvr_relay_frame_t) == 32, "frame index entry");
 
 typedef struct {
-    _Atomic uint64_t seq; /* sequence the copy is exact at */
+    _Atomic uint64_t seq; /* sequence of `pool` the copy is exact at */
     _Atomic uint64_t generation;
     uint32_t refs; /* the publisher's private count, mirrored for debugging only */
     _Atomic uint32_t valid;
-    uint64_t pad_[5];
+    _Atomic uint32_t pool; /* whose filter it copies */
+    uint32_t pad0_;
+    uint64_t pad_[4];
 } kvr_relay_snap_t;
 static_assert(sizeof(kvr_relay_snap_t) == 64, "snapshot slot");
 
@@ -107,9 +116,23 @@ typedef struct {
     _Atomic int32_t snap_index;    /* snapshot copy, set by the publisher with snap_seq */
     _Atomic uint32_t snap_done;    /* set by the worker once the snapshot is sent */
     _Atomic uint64_t cursor;       /* next delta the worker sends: publisher at admission, then worker */
-    uint64_t pad_[2];
+    uint32_t pool;                 /* the pool it subscribes to (worker, CLAIMED) */
+    uint32_t pad0_;
+    uint64_t pad_;
 } kvr_relay_sub_t;
 static_assert(sizeof(kvr_relay_sub_t) == 64, "subscriber slot");
+
+/* One relay pool. Identity written by the publisher before it counts the pool in pools_ready. */
+typedef struct {
+    uint8_t cache_digest[16];   /* from the pool's model, block size and hash format */
+    uint8_t routing_digest[16]; /* from its serving endpoint (docs/tenancy.md, "Pools") */
+    uint64_t pad0_;
+    _Atomic uint64_t published_seq; /* last published delta sequence of this generation */
+    _Atomic uint64_t blocks;        /* its resident blocks as the publisher counts them (a gauge) */
+    uint64_t pad1_;
+    kvr_relay_frame_t frame[KVR_RELAY_FRAMES];
+} kvr_relay_pool_t;
+static_assert(offsetof(kvr_relay_pool_t, frame) == 64, "a pool's header is one line");
 
 typedef struct {
     /* identity: written by the supervisor before fork, read-only after */
@@ -117,12 +140,13 @@ typedef struct {
     uint64_t seed;
     uint64_t bucket_count;
     uint64_t dc_id;
-    uint8_t cache_digest[16];
-    uint8_t routing_digest[16];
+    uint32_t npools; /* pools the segment has filters for (hdr->relay_pools) */
+    uint32_t pad4_;
+    uint64_t pad5_[3];
 
     /* publisher state */
     _Atomic uint64_t generation;       /* layout_generation being served; 0 = none */
-    _Atomic uint64_t published_seq;    /* last published delta sequence of this generation */
+    _Atomic uint64_t pools_ready;      /* pools taken on (a prefix of the store's table) */
     _Atomic uint64_t catalog_revision; /* +1 per catalog change */
     _Atomic uint64_t ring_head;        /* cumulative bytes written into the ring */
     _Atomic uint64_t ring_tail;        /* cumulative offset below which bytes may be gone */
@@ -136,14 +160,14 @@ typedef struct {
     uint32_t pad2_[11];
     _Atomic uint32_t per_proc[64][KVR_STREAM_TYPES];
 
-    kvr_relay_frame_t frame[KVR_RELAY_FRAMES];
     kvr_relay_snap_t snap[KVR_RELAY_SNAPSHOTS];
     kvr_relay_sub_t sub[KVR_RELAY_MAX_SUBS];
+    kvr_relay_pool_t pool[KVR_POOLS_MAX];
 } kvr_relay_sh_t;
 static_assert(offsetof(kvr_relay_sh_t, generation) % 64 == 0, "publisher state on its own line");
 static_assert(offsetof(kvr_relay_sh_t, active) - offsetof(kvr_relay_sh_t, generation) == 64,
               "publisher state is one line");
-static_assert(offsetof(kvr_relay_sh_t, frame) % 64 == 0, "frame index aligned");
+static_assert(offsetof(kvr_relay_sh_t, pool) % 64 == 0, "pools aligned");
 static_assert(offsetof(kvr_relay_sh_t, sub) % 64 == 0, "subscriber slots aligned");
 
 #endif

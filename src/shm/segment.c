@@ -77,6 +77,9 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     h->nbuckets = next_pow2(h->max_blocks);
     h->log_capacity = cfg.log_capacity ? next_pow2(cfg.log_capacity) : next_pow2(h->max_blocks * 2 < 4096 ? 4096 : h->max_blocks * 2);
     h->pin_slots = cfg.pin_slots;
+    h->relay_pools = cfg.relay_pools ? cfg.relay_pools : 1;
+    if (h->relay_pools > KVR_POOLS_MAX)
+        return KVR_EINVAL;
 
     off = sizeof(kvr_seg_hdr_t);
     h->off_procs = off;
@@ -106,7 +109,7 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
         h->off_relay = off;
         off += KVR_ALIGN_UP(sizeof(kvr_relay_sh_t), 4096);
         h->off_filter = off;
-        off += KVR_ALIGN_UP(h->ckf_buckets * 8, 4096);
+        off += h->relay_pools * KVR_ALIGN_UP(h->ckf_buckets * 8, 4096);
         h->off_snap = off;
         off += KVR_RELAY_SNAPSHOTS * KVR_ALIGN_UP(h->ckf_buckets * 8, 4096);
         h->off_ring = off;
@@ -269,6 +272,7 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
     diff_field(d, sizeof(d), "change-log events", h->log_capacity, want->log_capacity);
     diff_field(d, sizeof(d), "pin slots", h->pin_slots, want->pin_slots);
     diff_field(d, sizeof(d), "relay filter buckets (--expected-unique-blocks)", h->ckf_buckets, want->ckf_buckets);
+    diff_field(d, sizeof(d), "relay pools (--max-pools)", h->relay_pools, want->relay_pools);
     if (d[0] == '\0' && memcmp(&h->off_procs, &want->off_procs,
                                offsetof(kvr_seg_hdr_t, struct_sig) - offsetof(kvr_seg_hdr_t, off_procs)) != 0)
         snprintf(d, sizeof(d), "region offsets differ with equal sizes");

@@ -44,8 +44,10 @@
  * at a warm restart, with both versions named (segment.c, check_header). 2: the dead fields
  * publish_ns, live_worker_mask (relay state) and off_reserved_ (header) removed, the header's
  * generation renamed run. 3: the tenants table (off_tenants, shm/tenants_sh.h), an entry's
- * namespace, the store's per-namespace seeds and counters. */
-#define KVR_SEG_LAYOUT_VERSION 3u
+ * namespace, the store's per-namespace seeds and counters. 4: relay pools (the store's pool table,
+ * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
+ * hdr->relay_pools). */
+#define KVR_SEG_LAYOUT_VERSION 4u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
@@ -66,6 +68,7 @@ typedef struct {
     uint32_t pin_slots;    /* per-process pin table slots, power of two */
     int hugepages;         /* enum kvr_hugepage_mode */
     uint64_t ckf_buckets;  /* relay filter buckets (power of two, 2..2^24); 0: no relay regions */
+    uint32_t relay_pools;  /* relay pools, each with a filter of ckf_buckets (1..KVR_POOLS_MAX; 0: 1) */
     const char *path;      /* warm restart: keep the segment in this file (NULL: a memfd) */
     int reset;             /* with path: discard an existing file's contents */
     uint32_t lock_wait_ms; /* with path: how long to wait for a lock no live kvrelay holds (0: not at all) */
@@ -150,7 +153,7 @@ typedef struct {
     uint64_t nbuckets;
     uint64_t log_capacity;
     uint32_t pin_slots;
-    uint32_t pad0_;
+    uint32_t relay_pools; /* --max-pools: pools the store may make, filters the relay holds */
 
     uint64_t off_procs;
     uint64_t off_store;
@@ -163,8 +166,8 @@ typedef struct {
     uint64_t off_arena;
     uint64_t arena_bytes;
     uint64_t off_relay;   /* kvr_relay_sh_t */
-    uint64_t off_filter;  /* the publisher's Cuckoo filter: ckf_buckets words */
-    uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of it */
+    uint64_t off_filter;  /* the publisher's Cuckoo filters: relay_pools x ckf_buckets words */
+    uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of one filter (any pool's) */
     uint64_t off_ring;    /* the delta frame ring */
     uint64_t off_tenants; /* kvr_tenants_sh_t: namespace registry and token table */
     uint64_t ckf_buckets;

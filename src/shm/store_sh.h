@@ -14,6 +14,7 @@
 #include "shm/segment.h"
 #include "shm/shlock.h"
 #include "shm/stats.h"
+#include "shm/tenants_sh.h"
 
 /* One pin-table slot: entry index (KVR_NIL = empty) and how many times this process pins it. */
 typedef struct {
@@ -42,6 +43,24 @@ typedef struct {
     uint64_t blocks, refs, resident_bytes, logical_bytes;
     uint64_t reserved_bytes; /* payload of its PUTs in flight (RESERVED entries): the quota counts them */
 } kvr_ns_agg_t;
+
+/*
+ * A relay pool: the blocks of one (namespace, model), published as one filter
+ * (docs/tenancy.md, "Pools"). Slots below `npools` are immutable once published: a worker
+ * fills the next slot under the store lock and then stores npools + 1 with release; readers
+ * load npools with acquire and read the slots below it without a lock. Pool 0 is (default,
+ * --model), written when the store is formatted. A pool lives as long as the segment.
+ */
+typedef struct {
+    uint16_t ns;
+    uint8_t model_len;
+    uint8_t pad0_;
+    char ns_name[KVR_NS_NAME_MAX + 1]; /* the namespace's name when the pool was made */
+    char model[KVR_MODEL_MAX + 1];     /* NUL-terminated */
+    uint8_t pad1_[2];
+} kvr_pool_sh_t;
+static_assert(sizeof(kvr_pool_sh_t) == 168, "pool slot layout");
+static_assert(KVR_POOLS_MAX <= 256, "an entry names its pool in 8 bits");
 
 typedef struct {
     kvr_shlock_t lock;
@@ -72,6 +91,10 @@ typedef struct {
      * tenants table under the lock at every publication (kvr_store_set_quotas) */
     uint64_t ns_quota[KVR_NS_MAX];
     kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
+
+    _Atomic uint32_t npools; /* pool slots in use (the protocol above) */
+    uint32_t pad2_;
+    kvr_pool_sh_t pool[KVR_POOLS_MAX];
 } kvr_store_sh_t;
 static_assert(offsetof(kvr_store_sh_t, stats) % KVR_CACHELINE == 0, "stats blocks are aligned");
 

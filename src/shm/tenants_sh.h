@@ -21,7 +21,6 @@
 #include "common.h"
 
 #define KVR_NS_NAME_MAX       32                       /* bytes of a namespace name */
-#define KVR_NS_MODEL_MAX      128                      /* bytes of a namespace's default model */
 #define KVR_TENANT_TOKEN_MAX  256                      /* bytes of a literal token in the tenants file */
 #define KVR_TENANTS_TOKENS    1024                     /* tokens a tenants file may hold */
 #define KVR_TENANTS_SH_TOKENS (KVR_TENANTS_TOKENS + 1) /* ... and the one of --token */
@@ -35,8 +34,8 @@ typedef struct {
     uint8_t in_use;                 /* the slot holds a name: kept for the segment's life */
     uint8_t configured;             /* the current table names it */
     uint8_t pad0_[5];
-    uint64_t quota;                   /* memory= in bytes; 0: none */
-    char model[KVR_NS_MODEL_MAX + 1]; /* model=; "" none */
+    uint64_t quota;                /* memory= in bytes; 0: none */
+    char model[KVR_MODEL_MAX + 1]; /* model=; "" none */
     uint8_t pad_[15];
 } kvr_ns_sh_t;
 static_assert(sizeof(kvr_ns_sh_t) == 192, "namespace slot layout");

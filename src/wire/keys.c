@@ -100,3 +100,13 @@ uint64_t kvr_key_canon(const void *key, size_t klen)
     }
     return XXH3_64bits(key, klen);
 }
+
+int kvr_model_valid(const char *model, size_t len)
+{
+    if (len == 0 || len > KVR_MODEL_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)model[i] <= 0x20 || (unsigned char)model[i] >= 0x7f)
+            return 0;
+    return 1;
+}

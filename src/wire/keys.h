@@ -53,4 +53,8 @@ int kvr_parse_u64(const char *s, size_t n, uint64_t *out);
  * key of exactly 16 hex digits (either case) is that number, any other key its XXH3-64. */
 uint64_t kvr_key_canon(const void *key, size_t klen);
 
+/* A model name (X-KV-Model, model= of the tenants file, --model): 1..KVR_MODEL_MAX bytes
+ * (common.h) of printable ASCII without a space. */
+int kvr_model_valid(const char *model, size_t len);
+
 #endif

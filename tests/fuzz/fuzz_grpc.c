@@ -129,7 +129,7 @@ static void gen_corpus(const char *dir)
     wc.contract_marker = 0x4B565231u;
     n = dynamo__kvrelay__v1__watch_kv_pool_catalog_request__pack(&wc, m);
     write_seed(dir, "watch_catalog", "/dynamo.kvrelay.v1.KvEventRelay/WatchKvPoolCatalog", m, n);
-    kvr_relay_ident(&relay, 1, &id);
+    kvr_relay_ident(&relay, 0, 1, &id);
     sp.subscriber_id = "router";
     sp.expected_producer = &id.producer;
     sp.contract_marker = 0x4B565231u;

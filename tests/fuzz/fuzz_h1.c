@@ -63,7 +63,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     if (h1 == NULL)
         abort();
     /* a resident block, so that GET, HEAD, dedup and conflicts have something to hit */
-    if (kvr_store_put(&store, KVR_NS_DEFAULT, "a", 1, "hello", 5, 1) != KVR_PUT_CREATED)
+    if (kvr_store_put(&store, KVR_NS_DEFAULT, 0, "a", 1, "hello", 5, 1) != KVR_PUT_CREATED)
         abort();
     return 0;
 }

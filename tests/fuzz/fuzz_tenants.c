@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(strcmp(t.ns[0].name, "default") == 0);
     for (uint32_t i = 0; i < t.nns; i++) {
         check_name(t.ns[i].name);
-        check(strlen(t.ns[i].model) <= KVR_NS_MODEL_MAX);
+        check(strlen(t.ns[i].model) <= KVR_MODEL_MAX);
         for (uint32_t j = 0; j < i; j++)
             check(strcmp(t.ns[i].name, t.ns[j].name) != 0);
     }

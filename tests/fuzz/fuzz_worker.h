@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -28,8 +29,12 @@ static void fuzz_worker_setup(int argc, char **argv, kvr_config_t *cfg, kvr_seg_
     sc.ckf_buckets = kvr_relay_bucket_count(cfg, 256);
     if (kvr_seg_create(seg, &sc) != KVR_OK || kvr_store_format(seg, 0) != KVR_OK ||
         kvr_seg_proc_claim_at(seg, 1, KVR_ROLE_WORKER) != 1 || kvr_store_open(store, seg) != KVR_OK ||
-        kvr_relay_format(relay, seg, cfg) != KVR_OK)
+        kvr_relay_format(relay, seg, cfg) != KVR_OK ||
+        kvr_store_pool(store, KVR_NS_DEFAULT, "default", cfg->model, strlen(cfg->model), KVR_POOLS_MAX) != 0)
         abort();
+    /* pool 0 as a publisher takes it on, so that subscriptions reach past the pool lookup */
+    kvr_relay_take_pool(relay, 0, "default", cfg->model);
+    kvr_relay_set_pools_ready(relay, 1);
     fds->publisher = -1;
     for (int i = 0; i < KVR_MAX_PROCS; i++)
         fds->worker[i] = fds->accept[i] = -1;

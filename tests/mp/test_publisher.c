@@ -65,6 +65,7 @@ static void rx_open_log(rx_t *x, uint64_t log_capacity)
         .max_blocks = 512,
         .hugepages = KVR_HUGEPAGES_OFF,
         .log_capacity = log_capacity,
+        .relay_pools = 4,
     };
 
     kvr_log_level = KVR_LOG_ERROR;
@@ -74,6 +75,7 @@ static void rx_open_log(rx_t *x, uint64_t log_capacity)
     cr_assert_eq(kvr_store_format(&x->seg, 0), KVR_OK);
     cr_assert_eq(kvr_seg_proc_claim_at(&x->seg, 0, 0), 0);
     cr_assert_eq(kvr_store_open(&x->st, &x->seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&x->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0, "pool 0, as the supervisor makes it");
     cr_assert_eq(kvr_relay_format(&x->relay, &x->seg, &x->cfg), KVR_OK);
     for (int i = 0; i < KVR_MAX_PROCS; i++)
         x->fds.worker[i] = -1;
@@ -166,7 +168,10 @@ static int drain_frames(rx_t *x, int sub, kvr_mirror_t *m)
 static int quiet(rx_t *x, uint64_t *last)
 {
     uint64_t h = atomic_load(&x->st.log->head), t = atomic_load(&x->st.log->tail);
-    uint64_t seq = atomic_load(&x->relay.sh->published_seq), prev = *last;
+    uint64_t seq = 0, prev = *last;
+
+    for (int p = 0; p < 4; p++) /* every pool's: the sum moves with any of them */
+        seq += atomic_load(&x->relay.sh->pool[p].published_seq);
     *last = seq;
     return h == t && seq == prev;
 }
@@ -179,13 +184,20 @@ static void quiesce(rx_t *x)
     cr_assert(WAIT_UNTIL_EVERY(quiet(x, &last), 10000, 20), "publisher did not quiesce");
 }
 
-static void put_n(rx_t *x, int from, int to, uint64_t salt)
+static void put_pool(rx_t *x, uint32_t pool, int from, int to, uint64_t salt)
 {
     char key[32];
     for (int i = from; i < to; i++) {
         snprintf(key, sizeof(key), "blk-%d", i);
-        cr_assert_geq(kvr_store_put(&x->st, KVR_NS_DEFAULT, key, strlen(key), "x", 1, (uint64_t)i * 0x9E3779B97F4A7C15ull + salt), 0);
+        cr_assert_geq(kvr_store_put(&x->st, KVR_NS_DEFAULT, pool, key, strlen(key), "x", 1,
+                                    (uint64_t)i * 0x9E3779B97F4A7C15ull + salt),
+                      0);
     }
+}
+
+static void put_n(rx_t *x, int from, int to, uint64_t salt)
+{
+    put_pool(x, 0, from, to, salt);
 }
 
 static void assert_replica_exact(rx_t *x, kvr_mirror_t *m)
@@ -195,7 +207,7 @@ static void assert_replica_exact(rx_t *x, kvr_mirror_t *m)
         if (x->st.ix.ent[e].state == KVR_ENT_LIVE)
             cr_assert(kvr_mirror_contains(m, x->st.ix.ent[e].canon), "entry %llu missing", (unsigned long long)e);
     /* ... and the replica equals the publisher's filter bucket for bucket */
-    cr_assert_eq(memcmp(m->buckets, x->relay.filter, x->relay.sh->bucket_count * 8), 0, "replica differs");
+    cr_assert_eq(memcmp(m->buckets, kvr_relay_filter(&x->relay, 0), x->relay.sh->bucket_count * 8), 0, "replica differs");
 }
 
 Test(relay, subscriber_converges_and_laggard_is_cut, .timeout = 60)
@@ -210,26 +222,26 @@ Test(relay, subscriber_converges_and_laggard_is_cut, .timeout = 60)
     put_n(&x, 0, 50, 0);
     quiesce(&x);
     cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-    sub = kvr_relay_sub_open(&x.relay, 0, gen);
+    sub = kvr_relay_sub_open(&x.relay, 0, gen, 0);
     cr_assert_geq(sub, 0);
     cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
     read_snapshot(&x, sub, &m, gen);
-    lazy = kvr_relay_sub_open(&x.relay, 0, gen);
+    lazy = kvr_relay_sub_open(&x.relay, 0, gen, 0);
     cr_assert_eq(wait_admitted(&x, lazy), KVR_SUB_LIVE);
     /* traffic: inserts, dedups, deletes, with the reader keeping up */
     for (int round = 0; round < 40; round++) {
         char key[32];
-        uint64_t seq = atomic_load(&x.relay.sh->published_seq);
+        uint64_t seq = atomic_load(&x.relay.sh->pool[0].published_seq);
         put_n(&x, 50 + round * 5, 55 + round * 5, 0);
         snprintf(key, sizeof(key), "blk-%d", round);
         kvr_store_release(&x.st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         /* each round's new hashes are a delta of their own: the lazy reader falls behind */
-        cr_assert(WAIT_UNTIL(atomic_load(&x.relay.sh->published_seq) > seq, 10000), "round %d published nothing", round);
+        cr_assert(WAIT_UNTIL(atomic_load(&x.relay.sh->pool[0].published_seq) > seq, 10000), "round %d published nothing", round);
         cr_assert_eq(drain_frames(&x, sub, &m), 0);
     }
     quiesce(&x);
     cr_assert_eq(drain_frames(&x, sub, &m), 0);
-    cr_assert_gt(atomic_load(&x.relay.sh->published_seq), 16, "too few deltas to lag anyone");
+    cr_assert_gt(atomic_load(&x.relay.sh->pool[0].published_seq), 16, "too few deltas to lag anyone");
     assert_replica_exact(&x, &m);
     /* the subscriber that never read was cut for lag; the reader was not */
     cr_assert_eq(atomic_load(&x.relay.sh->sub[lazy].state), KVR_SUB_CLOSED);
@@ -251,7 +263,7 @@ Test(relay, publisher_crash_starts_a_new_generation, .timeout = 60)
     rev = atomic_load(&x.relay.sh->catalog_revision);
     put_n(&x, 0, 100, 7);
     quiesce(&x);
-    sub = kvr_relay_sub_open(&x.relay, 0, g1);
+    sub = kvr_relay_sub_open(&x.relay, 0, g1, 0);
     cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
     kill(x.pub, SIGKILL);
     waitpid(x.pub, &status, 0);
@@ -265,12 +277,12 @@ Test(relay, publisher_crash_starts_a_new_generation, .timeout = 60)
     cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].close_reason), 9 /* PUBLICATION_UNAVAILABLE */);
     kvr_relay_sub_close(&x.relay, sub);
     /* a subscription to the old producer is refused; the new one converges */
-    stale = kvr_relay_sub_open(&x.relay, 0, g1);
+    stale = kvr_relay_sub_open(&x.relay, 0, g1, 0);
     cr_assert_eq(wait_admitted(&x, stale), KVR_SUB_CLOSED);
     cr_assert_eq(atomic_load(&x.relay.sh->sub[stale].close_reason), 5 /* PRODUCER_CHANGED */);
     kvr_relay_sub_close(&x.relay, stale);
     cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-    fresh = kvr_relay_sub_open(&x.relay, 0, g2);
+    fresh = kvr_relay_sub_open(&x.relay, 0, g2, 0);
     cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
     read_snapshot(&x, fresh, &m, g2);
     put_n(&x, 120, 130, 7);
@@ -292,7 +304,7 @@ Test(relay, change_log_overflow_rebuilds_from_the_index, .timeout = 60)
 
     rx_open_log(&x, 16);
     g1 = atomic_load(&x.relay.sh->generation);
-    sub = kvr_relay_sub_open(&x.relay, 0, g1);
+    sub = kvr_relay_sub_open(&x.relay, 0, g1, 0);
     cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
     kill(x.pub, SIGSTOP);
     put_n(&x, 0, 100, 3); /* 100 events into a ring of 16 */
@@ -304,7 +316,7 @@ Test(relay, change_log_overflow_rebuilds_from_the_index, .timeout = 60)
     cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].state), KVR_SUB_CLOSED, "the old generation's stream ends");
     kvr_relay_sub_close(&x.relay, sub);
     cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-    fresh = kvr_relay_sub_open(&x.relay, 0, g2);
+    fresh = kvr_relay_sub_open(&x.relay, 0, g2, 0);
     cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
     read_snapshot(&x, fresh, &m, g2);
     quiesce(&x);
@@ -336,7 +348,7 @@ static void storm_child(rx_t *x, int slot, uint64_t gen, unsigned seed, const ch
         _exit(3);
     while (now_s() < end) {
         kvr_relay_sub_view_t v;
-        int sub = kvr_relay_sub_open(&x->relay, slot, gen);
+        int sub = kvr_relay_sub_open(&x->relay, slot, gen, 0);
         int action = actions[rand_r(&seed) % strlen(actions)] - '0';
         double until = now_s() + 1.0;
         if (sub < 0) { /* not synchronisation: every slot is taken; back off before trying again */
@@ -411,7 +423,7 @@ static void slot_storm(const char *actions)
         char key[32];
         snprintf(key, sizeof(key), "storm-%d", n % 300);
         if (n % 600 < 300)
-            kvr_store_put(&x.st, KVR_NS_DEFAULT, key, strlen(key), "s", 1, 0xABC000ull + (uint64_t)(n % 300));
+            kvr_store_put(&x.st, KVR_NS_DEFAULT, 0, key, strlen(key), "s", 1, 0xABC000ull + (uint64_t)(n % 300));
         else
             kvr_store_release(&x.st, KVR_NS_DEFAULT, key, strlen(key), NULL);
         n++;
@@ -422,7 +434,7 @@ static void slot_storm(const char *actions)
         cr_assert_eq(waitpid(kids[i], &status, 0), kids[i]);
         cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "storm child %d: status %d", i, status);
     }
-    cr_assert_gt(atomic_load(&x.relay.sh->published_seq), 100, "too few deltas to cut anyone");
+    cr_assert_gt(atomic_load(&x.relay.sh->pool[0].published_seq), 100, "too few deltas to cut anyone");
     /* The children closed everything they opened and their process slots still look alive,
      * so nothing here relies on dead-owner repair: every slot must be freed by protocol. */
     WAIT_UNTIL_EVERY((busy = busy_slots(&x)) == 0, 5000, 20);
@@ -434,7 +446,7 @@ static void slot_storm(const char *actions)
         cr_assert_eq(x.relay.sh->snap[k].refs, 0, "snapshot copy %d still referenced", k);
     /* and the relay still serves: a new subscriber gets a whole snapshot and converges */
     cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-    fresh = kvr_relay_sub_open(&x.relay, 0, gen);
+    fresh = kvr_relay_sub_open(&x.relay, 0, gen, 0);
     cr_assert_geq(fresh, 0);
     cr_assert_eq(wait_admitted(&x, fresh), KVR_SUB_LIVE);
     read_snapshot(&x, fresh, &m, gen);
@@ -480,7 +492,7 @@ Test(relay, publish_allocation_failure_loses_no_delta, .timeout = 60)
     kvr_pub_fail_alloc_at = 0;
     gen = atomic_load(&x.relay.sh->generation);
     cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-    sub = kvr_relay_sub_open(&x.relay, 0, gen); /* admitted at 0, before any allocation */
+    sub = kvr_relay_sub_open(&x.relay, 0, gen, 0); /* admitted at 0, before any allocation */
     cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
     read_snapshot(&x, sub, &m, gen);
     put_n(&x, 0, 30, 5); /* the first delta's buffers are allocated now: one fails */
@@ -491,12 +503,103 @@ Test(relay, publish_allocation_failure_loses_no_delta, .timeout = 60)
         kvr_mirror_destroy(&m);
         gen = atomic_load(&x.relay.sh->generation);
         cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
-        sub = kvr_relay_sub_open(&x.relay, 0, gen);
+        sub = kvr_relay_sub_open(&x.relay, 0, gen, 0);
         cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
         read_snapshot(&x, sub, &m, gen);
     }
     cr_assert_eq(drain_frames(&x, sub, &m), 0);
     assert_replica_exact(&x, &m);
+    kvr_relay_sub_close(&x.relay, sub);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}
+
+/* Two pools of one store publish apart: each subscriber's replica is its own pool's filter,
+ * holding its blocks' hashes and none of the other's, each pool has its own identity and
+ * sequence, and traffic in one pool publishes nothing in the other (docs/tenancy.md, "Pools"). */
+Test(relay, pools_publish_apart, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m0, m1;
+    int s0, s1;
+    uint64_t gen, seq0;
+    kvr_relay_ident_t id0, id1;
+
+    rx_open(&x);
+    cr_assert_eq(kvr_store_pool(&x.st, KVR_NS_DEFAULT, "default", "m2", 2, KVR_POOLS_MAX), 1);
+    put_pool(&x, 0, 0, 40, 0);
+    put_pool(&x, 1, 40, 80, 0);
+    quiesce(&x);
+    cr_assert_eq(kvr_relay_pools_ready(&x.relay), 2, "the publisher took the new pool on");
+    gen = atomic_load(&x.relay.sh->generation);
+    kvr_relay_ident(&x.relay, 0, gen, &id0);
+    kvr_relay_ident(&x.relay, 1, gen, &id1);
+    cr_assert_neq(memcmp(id0.cache.digest.data, id1.cache.digest.data, 16), 0, "another model, another cache digest");
+    cr_assert_eq(memcmp(id0.routing.digest.data, id1.routing.digest.data, 16), 0, "one namespace, one endpoint");
+    cr_assert_eq(kvr_mirror_init(&m0, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    cr_assert_eq(kvr_mirror_init(&m1, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    s0 = kvr_relay_sub_open(&x.relay, 0, gen, 0);
+    s1 = kvr_relay_sub_open(&x.relay, 0, gen, 1);
+    cr_assert_eq(wait_admitted(&x, s0), KVR_SUB_LIVE);
+    cr_assert_eq(wait_admitted(&x, s1), KVR_SUB_LIVE);
+    read_snapshot(&x, s0, &m0, gen);
+    read_snapshot(&x, s1, &m1, gen);
+    for (int i = 0; i < 80; i++) {
+        uint64_t h = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        cr_assert_eq(kvr_mirror_contains(&m0, h), i < 40, "hash %d in pool 0's replica", i);
+        cr_assert_eq(kvr_mirror_contains(&m1, h), i >= 40, "hash %d in pool 1's replica", i);
+    }
+    /* traffic in pool 1 only: deltas for its subscriber, nothing for pool 0's */
+    seq0 = atomic_load(&x.relay.sh->pool[0].published_seq);
+    put_pool(&x, 1, 80, 100, 0);
+    quiesce(&x);
+    cr_assert_eq(atomic_load(&x.relay.sh->pool[0].published_seq), seq0, "pool 0 published nothing");
+    cr_assert_eq(drain_frames(&x, s0, &m0), 0);
+    cr_assert_eq(drain_frames(&x, s1, &m1), 0);
+    for (int i = 80; i < 100; i++) {
+        uint64_t h = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        cr_assert(kvr_mirror_contains(&m1, h), "new hash %d in pool 1's replica", i);
+        cr_assert_not(kvr_mirror_contains(&m0, h), "new hash %d in pool 0's replica", i);
+    }
+    cr_assert_eq(memcmp(m0.buckets, kvr_relay_filter(&x.relay, 0), x.relay.sh->bucket_count * 8), 0);
+    cr_assert_eq(memcmp(m1.buckets, kvr_relay_filter(&x.relay, 1), x.relay.sh->bucket_count * 8), 0);
+    kvr_relay_sub_close(&x.relay, s0);
+    kvr_relay_sub_close(&x.relay, s1);
+    kvr_mirror_destroy(&m0);
+    kvr_mirror_destroy(&m1);
+    rx_close(&x);
+}
+
+/* A pool made while no publisher runs: the replacement publisher takes it on (identity,
+ * filter rebuilt from the index with the other pools), the catalog's pool count moves, and a
+ * subscriber of the new pool gets exactly its blocks. */
+Test(relay, a_replacement_publisher_takes_on_a_pool_made_while_it_was_down, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, status;
+    uint64_t g1, g2;
+
+    rx_open(&x);
+    g1 = atomic_load(&x.relay.sh->generation);
+    put_pool(&x, 0, 0, 20, 3);
+    quiesce(&x);
+    cr_assert_eq(kvr_relay_pools_ready(&x.relay), 1);
+    kill(x.pub, SIGKILL);
+    waitpid(x.pub, &status, 0);
+    cr_assert_eq(kvr_store_reap_slot(&x.st, 2), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&x.st, KVR_NS_DEFAULT, "default", "m-late", 6, KVR_POOLS_MAX), 1);
+    put_pool(&x, 1, 20, 50, 3); /* while no publisher runs */
+    start_publisher(&x);
+    g2 = wait_generation(&x, g1);
+    cr_assert_eq(kvr_relay_pools_ready(&x.relay), 2, "the new publisher took the pool on");
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    sub = kvr_relay_sub_open(&x.relay, 0, g2, 1);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    read_snapshot(&x, sub, &m, g2);
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(kvr_mirror_contains(&m, (uint64_t)i * 0x9E3779B97F4A7C15ull + 3), i >= 20, "hash %d", i);
+    cr_assert_eq(memcmp(m.buckets, kvr_relay_filter(&x.relay, 1), x.relay.sh->bucket_count * 8), 0);
     kvr_relay_sub_close(&x.relay, sub);
     kvr_mirror_destroy(&m);
     rx_close(&x);

@@ -53,7 +53,7 @@ static void writer(kvr_relay_t *r, uint64_t *msg)
         size_t len = frame_len(seq);
         for (size_t i = 0; i < len / 8; i++)
             msg[i] = frame_word(seq);
-        kvr_relay_put_frame(r, seq, (const uint8_t *)msg, len, len);
+        kvr_relay_put_frame(r, 0, seq, (const uint8_t *)msg, len, len);
     }
     _exit(0);
 }
@@ -86,12 +86,12 @@ Test(relay_ring, torn_frames_are_rejected, .timeout = 60)
         writer(&relay, buf);
     srand(1);
     while (waitpid(pid, &status, WNOHANG) == 0) {
-        uint64_t top = kvr_atomic_load_acquire(&relay.sh->published_seq), seq, back = (uint64_t)rand() % 64;
+        uint64_t top = kvr_atomic_load_acquire(&relay.sh->pool[0].published_seq), seq, back = (uint64_t)rand() % 64;
         ssize_t n;
         if (top <= back)
             continue;
         seq = top - back;
-        n = kvr_relay_read_frame(&relay, 1, seq, (uint8_t *)buf, cap);
+        n = kvr_relay_read_frame(&relay, 0, 1, seq, (uint8_t *)buf, cap);
         if (n < 0) {
             rejected++;
             continue;

@@ -98,7 +98,7 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
         key_of(i, key, sizeof(key));
         if (r < 4) {
             fill(want, len_of(i), i);
-            kvr_store_put(&st, KVR_NS_DEFAULT, key, strlen(key), want, len_of(i), (uint64_t)i * 0x100000001ull);
+            kvr_store_put(&st, KVR_NS_DEFAULT, 0, key, strlen(key), want, len_of(i), (uint64_t)i * 0x100000001ull);
         } else if (r < 8) {
             kvr_block_ref_t ref;
             if (kvr_store_get(&st, KVR_NS_DEFAULT, key, strlen(key), &ref) == KVR_OK) {
@@ -143,7 +143,7 @@ static void replica_apply(replica_t *r, const kvr_chlog_event_t *ev)
     }
 }
 
-static void replica_scan_cb(void *ctx, uint32_t e, uint32_t g, uint64_t canon)
+static void replica_scan_cb(void *ctx, uint32_t e, uint32_t g, uint64_t canon, uint32_t pool)
 {
     replica_t *r = ctx;
     r->live[e] = 1;
@@ -195,6 +195,7 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
     cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
     cr_assert_eq(kvr_seg_proc_claim_at(&seg, 0, 0), 0);
     cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     max_blocks = seg.hdr->max_blocks;
     rep_state.gen = calloc(max_blocks, sizeof(uint32_t));
     rep_state.canon = calloc(max_blocks, sizeof(uint64_t));

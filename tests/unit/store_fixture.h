@@ -22,10 +22,12 @@ static inline void fx_open(fx_t *f, uint64_t memory, uint32_t page_size, uint64_
     cfg.page_size = page_size;
     cfg.max_blocks = max_blocks;
     cfg.hugepages = KVR_HUGEPAGES_OFF;
+    cfg.relay_pools = 8; /* as --max-pools' default: room for the namespaces' pools */
     cr_assert_eq(kvr_seg_create(&f->seg, &cfg), KVR_OK);
     cr_assert_eq(kvr_store_format(&f->seg, no_evict), KVR_OK);
     cr_assert_geq(kvr_seg_proc_claim(&f->seg, 0), 0);
     cr_assert_eq(kvr_store_open(&f->st, &f->seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&f->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0, "pool 0, as the supervisor makes it");
 }
 
 /* A second handle on the same segment with its own process slot (a simulated process). */
@@ -61,7 +63,7 @@ static inline int fx_put(fx_t *f, const char *key, uint64_t len)
     uint8_t *buf = malloc(len ? len : 1);
     int rc;
     fx_fill(buf, len, key);
-    rc = kvr_store_put(&f->st, KVR_NS_DEFAULT, key, strlen(key), buf, len, kvr_store_default_canon(key, strlen(key)));
+    rc = kvr_store_put(&f->st, KVR_NS_DEFAULT, 0, key, strlen(key), buf, len, kvr_store_default_canon(key, strlen(key)));
     free(buf);
     return rc;
 }

@@ -79,7 +79,7 @@ static void index_alloc_unlocked(fx_t *f)
 
 static void chlog_append_unlocked(fx_t *f)
 {
-    (void)kvr_chlog_append_locked(f->st.log, &f->st.sh->lock, KVR_EV_INSERT, 1, 1, 1);
+    (void)kvr_chlog_append_locked(f->st.log, &f->st.sh->lock, KVR_EV_INSERT, 1, 1, 1, 0);
 }
 
 static void unlock_unheld(fx_t *f)
@@ -99,7 +99,7 @@ static void arena_alloc_locked_ok(fx_t *f)
     if (head == KVR_NIL)
         _exit(4);
     kvr_arena_free_locked(&f->st.arena, head);
-    (void)kvr_chlog_append_locked(f->st.log, &f->st.sh->lock, KVR_EV_INSERT, 1, 1, 1);
+    (void)kvr_chlog_append_locked(f->st.log, &f->st.sh->lock, KVR_EV_INSERT, 1, 1, 1, 0);
     kvr_shlock_unlock(&f->st.sh->lock);
 }
 

@@ -71,10 +71,11 @@ static void fresh(kvr_seg_t *seg, kvr_store_t *st, uint64_t memory, int n)
     kvr_seg_seal(seg);
     cr_assert_geq(kvr_seg_proc_claim(seg, 0), 0);
     cr_assert_eq(kvr_store_open(st, seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     for (int i = 0; i < n; i++) {
         snprintf(key, sizeof(key), "blk-%d", i);
         memset(val, 'a' + i % 26, sizeof(val));
-        cr_assert_eq(kvr_store_put(st, KVR_NS_DEFAULT, key, strlen(key), val, 100 + (uint64_t)i, (uint64_t)i + 1), KVR_PUT_CREATED);
+        cr_assert_eq(kvr_store_put(st, KVR_NS_DEFAULT, 0, key, strlen(key), val, 100 + (uint64_t)i, (uint64_t)i + 1), KVR_PUT_CREATED);
     }
 }
 
@@ -110,7 +111,7 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
     seg2.slot = -1;
     cr_assert_geq(kvr_seg_proc_claim(&seg2, 0), 0);
     cr_assert_eq(kvr_store_open(&st2, &seg2), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "half", 4, 5000, 77, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, 0, "half", 4, 5000, 77, &txn), KVR_OK);
     cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "blk-3", 5, &ref), KVR_OK);
     kvr_store_stats(&st, &s0);
     cr_assert_eq(s0.unique_blocks, 50);
@@ -148,7 +149,7 @@ Test(segment_file, reattach_repairs_reservations_and_pins_and_keeps_blocks, .fin
         kvr_store_unpin(&st3, &ref);
     }
     /* The freed reservation's pages are usable again. */
-    cr_assert_eq(kvr_store_put(&st3, KVR_NS_DEFAULT, "half", 4, val, 200, 77), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&st3, KVR_NS_DEFAULT, 0, "half", 4, val, 200, 77), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_check(&st3, NULL), KVR_OK);
     kvr_seg_destroy(&seg);
     unlink(path);
@@ -534,7 +535,8 @@ Test(segment, uses_huge_pages_when_reserved_else_falls_back, .timeout = 60)
     cr_expect_eq(kvr_store_format(&seg, 0), KVR_OK);
     cr_expect_geq(kvr_seg_proc_claim(&seg, 0), 0);
     cr_expect_eq(kvr_store_open(&st, &seg), KVR_OK);
-    cr_expect_eq(kvr_store_put(&st, KVR_NS_DEFAULT, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
+    cr_expect_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
+    cr_expect_eq(kvr_store_put(&st, KVR_NS_DEFAULT, 0, "hp", 2, "bytes", 5, 0), KVR_PUT_CREATED);
     cr_expect_eq(kvr_store_exists(&st, KVR_NS_DEFAULT, "hp", 2, NULL), 1);
     kvr_seg_destroy(&seg);
     if (free_now < need)

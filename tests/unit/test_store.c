@@ -42,10 +42,10 @@ Test(store, block_max_fits_an_empty_arena_under_any_key)
     max = kvr_store_block_max(&f.st);
     cr_assert_eq(max, 1 * MIB - KVR_KEY_MAX);
     memset(key, 'k', sizeof(key));
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, key, sizeof(key), max + 1, 1, &txn), KVR_ENOSPACE);
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, key, sizeof(key), max, 1, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, key, sizeof(key), max + 1, 1, &txn), KVR_ENOSPACE);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, key, sizeof(key), max, 1, &txn), KVR_OK);
     kvr_store_put_abort(&f.st, &txn);
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "k", 1, max, 1, &txn), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, "k", 1, max, 1, &txn), KVR_OK);
     kvr_store_put_abort(&f.st, &txn);
     cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
     fx_close(&f);
@@ -63,7 +63,7 @@ Test(store, dedup_accounting_matches_reference_example)
     cr_assert_eq(fx_put(&f, "dup", 100), KVR_PUT_CREATED);
     /* Different bytes, same length: a dedup hit keeps the first writer's bytes. */
     memset(other, 0xee, sizeof(other));
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "dup", 3, other, 100, 1), KVR_PUT_DEDUP);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, "dup", 3, other, 100, 1), KVR_PUT_DEDUP);
     cr_assert(fx_verify(&f.st, "dup", 100));
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.unique_blocks, 1);
@@ -101,10 +101,10 @@ Test(store, invalid_keys_rejected)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     memset(big, 'a', sizeof(big));
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "", 0, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "a\0b", 3, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX + 1, &b, 1, 0), KVR_EINVAL);
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX, &b, 1, 0), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, "", 0, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, "a\0b", 3, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, big, KVR_KEY_MAX + 1, &b, 1, 0), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, big, KVR_KEY_MAX, &b, 1, 0), KVR_PUT_CREATED);
     cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX + 1, &ref), KVR_EINVAL);
     cr_assert_eq(kvr_store_get(&f.st, KVR_NS_DEFAULT, big, KVR_KEY_MAX, &ref), KVR_OK);
     kvr_store_unpin(&f.st, &ref);
@@ -309,9 +309,9 @@ Test(store, two_phase_put_race_resolves_to_dedup_or_conflict)
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
     fx_fill(buf, sizeof(buf), "race");
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 4000, 7, &t1), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 4000, 7, &t2), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "race", 4, 3999, 7, &t3), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, "race", 4, 4000, 7, &t1), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, "race", 4, 4000, 7, &t2), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, "race", 4, 3999, 7, &t3), KVR_OK);
     /* Not visible before commit. */
     cr_assert_not(kvr_store_exists(&f.st, KVR_NS_DEFAULT, "race", 4, NULL));
     cr_assert_eq(kvr_store_put_write(&f.st, &t1, 0, buf, 4000), KVR_OK);
@@ -331,7 +331,7 @@ Test(store, abort_returns_everything)
     kvr_store_stats_t s;
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
-    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, "ab", 2, 500 * KIB, 0, &t), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, KVR_NS_DEFAULT, 0, "ab", 2, 500 * KIB, 0, &t), KVR_OK);
     kvr_store_put_abort(&f.st, &t);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.free_pages, s.total_pages);
@@ -346,8 +346,8 @@ Test(store, change_log_first_in_last_out)
     size_t n;
 
     fx_open(&f, 1 * MIB, 4096, 0, 0);
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "x", 1, "1", 1, 0xabc), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, "x", 1, "1", 1, 0xabc), KVR_PUT_DEDUP);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, "x", 1, "1", 1, 0xabc), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_DEFAULT, 0, "x", 1, "1", 1, 0xabc), KVR_PUT_DEDUP);
     cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "x", 1, NULL), KVR_OK);
     n = kvr_chlog_consume(f.st.log, ev, 16);
     cr_assert_eq(n, 1, "dedup and a non-final release log nothing");
@@ -361,7 +361,7 @@ Test(store, change_log_first_in_last_out)
     fx_close(&f);
 }
 
-static void count_cb(void *ctx, uint32_t e, uint32_t g, uint64_t c)
+static void count_cb(void *ctx, uint32_t e, uint32_t g, uint64_t c, uint32_t pool)
 {
     (void)e;
     (void)g;
@@ -381,6 +381,7 @@ Test(store, change_log_overflow_is_flagged_and_resync_clears_it)
     cr_assert_eq(kvr_store_format(&f.seg, 0), KVR_OK);
     cr_assert_geq(kvr_seg_proc_claim(&f.seg, 0), 0);
     cr_assert_eq(kvr_store_open(&f.st, &f.seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
     for (int i = 0; i < 6; i++) {
         snprintf(k, sizeof(k), "k%d", i);
         cr_assert_eq(fx_put(&f, k, 10), KVR_PUT_CREATED);
@@ -417,7 +418,7 @@ Test(store, reap_drops_pins_and_reservations_of_dead_slot)
     cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "p", 1, &r), KVR_OK);
     cr_assert_eq(kvr_store_get(&st2, KVR_NS_DEFAULT, "p", 1, &r), KVR_OK);
     cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, "p", 1, NULL), KVR_OK); /* zombie, pinned twice by slot 2 */
-    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "q", 1, 200 * KIB, 0, &t), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&st2, KVR_NS_DEFAULT, 0, "q", 1, 200 * KIB, 0, &t), KVR_OK);
     kvr_store_stats(&f.st, &s);
     cr_assert_eq(s.zombie_blocks, 1);
     cr_assert_eq(kvr_store_reap_slot(&f.st, seg2.slot), KVR_OK);
@@ -472,7 +473,7 @@ Test(store, lock_holder_death_is_repaired)
         seg2.slot = -1;
         kvr_seg_proc_claim(&seg2, 0);
         kvr_store_open(&st2, &seg2);
-        kvr_store_put_begin(&st2, KVR_NS_DEFAULT, "half", 4, 50000, 0, &t);
+        kvr_store_put_begin(&st2, KVR_NS_DEFAULT, 0, "half", 4, 50000, 0, &t);
         kvr_shlock_lock(&st2.sh->lock, seg2.slot, &dead);
         /* half-done relink: odd seqlock, a DYING entry */
         atomic_fetch_add(&st2.sh->index.seq, 1);

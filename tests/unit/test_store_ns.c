@@ -7,9 +7,18 @@
 #define NS_A 1
 #define NS_B 2
 
+/* The namespace's relay pool (every PUT names one: core/store_pools.c). */
+static uint32_t ns_pool(kvr_store_t *st, uint16_t ns)
+{
+    int pool = kvr_store_pool(st, ns, "t", "kvrelay", 7, KVR_POOLS_MAX);
+    cr_assert_geq(pool, 0);
+    return (uint32_t)pool;
+}
+
 static int put_ns(fx_t *f, uint16_t ns, const char *key, const void *data, uint64_t len)
 {
-    return kvr_store_put(&f->st, ns, key, strlen(key), data, len, kvr_store_default_canon(key, strlen(key)));
+    return kvr_store_put(&f->st, ns, ns_pool(&f->st, ns), key, strlen(key), data, len,
+                         kvr_store_default_canon(key, strlen(key)));
 }
 
 /* Reads the whole block of (ns, key) into buf (len bytes); KVR_OK or the get's error. */
@@ -77,7 +86,8 @@ Test(store_ns, namespace_out_of_range_is_invalid)
     kvr_block_ref_t ref;
 
     fx_open(&f, 8 << 20, 4096, 64, 0);
-    cr_assert_eq(put_ns(&f, KVR_NS_MAX, "K", a, sizeof(a)), KVR_EINVAL);
+    cr_assert_eq(kvr_store_put(&f.st, KVR_NS_MAX, 0, "K", 1, a, sizeof(a), 1), KVR_EINVAL);
+    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_MAX, "t", "m", 1, KVR_POOLS_MAX), KVR_EINVAL, "nor has it a pool");
     cr_assert_eq(kvr_store_get(&f.st, KVR_NS_MAX, "K", 1, &ref), KVR_EINVAL);
     cr_assert_eq(kvr_store_exists(&f.st, KVR_NS_MAX, "K", 1, NULL), 0);
     cr_assert_eq(kvr_store_release(&f.st, KVR_NS_MAX, "K", 1, NULL), KVR_EINVAL);
@@ -212,8 +222,8 @@ Test(store_ns, a_quota_counts_puts_in_flight_and_pins_hold)
     kvr_store_set_quotas(&f.st, q);
     /* two reservations in flight hold 8000 of the 12000: a third 4000 fits, a fourth not
      * while the first two are all that could go (they are not resident yet) */
-    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, "r1", 2, 4000, 1, &t1), KVR_OK);
-    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, "r2", 2, 4000, 2, &t2), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, ns_pool(&f.st, NS_A), "r1", 2, 4000, 1, &t1), KVR_OK);
+    cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, ns_pool(&f.st, NS_A), "r2", 2, 4000, 2, &t2), KVR_OK);
     cr_assert_eq(fill(&f, NS_A, "a", 0, 1), 1);
     cr_assert_eq(kvr_store_get(&f.st, NS_A, "a0", 2, &ref), KVR_OK); /* pinned: cannot go */
     cr_assert_eq(fill(&f, NS_A, "a", 1, 1), 0, "over quota with only pinned and reserved bytes");
@@ -235,8 +245,8 @@ Test(store_ns, repair_recounts_namespaces_and_reap_keeps_their_counters)
 
     fx_open(&f, 8 << 20, 4096, 64, 0);
     fx_second(&f, &seg2, &st2);
-    cr_assert_eq(kvr_store_put(&st2, NS_A, "x", 1, d, sizeof(d), 1), KVR_PUT_CREATED);
-    cr_assert_eq(kvr_store_put(&st2, NS_B, "x", 1, d, 10, 2), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&st2, NS_A, ns_pool(&st2, NS_A), "x", 1, d, sizeof(d), 1), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_put(&st2, NS_B, ns_pool(&st2, NS_B), "x", 1, d, 10, 2), KVR_PUT_CREATED);
     /* wreck the aggregates: the repair rebuilds them from the entries */
     f.st.sh->ns_agg[NS_A].blocks = 77;
     f.st.sh->ns_agg[NS_B].refs = 0;

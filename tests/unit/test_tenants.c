@@ -146,12 +146,12 @@ Test(tenants_parse, options)
     refused("a t memory=0\n", "memory=0: a quota is above 0");
     refused("a t memory=1G memory=1G\n", "line 1: memory= is given twice");
     refused("a t model=x model=x\n", "model= is given twice");
-    refused("a t model=\n", "line 1: model= is 0 bytes; it is 1 to 128");
+    refused("a t model=\n", "line 1: model= is not 1 to 128 printable bytes without spaces");
     char line[300];
     memset(line, 0, sizeof(line));
     strcpy(line, "a t model=");
     memset(line + strlen(line), 'm', 129);
-    refused(line, "model= is 129 bytes; it is 1 to 128");
+    refused(line, "is not 1 to 128 printable bytes without spaces");
     refused("a t memory=1G model=x extra=1 more=2\n", "more than 4 fields");
     cr_assert_eq(parse("a t model=org/Model-7B:v1 memory=512K\n"), KVR_OK, "%s", err);
     cr_assert_eq(tab.ns[1].quota, 512 << 10);

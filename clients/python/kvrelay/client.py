@@ -35,6 +35,8 @@ driver's EPISTEMIC_GRAPH_KVCACHE_* names):
     KVRELAY_URL              http://host:port or https://host:port
     KVRELAY_ADDR             host:port, a bare port, or 1/true/yes/on (127.0.0.1:9130)
     KVRELAY_TOKEN            bearer token
+    KVRELAY_MODEL            the model a PUT names (X-KV-Model): the server's relay pool for
+                             it; unset: the namespace's model= or the server's --model
     KVRELAY_TIMEOUT_S        per socket operation, default 2.0
     KVRELAY_MAX_CONNECTIONS  pool size, default 32
     KVRELAY_IDLE_S           a pooled connection idle longer is not reused, default 30
@@ -250,6 +252,11 @@ MAX_RESENDS = 2
 DEFAULT_IDLE_S = 30.0
 
 
+def model_valid(model: str) -> bool:
+    """What the server takes in X-KV-Model: 1 to 128 bytes of printable ASCII, no space."""
+    return 0 < len(model) <= 128 and all(0x20 < ord(c) < 0x7F for c in model)
+
+
 class Client:
     def __init__(
         self,
@@ -261,6 +268,7 @@ class Client:
         tls_ca: Optional[str] = None,
         environ=None,
         idle_s: Optional[float] = None,
+        model: Optional[str] = None,
     ):
         if url is None:
             url = env_value("URL", environ)
@@ -276,6 +284,9 @@ class Client:
         self.base_path = u.path.rstrip("/")
         self.url = f"{self.scheme}://{self.host}:{self.port}{self.base_path}"
         self.token = token if token is not None else env_value("TOKEN", environ)
+        self.model = model if model is not None else env_value("MODEL", environ)
+        if self.model is not None and not model_valid(self.model):
+            raise ValueError(f"model {self.model!r}: 1 to 128 printable ASCII bytes without spaces")
         self.timeout_s = float(timeout_s if timeout_s is not None else env_value("TIMEOUT_S", environ) or 2.0)
         self.max_connections = int(
             max_connections if max_connections is not None else env_value("MAX_CONNECTIONS", environ) or 32
@@ -300,6 +311,7 @@ class Client:
         self._fixed_headers = f"Host: {host_hdr}:{self.port}\r\n"
         if self.token:
             self._fixed_headers += f"Authorization: Bearer {self.token}\r\n"
+        self._put_headers = f"X-KV-Model: {self.model}\r\n" if self.model else ""
         self._pool = _Pool(self._new_connection, self.max_connections, self.idle_s)
         self.errors = 0  # degraded operations (observability)
         self.resends = 0  # requests sent again on a new connection (observability)
@@ -429,9 +441,9 @@ class Client:
         """PUTs the concatenation of parts (bytes-likes, sent without copying); the status.
         Raises on transport and protocol errors."""
         views = [byte_view(p) for p in parts]
-        extra = ""
+        extra = self._put_headers
         if sequence_hash is not None:
-            extra = f"X-KV-Sequence-Hash: {int(sequence_hash) & 0xFFFFFFFFFFFFFFFF}\r\n"
+            extra += f"X-KV-Sequence-Hash: {int(sequence_hash) & 0xFFFFFFFFFFFFFFFF}\r\n"
         length = sum(v.nbytes for v in views)
         status, _ = self._simple("PUT", self.path(key), views, length=length, extra=extra)
         if status not in (200, 201):

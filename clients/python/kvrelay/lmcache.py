@@ -95,7 +95,7 @@ import time
 import urllib.parse
 from typing import Any, List, Optional, Sequence
 
-from .client import byte_view, writable_view
+from .client import byte_view, model_valid, writable_view
 from .cluster import make_store
 
 log = logging.getLogger("kvrelay.lmcache")
@@ -127,7 +127,7 @@ def _store_kwargs(params: dict) -> dict:
         url = f"http://{host}:{int(port or 9130)}"
     kw = {"url": url, "nodes": params.pop("nodes", None), "dns": params.pop("dns", None),
           "replication": int(params.pop("replication", 1))}
-    for name in ("token", "timeout_s", "idle_s", "max_connections", "tls_verify", "tls_ca"):
+    for name in ("token", "model", "timeout_s", "idle_s", "max_connections", "tls_verify", "tls_ca"):
         if name in params:
             kw[name] = params.pop(name)
     return kw
@@ -437,7 +437,7 @@ def _key_str(key) -> str:
 
 
 def parse_kvrelay_url(url: str) -> dict:
-    """kvrelay://host:port[,host:port...][/][?replication=R&token=T&dns=1&tls=1&timeout_s=S&idle_s=I]
+    """kvrelay://host:port[,host:port...][/][?replication=R&token=T&model=M&dns=1&tls=1&timeout_s=S&idle_s=I]
     -> make_store() arguments. With dns=1 the single host is a DNS name of the fleet."""
     if not url.startswith("kvrelay://"):
         raise ValueError(f"not a kvrelay:// URL: {url!r}")
@@ -447,8 +447,9 @@ def parse_kvrelay_url(url: str) -> dict:
     q = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
     scheme = "https" if q.get("tls", "0").lower() in ("1", "true", "yes", "on") else "http"
     kw: dict = {"replication": int(q.get("replication", 1))}
-    if "token" in q:
-        kw["token"] = q["token"]
+    for name in ("token", "model"):
+        if name in q:
+            kw[name] = q[name]
     for name in ("timeout_s", "idle_s"):
         if name in q:
             kw[name] = float(q[name])
@@ -489,7 +490,12 @@ class KvrelayRemoteConnector(_ConnectorBase):
         self.url = url
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
-        self.store = make_store(**parse_kvrelay_url(url))
+        kw = parse_kvrelay_url(url)
+        if "model" not in kw:  # the engine's model: its blocks land in that model's relay pool
+            name = getattr(metadata, "model_name", None)
+            if isinstance(name, str) and model_valid(name):
+                kw["model"] = name
+        self.store = make_store(**kw)
         self._executor = concurrent.futures.ThreadPoolExecutor(num_workers, thread_name_prefix="kvrelay-lmc")
         self._closed = False
         self._count_lock = threading.Lock()

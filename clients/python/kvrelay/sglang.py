@@ -40,8 +40,9 @@ Keys: SGLang's page hash, suffixed with what makes the page's bytes differ acros
 the model, and the TP rank unless the model is MLA (rank-replicated), the PP rank with PP,
 the attention-CP rank with CP: ``<hash>@<model>@tp<rank>of<size>``.
 
-Options (extra_config or kwargs): url | nodes | dns, replication, token, timeout_s, idle_s,
-max_connections, num_workers (parallel page transfers, default 16), key_prefix.
+Options (extra_config or kwargs): url | nodes | dns, replication, token, model (the relay pool's
+model: default the storage config's model_name), timeout_s, idle_s, max_connections,
+num_workers (parallel page transfers, default 16), key_prefix.
 
 Every method returns its documented type whatever happens; errors are misses. SGLang is
 imported only when present (the base class); without it the class is duck-typed.
@@ -56,7 +57,7 @@ import functools
 import logging
 from typing import Any, List, Optional, Sequence
 
-from .client import byte_view, writable_view
+from .client import byte_view, model_valid, writable_view
 from .cluster import make_store
 
 log = logging.getLogger("kvrelay.sglang")
@@ -136,11 +137,14 @@ class KvrelayHiCacheStorage(_Base):
             opts.pop(k, None)
         self.num_workers = int(opts.pop("num_workers", DEFAULT_NUM_WORKERS))
         self.key_prefix = str(opts.pop("key_prefix", ""))
-        store_kw = {k: opts.pop(k) for k in ("url", "nodes", "dns", "replication", "token", "timeout_s",
+        store_kw = {k: opts.pop(k) for k in ("url", "nodes", "dns", "replication", "token", "model", "timeout_s",
                                               "idle_s", "max_connections", "tls_verify", "tls_ca") if k in opts}
         if opts:
             log.warning("kvrelay HiCache: ignoring unknown options %s", sorted(opts))
         store_kw.setdefault("max_connections", max(32, self.num_workers))
+        name = getattr(storage_config, "model_name", None)
+        if "model" not in store_kw and isinstance(name, str) and model_valid(name):
+            store_kw["model"] = name  # its blocks land in that model's relay pool
         self.store = make_store(**store_kw)
         self.suffix = self._suffix(storage_config)
         self.mem_pool_host = None
