@@ -219,17 +219,21 @@ class Traffic:
             conn.close()
 
 
-def drain_replica(rd, replica, until, limit, what):
-    """Applies frames from reader rd to replica until until(replica) holds."""
+def drain_replica(rd, replica, until, limit, what, each=None):
+    """Applies frames from reader rd to replica until until(replica) holds; each(replica), when
+    given, is checked after every frame applied once the replica is installed."""
     deadline = time.monotonic() + limit * SLOW
     while not until(replica):
         left = deadline - time.monotonic()
-        assert left > 0, f"{what}: condition not reached within {limit}s (seq {replica.seq})"
+        assert left > 0, (f"{what}: condition not reached within {limit}s (ready {replica.ready}, "
+                          f"seq {replica.seq}, deltas {replica.deltas})")
         ev = rd.get(min(left, 0.5))
         if ev is None:
             continue
         assert ev[0] == "msg", f"{what}: stream ended: {describe_end(ev)}"
         replica.apply(ev[2])
+        if each is not None and replica.ready:
+            each(replica)
 
 
 def converge(r, replica, rd, what, limit=15.0):

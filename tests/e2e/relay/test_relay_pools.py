@@ -47,6 +47,7 @@ from .kvrelay_consumer import (
     prepare,
     producer_key,
 )
+from .test_relay_contract import drain_replica
 
 from conftest import assert_error  # noqa: E402  (tests/e2e/conftest.py)
 
@@ -205,19 +206,8 @@ def follow(rs, d, token, name):
 
 
 def drain(rd, rep, until, what, limit=10.0, each=None):
-    """Applies the frames of reader rd to replica rep until until(rep) holds; each(rep), when
-    given, is checked after every frame applied once the replica is installed."""
-    deadline = time.monotonic() + limit * SLOW
-    while not until(rep):
-        left = deadline - time.monotonic()
-        assert left > 0, f"{what}: not reached within {limit}s (ready {rep.ready}, seq {rep.seq}, deltas {rep.deltas})"
-        ev = rd.get(min(left, 0.5))
-        if ev is None:
-            continue
-        assert ev[0] == "msg", f"{what}: stream ended: {describe_end(ev)}"
-        rep.apply(ev[2])
-        if each is not None and rep.ready:
-            each(rep)
+    """drain_replica of test_relay_contract.py, with the arguments in this file's order."""
+    drain_replica(rd, rep, until, limit, what, each)
 
 
 def holding(hs):
