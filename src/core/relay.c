@@ -129,7 +129,10 @@ int kvr_relay_format(kvr_relay_t *r, kvr_seg_t *seg, const kvr_config_t *cfg)
     sh->dc_id = kvr_identity_dc_id(dc);
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++)
         kvr_atomic_store_relaxed(&sh->sub[i].state, KVR_SUB_FREE); /* before any fork */
-    memset(r->filters, 0, r->filter_words * 8 * sh->npools);
+    /* The publisher empties each pool's filter when it takes the pool on (take_pools); only
+     * pool 0's is read before that (/debug/filter), so only it is emptied here: touching every
+     * filter of --max-pools at start would cost their memory for pools never made. */
+    memset(r->filters, 0, r->filter_words * 8);
     kvr_info("relay: up to %u pools of %llu buckets, incarnation %016llx, dc_id %016llx", sh->npools,
              (unsigned long long)sh->bucket_count, (unsigned long long)sh->incarnation,
              (unsigned long long)sh->dc_id);
