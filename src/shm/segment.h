@@ -47,7 +47,7 @@
  * namespace, the store's per-namespace seeds and counters. 4: relay pools (the store's pool table,
  * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
  * hdr->relay_pools). */
-#define KVR_SEG_LAYOUT_VERSION 4u
+#define KVR_SEG_LAYOUT_VERSION 5u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */

@@ -1,0 +1,204 @@
+/* kvev.c — see kvev.h. The field orders are vLLM's (docs/kv-events.md names the version). */
+#include "wire/kvev.h"
+
+#include <string.h>
+
+#define MEDIUM "CPU" /* the arena; a disk tier would say "DISK" */
+
+int kvr_kvev_format(const char *s, kvr_kvev_format_t *out)
+{
+    if (strcmp(s, "vllm") == 0)
+        *out = KVR_KVEV_VLLM;
+    else if (strcmp(s, "vllm-map") == 0)
+        *out = KVR_KVEV_VLLM_MAP;
+    else if (strcmp(s, "rfc1527") == 0)
+        *out = KVR_KVEV_RFC1527;
+    else
+        return KVR_EINVAL;
+    return KVR_OK;
+}
+
+/* The packer's writer: records a failed append (out of memory) instead of losing it. */
+static int enc_write(void *data, const char *buf, size_t len)
+{
+    kvr_kvev_enc_t *e = data;
+
+    if (msgpack_sbuffer_write(&e->sb, buf, len) != 0)
+        e->failed = 1;
+    return 0;
+}
+
+void kvr_kvev_enc_init(kvr_kvev_enc_t *e, kvr_kvev_format_t fmt, uint64_t block_size, const char *backend_id)
+{
+    memset(e, 0, sizeof(*e));
+    e->fmt = fmt;
+    e->block_size = block_size;
+    e->backend_id = backend_id;
+    e->ns = e->model = "";
+    msgpack_sbuffer_init(&e->sb);
+    msgpack_packer_init(&e->pk, e, enc_write);
+}
+
+void kvr_kvev_enc_destroy(kvr_kvev_enc_t *e)
+{
+    msgpack_sbuffer_destroy(&e->sb);
+}
+
+static void str(kvr_kvev_enc_t *e, const char *s)
+{
+    size_t n = strlen(s);
+
+    msgpack_pack_str(&e->pk, n);
+    msgpack_pack_str_body(&e->pk, s, n);
+}
+
+/* "name": value pairs of the map forms */
+static void key(kvr_kvev_enc_t *e, const char *k)
+{
+    str(e, k);
+}
+
+static void hashes(kvr_kvev_enc_t *e, const uint64_t *h, size_t n)
+{
+    msgpack_pack_array(&e->pk, n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(&e->pk, h[i]);
+}
+
+void kvr_kvev_begin(kvr_kvev_enc_t *e, double ts, size_t events, const char *ns, const char *model)
+{
+    msgpack_sbuffer_clear(&e->sb);
+    e->failed = 0;
+    e->ns = ns;
+    e->model = model;
+    e->events = events;
+    msgpack_pack_array(&e->pk, 3); /* EventBatch: ts, events, data_parallel_rank */
+    msgpack_pack_double(&e->pk, ts);
+    msgpack_pack_array(&e->pk, events);
+}
+
+/* The RFC #1527 envelope's fields common to every event: 4 pairs. */
+static void envelope(kvr_kvev_enc_t *e, const char *event_type, const char *type)
+{
+    key(e, "event_type");
+    str(e, event_type);
+    key(e, "type");
+    str(e, type);
+    key(e, "backend_id");
+    str(e, e->backend_id);
+    key(e, "tenant_id");
+    str(e, e->ns);
+    key(e, "model_name");
+    str(e, e->model);
+}
+
+void kvr_kvev_stored(kvr_kvev_enc_t *e, uint64_t hash)
+{
+    e->events--;
+    switch (e->fmt) {
+    case KVR_KVEV_VLLM: /* tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name */
+        msgpack_pack_array(&e->pk, 8);
+        str(e, "BlockStored");
+        hashes(e, &hash, 1);
+        msgpack_pack_nil(&e->pk);
+        msgpack_pack_array(&e->pk, 0);
+        msgpack_pack_uint64(&e->pk, e->block_size);
+        msgpack_pack_nil(&e->pk);
+        str(e, MEDIUM);
+        msgpack_pack_nil(&e->pk);
+        return;
+    case KVR_KVEV_VLLM_MAP:
+        msgpack_pack_map(&e->pk, 8);
+        key(e, "type");
+        str(e, "BlockStored");
+        key(e, "block_hashes");
+        hashes(e, &hash, 1);
+        key(e, "parent_block_hash");
+        msgpack_pack_nil(&e->pk);
+        key(e, "token_ids");
+        msgpack_pack_array(&e->pk, 0);
+        key(e, "block_size");
+        msgpack_pack_uint64(&e->pk, e->block_size);
+        key(e, "lora_id");
+        msgpack_pack_nil(&e->pk);
+        key(e, "medium");
+        str(e, MEDIUM);
+        key(e, "lora_name");
+        msgpack_pack_nil(&e->pk);
+        return;
+    case KVR_KVEV_RFC1527:
+        msgpack_pack_map(&e->pk, 9);
+        envelope(e, "stored", "BlockStored");
+        key(e, "seq_hashes");
+        hashes(e, &hash, 1);
+        key(e, "block_hashes");
+        hashes(e, &hash, 1);
+        key(e, "medium");
+        str(e, MEDIUM);
+        key(e, "block_size");
+        msgpack_pack_uint64(&e->pk, e->block_size);
+        return;
+    }
+}
+
+void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *h, size_t n)
+{
+    e->events--;
+    switch (e->fmt) {
+    case KVR_KVEV_VLLM: /* tag, block_hashes, medium */
+        msgpack_pack_array(&e->pk, 3);
+        str(e, "BlockRemoved");
+        hashes(e, h, n);
+        str(e, MEDIUM);
+        return;
+    case KVR_KVEV_VLLM_MAP:
+        msgpack_pack_map(&e->pk, 3);
+        key(e, "type");
+        str(e, "BlockRemoved");
+        key(e, "block_hashes");
+        hashes(e, h, n);
+        key(e, "medium");
+        str(e, MEDIUM);
+        return;
+    case KVR_KVEV_RFC1527:
+        msgpack_pack_map(&e->pk, 8);
+        envelope(e, "removed", "BlockRemoved");
+        key(e, "seq_hashes");
+        hashes(e, h, n);
+        key(e, "block_hashes");
+        hashes(e, h, n);
+        key(e, "medium");
+        str(e, MEDIUM);
+        return;
+    }
+}
+
+void kvr_kvev_cleared(kvr_kvev_enc_t *e)
+{
+    e->events--;
+    switch (e->fmt) {
+    case KVR_KVEV_VLLM:
+        msgpack_pack_array(&e->pk, 1);
+        str(e, "AllBlocksCleared");
+        return;
+    case KVR_KVEV_VLLM_MAP:
+        msgpack_pack_map(&e->pk, 1);
+        key(e, "type");
+        str(e, "AllBlocksCleared");
+        return;
+    case KVR_KVEV_RFC1527:
+        msgpack_pack_map(&e->pk, 5);
+        envelope(e, "cleared", "AllBlocksCleared");
+        return;
+    }
+}
+
+int kvr_kvev_end(kvr_kvev_enc_t *e, const uint8_t **data, size_t *len)
+{
+    msgpack_pack_int(&e->pk, 0); /* data_parallel_rank */
+    if (e->failed || e->events != 0 || e->sb.data == NULL)
+        return KVR_ERR;
+    *data = (const uint8_t *)e->sb.data;
+    *len = e->sb.size;
+    return KVR_OK;
+}
