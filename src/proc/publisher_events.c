@@ -423,25 +423,28 @@ static int pool_of_topic(const struct pub_kvev *k, const uint8_t *t, size_t n)
     return -1;
 }
 
-/* Answers one request: frames [id, "", seq8] (vLLM's: pool 0's topic) or [id, "", seq8, topic]. */
+/* Answers one request: frames [id, "", seq8] (vLLM's: pool 0's topic) or [id, "", seq8, topic]
+ * (nfr counts them; more than 4 is malformed). */
 static void answer(pub_t *p, zmq_msg_t *fr, int nfr)
 {
     struct pub_kvev *k = p->kvev;
-    const uint8_t *b;
-    uint64_t from = 0;
+    const uint8_t *frame[3], *topic;
+    size_t len[3], tlen;
+    uint64_t from;
     int pool = 0, ok = KVR_OK;
     kvev_pool_t *kp;
 
-    if ((nfr != 3 && nfr != 4) || zmq_msg_size(&fr[1]) != 0 || zmq_msg_size(&fr[2]) != 8) {
+    for (int i = 1; i < nfr && i < 4; i++) {
+        frame[i - 1] = zmq_msg_data(&fr[i]);
+        len[i - 1] = zmq_msg_size(&fr[i]);
+    }
+    if (nfr < 3 || nfr > 4 || kvr_kvev_parse_replay((size_t)nfr - 1, frame, len, &from, &topic, &tlen) != KVR_OK) {
         kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_BAD_REQUESTS, 1);
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "kv events: a malformed replay request (%d frames) ignored", nfr);
         return;
     }
-    b = zmq_msg_data(&fr[2]);
-    for (int i = 0; i < 8; i++)
-        from = from << 8 | b[i];
-    if (nfr == 4)
-        pool = pool_of_topic(k, zmq_msg_data(&fr[3]), zmq_msg_size(&fr[3]));
+    if (topic != NULL)
+        pool = pool_of_topic(k, topic, tlen);
     if (pool < 0 || (uint32_t)pool >= k->npools || !k->pool[pool].open || from >= k->pool[pool].next_seq) {
         reply(p, &fr[0], 0, NULL, 0); /* nothing to send: only the end marker */
         return;

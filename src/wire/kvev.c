@@ -202,3 +202,20 @@ int kvr_kvev_end(kvr_kvev_enc_t *e, const uint8_t **data, size_t *len)
     *len = e->sb.size;
     return KVR_OK;
 }
+
+int kvr_kvev_parse_replay(size_t nframes, const uint8_t *const *frame, const size_t *len, uint64_t *from,
+                          const uint8_t **topic, size_t *topic_len)
+{
+    uint64_t v = 0;
+
+    if ((nframes != 2 && nframes != 3) || len[0] != 0 || len[1] != 8)
+        return KVR_EINVAL;
+    if (nframes == 3 && (len[2] == 0 || len[2] > KVR_KVEV_TOPIC_MAX))
+        return KVR_EINVAL;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | frame[1][i];
+    *from = v;
+    *topic = nframes == 3 ? frame[2] : NULL;
+    *topic_len = nframes == 3 ? len[2] : 0;
+    return KVR_OK;
+}

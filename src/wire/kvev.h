@@ -48,4 +48,15 @@ void kvr_kvev_cleared(kvr_kvev_enc_t *e);
  * memory ran out or the events written were not the count announced. */
 int kvr_kvev_end(kvr_kvev_enc_t *e, const uint8_t **data, size_t *len);
 
+/*
+ * A replay request as the ROUTER socket hands it over after the requester's identity frame:
+ * an empty frame, the first seq wanted (8 bytes, big-endian), and optionally the topic (vLLM's
+ * requests have none: the first pool's topic). Limits: 2 or 3 frames, the seq exactly 8
+ * bytes, a topic of 1 to KVR_KVEV_TOPIC_MAX bytes. KVR_OK with *from and the topic (NULL, 0
+ * when absent), or KVR_EINVAL.
+ */
+#define KVR_KVEV_TOPIC_MAX 1024
+int kvr_kvev_parse_replay(size_t nframes, const uint8_t *const *frame, const size_t *len, uint64_t *from,
+                          const uint8_t **topic, size_t *topic_len);
+
 #endif
