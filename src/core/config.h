@@ -82,6 +82,7 @@ typedef struct {
     uint64_t kv_events_buffer;
     uint64_t kv_events_buffer_bytes;
     uint64_t kv_events_max_batch;
+    uint64_t kv_events_interval_ms;
 
     /* derived, not in the table */
     int print_config;

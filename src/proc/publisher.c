@@ -549,6 +549,8 @@ static void wait_for_work(pub_t *p)
         due = p->scanned_ns + SCAN_NS;
     if (p->replay_due)
         due = now; /* replay requests left waiting */
+    if (pub_kvev_due(p) < due)
+        due = pub_kvev_due(p); /* a pool's KV events have waited their interval */
     if (due != UINT64_MAX) {
         if (due < p->retry_at_ns)
             due = p->retry_at_ns;
@@ -602,10 +604,8 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
                 publish(p);
         }
     }
-    if (p->busy) {
+    if (p->busy)
         mirror_blocks(p);
-        pub_kvev_flush(p); /* the KV events: one batch per pool per turn */
-    }
     p->log_seen_ns = 0;
     if (p->unwoken_ns != 0)
         p->unwoken_ns = kvr_clock_ns(); /* the log was empty here: what is queued came later */
@@ -634,6 +634,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
         scan_slots(p); /* a subscriber's wake-up: keep lingering */
+        pub_kvev_flush_due(p, now);
         return;
     }
     consume_log(p, ev);
@@ -643,6 +644,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
     }
     if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + p->delay_ns)
         publish(p);
+    pub_kvev_flush_due(p, kvr_clock_ns());
     scan_slots(p);
 }
 

@@ -5,7 +5,8 @@
  * The publisher already owns the one ordered change log and counts the owners of every
  * canonical hash per pool; a hash's first owner is a BlockStored, its last one leaving a
  * BlockRemoved (publisher.c calls pub_kvev_op at those two moments). Per pool, the events wait
- * in a small array and go out as one batch per publisher turn (or at --kv-events-max-batch):
+ * in a small array and go out as one batch once the oldest has waited --kv-events-interval (or
+ * at --kv-events-max-batch), so that a busy pool makes at most one message per interval:
  * a PUB message [topic, seq, payload] whose topic is the pool's, whose seq counts that topic's
  * batches from 0, whose payload is vLLM's msgpack EventBatch (wire/kvev.h).
  *
@@ -391,12 +392,25 @@ void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash)
         flush_pool(p, pool);
 }
 
-void pub_kvev_flush(pub_t *p)
+void pub_kvev_flush_due(pub_t *p, uint64_t now)
 {
+    uint64_t wait = p->cfg->kv_events_interval_ms * 1000000ull;
+
     if (p->kvev == NULL)
         return;
     for (uint32_t i = 0; i < p->kvev->npools; i++)
-        flush_pool(p, i);
+        if (p->kvev->pool[i].nops > 0 && now >= p->kvev->pool[i].first_ns + wait)
+            flush_pool(p, i);
+}
+
+uint64_t pub_kvev_due(pub_t *p)
+{
+    uint64_t due = UINT64_MAX, wait = p->cfg->kv_events_interval_ms * 1000000ull;
+
+    for (uint32_t i = 0; p->kvev != NULL && i < p->kvev->npools; i++)
+        if (p->kvev->pool[i].nops > 0 && p->kvev->pool[i].first_ns + wait < due)
+            due = p->kvev->pool[i].first_ns + wait;
+    return due;
 }
 
 void pub_kvev_generation(pub_t *p)

@@ -94,12 +94,14 @@ void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns);
 
 /* publisher_events.c (docs/kv-events.md). Each is a no-op when the events are off.
  * open: binds the sockets (KVR_ERR: they cannot be); op: pool's count of owners of hash went
- * 0 -> 1 (stored) or 1 -> 0; flush: sends every pool's pending events; generation: every
+ * 0 -> 1 (stored) or 1 -> 0; flush_due: sends the pools' pending events that have waited
+ * --kv-events-interval; due: when the next must go (UINT64_MAX: none); generation: every
  * pool's stream states its whole state (after a rebuild of the owners); service: answers
  * waiting replay requests, 1 when more may wait; fd: the replay socket's ZMQ_FD for poll, or -1. */
 int pub_kvev_open(pub_t *p);
 void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash);
-void pub_kvev_flush(pub_t *p);
+void pub_kvev_flush_due(pub_t *p, uint64_t now);
+uint64_t pub_kvev_due(pub_t *p);
 void pub_kvev_generation(pub_t *p);
 int pub_kvev_service(pub_t *p);
 int pub_kvev_fd(pub_t *p);
