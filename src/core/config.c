@@ -84,7 +84,7 @@ static const opt_t opts[] = {
     {"kv-events-replay-bind", T_STR, "", 0, 0, S(kv_events_replay_bind), "ZMQ ROUTER endpoint answering replay requests of the KV events; none when empty"},
     {"kv-events-format", T_STR, "vllm", 0, 0, S(kv_events_format), "vllm | vllm-map | rfc1527: the events as vLLM's arrays, as vLLM's maps (after vLLM PR #42892), or with Mooncake RFC #1527's fields"},
     {"kv-events-backend-id", T_STR, "", 0, 0, S(kv_events_backend_id), "the cache owner named in every topic kv@ID@MODEL (empty: $POD_NAME, else the host name)"},
-    {"kv-events-hwm", T_UINT, "100000", 1, 1u << 24, N(kv_events_hwm), "messages queued per subscriber; beyond, ZMQ drops that subscriber's messages (it replays)"},
+    {"kv-events-hwm", T_UINT, "10000", 1, 1u << 24, N(kv_events_hwm), "messages (batches) queued per subscriber; beyond, ZMQ drops that subscriber's messages (it replays)"},
     {"kv-events-buffer", T_UINT, "10000", 1, 1u << 22, N(kv_events_buffer), "event batches kept for replay, all topics"},
     {"kv-events-buffer-bytes", T_SIZE, "64M", 1 << 16, 1ull << 34, N(kv_events_buffer_bytes), "bytes of event batches kept for replay"},
     {"kv-events-interval", T_DURATION, "2ms", 0, 1000, N(kv_events_interval_ms), "a pool's KV events wait at most this long to go out together in one batch (0: every publisher turn)"},
