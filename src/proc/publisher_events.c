@@ -19,9 +19,10 @@
  * a change-log overflow) opens with the same statement of the whole state.
  *
  * Bounds: PUB drops a subscriber's messages beyond --kv-events-hwm (ZMQ's rule; the
- * subscriber sees the gap and replays), the replay socket's queue holds at most one whole
- * buffer per requester (a longer answer is cut, counted, and the client asks again), no send
- * ever blocks. Only this process touches the sockets; ZMQ's I/O thread is its own.
+ * subscriber sees the gap and replays), the replay socket's queue holds one whole answer per
+ * requester (the longer of a replay of the whole buffer and a resync of the largest pool the
+ * index allows); one that does not read its answers has the rest cut, counted, and asks again.
+ * No send ever blocks. Only this process touches the sockets; ZMQ's I/O thread is its own.
  */
 #include "proc/publisher_int.h"
 
@@ -335,9 +336,14 @@ int pub_kvev_open(pub_t *p)
         goto fail;
     }
     if (cfg->kv_events_replay_bind[0] != '\0') {
-        /* one whole buffer's answer fits the queue of one requester; ROUTER_MANDATORY makes a
-         * full queue an error we count instead of a silent drop */
-        rhwm = cfg->kv_events_buffer + 2 < (1u << 30) ? (int)cfg->kv_events_buffer + 2 : 1 << 30;
+        /* one whole answer fits the queue of one requester: a replay of the whole buffer, or a
+         * resync, one message per --kv-events-max-batch hashes of a pool that can hold at most
+         * one per index entry; ROUTER_MANDATORY makes a full queue an error we count instead of
+         * a silent drop */
+        uint64_t most = (p->max_blocks + 1 + cfg->kv_events_max_batch - 1) / cfg->kv_events_max_batch;
+        if (most < cfg->kv_events_buffer)
+            most = cfg->kv_events_buffer;
+        rhwm = most + 2 < (1u << 30) ? (int)most + 2 : 1 << 30;
         if ((k->replay = zmq_socket(k->ctx, ZMQ_ROUTER)) == NULL)
             goto fail;
         zmq_setsockopt(k->replay, ZMQ_SNDHWM, &rhwm, sizeof(rhwm));
