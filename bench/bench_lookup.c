@@ -11,13 +11,21 @@
  *   lookup_B_hashes_per_s     hashes answered per second
  *   lookup_B_p50_us, _p99_us  a request's latency, from its first byte sent to its last read
  *
+ * and the same for B = 0 (an empty body: the HTTP round trip and the route alone, the baseline
+ * the hashes' cost adds to).
+ *
  * Environment: KVRELAY_BIN (the server binary; default ../kvrelay-supervisor next to this
- * program), KVR_BENCH_SECONDS (per batch size, default 3), KVR_BENCH_WORKERS (default 1).
+ * program), KVR_BENCH_SECONDS (per batch size, default 3), KVR_BENCH_WORKERS (default 1),
+ * KVR_BENCH_PIN=1 (the server on CPU 0, this client on CPU 1). Unpinned, on a small machine the
+ * scheduler sometimes lets the client and the worker share a core and sometimes not, and a small
+ * request's round trip differs by 4x between the two (most likely the price of a wake-up across
+ * cores on this VM); pinned, every run is of the cross-core kind. Compare B's figures with B = 0 of the same run.
  */
 #include <errno.h>
 #include <libgen.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +54,21 @@ static double now_s(void)
 static char server_bin[4096], portfile[64], http[192];
 static pid_t server_pid;
 
+static int pinning;
+
+/* With KVR_BENCH_PIN=1: this process (and what it forks) on one CPU. */
+static void pin(int cpu)
+{
+    cpu_set_t set;
+
+    if (!pinning)
+        return;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0)
+        perror("bench_lookup: sched_setaffinity");
+}
+
 static void server_start(const char *workers)
 {
     char *argv[] = {server_bin, "--http-bind", "127.0.0.1:0", "--grpc-bind", "off", "--port-file",
@@ -57,6 +80,7 @@ static void server_start(const char *workers)
     unlink(portfile);
     server_pid = fork();
     if (server_pid == 0) {
+        pin(0);
         execv(server_bin, argv);
         _exit(127);
     }
@@ -242,7 +266,8 @@ static void measure(int fd, int b, double seconds)
     }
     qsort(lat, nlat, sizeof(double), cmp_double);
     printf("lookup_%d_requests_per_s %.0f req/s\n", b, (double)reqs / total);
-    printf("lookup_%d_hashes_per_s %.0f hashes/s\n", b, (double)reqs * b / total);
+    if (b > 0)
+        printf("lookup_%d_hashes_per_s %.0f hashes/s\n", b, (double)reqs * b / total);
     printf("lookup_%d_p50_us %.1f us\n", b, lat[nlat / 2] * 1e6);
     printf("lookup_%d_p99_us %.1f us\n", b, lat[(size_t)((double)nlat * 0.99)] * 1e6);
     free(lat);
@@ -266,9 +291,12 @@ int main(void)
         self[n > 0 ? n : 0] = '\0';
         snprintf(server_bin, sizeof(server_bin), "%s/../kvrelay-supervisor", dirname(self));
     }
+    pinning = getenv("KVR_BENCH_PIN") != NULL && atoi(getenv("KVR_BENCH_PIN")) == 1;
     server_start(workers != NULL ? workers : "1");
+    pin(1);
     fd = http_connect();
     fill(fd);
+    measure(fd, 0, seconds);
     measure(fd, 64, seconds);
     measure(fd, 4096, seconds);
     close(fd);
