@@ -32,9 +32,12 @@ What the consumer guarantees, per topic (TopicState):
 - resync: a replay answer that starts, beyond the seq asked for, with AllBlocksCleared
   replaces the set (the server's buffer had lost the seq asked for);
 - restart: seq 0 beginning with AllBlocksCleared is a new stream (the publisher restarted):
-  the set is replaced. A seq that goes backwards otherwise, or any batch after the SUB
-  socket's connection dropped and came back, means a new stream whose beginning was missed:
-  a replay from 0 (which answers either the whole new stream or a resync);
+  the set is replaced. A seq that goes backwards otherwise means a new stream whose beginning
+  was missed: a replay from 0 (which answers either the whole new stream or a resync). When
+  the SUB socket's connection drops and comes back (a publisher restart looks like that; ZMQ
+  reconnects by itself), every topic is replayed from 0 at once, without waiting for a live
+  batch: the new stream's first batches went out before the socket had subscribed again.
+  Batches older (by their ts) than the current stream's seq 0 are dropped;
 - late join: the first batch of a topic with seq > 0 asks for a replay from 0;
 - bounded: every replay answer has `replay_timeout` seconds between its messages (then the
   DEALER is replaced and the request sent again, at most `max_attempts` times in a row before
@@ -187,7 +190,8 @@ class TopicState:
     gaps: int = 0  # live seqs beyond the last applied + 1
     replays: int = 0  # replay requests sent for this topic
     resyncs: int = 0  # replay answers that replaced the set (the buffer had lost the seq)
-    restarts: int = 0  # new streams (seq 0 with AllBlocksCleared, seq backwards, reconnect)
+    restarts: int = 0  # new streams seen (another seq 0 with AllBlocksCleared; seq backwards)
+    rejoins: int = 0  # replays from 0 after the SUB connection came back (maybe a new stream)
     late_joins: int = 0  # first batch seen with seq > 0
     dropped: int = 0  # live batches dropped as already applied (covered by a replay)
     overflows: int = 0  # times the held batches exceeded max_held and were dropped
@@ -196,7 +200,8 @@ class TopicState:
     waiting: bool = False  # a replay is queued or running for this topic
     inexact: bool = False  # applied across a gap that no replay could repair
     replayed_through: int = -1  # the last seq a replay applied (stale live batches up to it)
-    rejoin: bool = False  # the next batch starts over (the SUB connection came back)
+    stream_ts: Optional[float] = None  # the ts of the current stream's seq 0, when applied
+    suspect_restart: bool = False  # a seq went backwards: the replay from 0 tells the rest
     rereplay: bool = False  # ask again once the current replay ends (held ones were dropped)
     failures: int = 0  # replays in a row that brought nothing while something was missing
 
@@ -220,7 +225,7 @@ class TopicState:
 
     def counters(self) -> dict:
         return {k: getattr(self, k) for k in ("batches", "events", "gaps", "replays", "resyncs", "restarts",
-                                               "late_joins", "dropped", "overflows", "anomalies")}
+                                               "rejoins", "late_joins", "dropped", "overflows", "anomalies")}
 
 
 class _Replay:
@@ -420,10 +425,29 @@ class Subscriber:
                 return
             if ev["event"] == zmq.EVENT_CONNECTED:
                 if self._connected_once:
-                    self.reconnects += 1
-                    for st in self.pools.values():
-                        st.rejoin = True
+                    self._reconnected()
                 self._connected_once = True
+
+    def _reconnected(self):
+        """The SUB connection dropped and came back: the publisher may have restarted (a new
+        stream from seq 0, whose first batches went out before this socket subscribed again)
+        or not. Either way a replay from 0 of every topic states it exactly: the new stream
+        from its beginning, or the old one (whole, or as a resync)."""
+        self.reconnects += 1
+        if self._dealer is None:
+            for st in self.pools.values():
+                st.inexact = st.seq is not None
+            return
+        if self._replay is not None:  # sent to the publisher that went away
+            topic = self._replay.topic
+            self._replay = None
+            self._new_dealer()
+            self._starts[topic] = 0
+            self._queue.appendleft(topic)
+        for st in self.pools.values():
+            if st.seq is not None:
+                st.rejoins += 1
+                self._ask(st, 0)
 
     def _on_live(self, frames) -> int:
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -464,13 +488,9 @@ class Subscriber:
 
     def _live(self, st: TopicState, seq: int, batch: Batch) -> int:
         """One live batch of a topic with no replay queued or running."""
-        if st.rejoin:  # the connection came back: maybe a new stream
-            st.rejoin = False
-            if st.seq is not None:
-                st.restarts += 1
-            if _starts_stream(seq, batch):
-                return self._apply(st, seq, batch)
-            return self._repair(st, 0, seq, batch)
+        if st.stream_ts is not None and batch.ts < st.stream_ts:
+            st.dropped += 1  # older than the current stream's beginning: a stream gone
+            return 0
         if st.seq is None:
             if _starts_stream(seq, batch):
                 return self._apply(st, seq, batch)
@@ -483,12 +503,11 @@ class Subscriber:
             return self._repair(st, st.seq + 1, seq, batch)
         # seq <= the last applied
         if _starts_stream(seq, batch) and batch.ts > st.ts:
-            st.restarts += 1  # a new stream, from its beginning
-            return self._apply(st, seq, batch)
+            return self._apply(st, seq, batch)  # a new stream, from its beginning
         if seq <= st.replayed_through and batch.ts <= st.ts:
             st.dropped += 1  # published before what a replay already applied
             return 0
-        st.restarts += 1  # a new stream whose beginning was missed
+        st.suspect_restart = True  # a new stream whose beginning was missed
         return self._repair(st, 0, seq, batch)
 
     def _repair(self, st: TopicState, start: int, seq: int, batch: Batch) -> int:
@@ -502,6 +521,11 @@ class Subscriber:
         return 0
 
     def _apply(self, st: TopicState, seq: int, batch: Batch) -> int:
+        if _starts_stream(seq, batch):
+            if st.seq is not None and batch.ts != st.stream_ts:
+                st.restarts += 1
+                st.suspect_restart = False
+            st.stream_ts = batch.ts
         for ev in batch.events:
             if ev.kind == STORED:
                 for h in ev.hashes:
@@ -598,6 +622,9 @@ class Subscriber:
                 expect = seq + 1
             elif seq > expect and _starts_clear(batch):
                 st.resyncs += 1  # the buffer no longer held `expect`: the state as of seq
+                if st.suspect_restart:
+                    st.restarts += 1  # a new stream (its seq 0 is gone from the buffer too)
+                    st.suspect_restart = False
                 applied += self._apply(st, seq, batch)
                 expect = seq + 1
             elif seq < expect:

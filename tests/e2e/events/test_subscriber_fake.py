@@ -224,11 +224,14 @@ def test_restart_by_a_new_publisher_on_the_same_endpoint(zctx, fake, subscriber)
     try:
         new.stream(T).hashes = truth
         new.wait_subscribed(5 * SLOW, sub=sub)
-        new.open(T, send=False)  # the stream's first batches go out before the subscriber is back
-        new.store(T, 7)
+        # the new stream's first batches go out before the subscriber is back, and nothing
+        # follows them: the reconnection alone must make the subscriber replay from 0
+        new.open(T, send=False)
+        new.store(T, 7, send=False)
         follow(sub, new, T)
         st = sub.pools[T]
-        assert sub.reconnects >= 1 and st.restarts >= 1 and st.hashes == {1, 2, 7}
+        assert sub.reconnects == 1 and st.rejoins == 1 and st.restarts == 1 and st.hashes == {1, 2, 7}
+        assert new.requests == [(T, 0)]
     finally:
         new.close()
 
