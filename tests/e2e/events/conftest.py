@@ -201,3 +201,134 @@ def events_server(kvrelay):
     yield start
     for es in started:
         es.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A raw SUB socket: every message as it came, for the tests that look at single events
+
+
+class RawSub:
+    """A SUB socket on the server's PUB endpoint that keeps every message [(topic, seq,
+    payload)]. ready() makes sure the subscription has reached the server (ZMQ drops what a
+    PUB sends before: the slow joiner) by putting blocks into a warm-up model's pool until one
+    of its batches arrives."""
+
+    def __init__(self, ctx, es, prefix=b"kv@"):
+        import zmq
+
+        self.zmq = zmq
+        self.es = es
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, prefix)
+        self.sock.connect(es.pub)
+        self.messages = []
+
+    def close(self):
+        self.sock.close(linger=0)
+
+    def drain(self, timeout=0.0):
+        """Reads what is there (waiting at most timeout for the first message)."""
+        n = 0
+        if timeout and not self.sock.poll(int(timeout * 1000)):
+            return 0
+        for _ in range(1_000_000):
+            try:
+                frames = self.sock.recv_multipart(self.zmq.NOBLOCK)
+            except self.zmq.Again:
+                break
+            assert len(frames) == 3, f"a PUB message of {len(frames)} frames: {frames!r}"
+            assert len(frames[1]) == 8, f"a seq frame of {len(frames[1])} bytes"
+            self.messages.append((frames[0].decode(), int.from_bytes(frames[1], "big"), frames[2]))
+            n += 1
+        return n
+
+    def ready(self, limit=5.0, token=None):
+        warm = self.es.topic("warmup")
+        deadline = time.monotonic() + limit * SLOW
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1
+            self.es.put(f"warmup/{time.monotonic_ns()}/{i}", 0x5EED0000 + i, model="warmup", token=token)
+            self.drain(0.1)
+            if any(t == warm for t, _, _ in self.messages):
+                self.messages.clear()
+                return
+        raise AssertionError(f"no batch of {warm} within {limit * SLOW:.1f}s: the subscription never took")
+
+    def of(self, topic):
+        return [(s, p) for t, s, p in self.messages if t == topic]
+
+    def wait_for(self, pred, limit=5.0, what="messages"):
+        deadline = time.monotonic() + limit * SLOW
+        while True:
+            self.drain(0.02)
+            if pred(self):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {limit * SLOW:.1f}s; got "
+                                     f"{[(t, s, len(p)) for t, s, p in self.messages][-20:]}")
+
+
+@pytest.fixture
+def raw_sub(zctx):
+    subs = []
+
+    def make(es, prefix=b"kv@"):
+        s = RawSub(zctx, es, prefix)
+        subs.append(s)
+        return s
+
+    yield make
+    for s in subs:
+        s.close()
+
+
+@pytest.fixture
+def follower(zctx):
+    """Factory: follower(es, fmt=..., **kw) -> follower.StrictFollower on es's endpoints."""
+    from .follower import StrictFollower
+
+    made = []
+
+    def make(es, fmt="vllm", **kw):
+        kw.setdefault("replay_timeout", 5.0 * SLOW)
+        f = StrictFollower(zctx, es.pub, es.replay, fmt=fmt, **kw)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
+def subscriber(zctx):
+    """Factory: subscriber(es, **kw) -> kvrelay.events.Subscriber on es's endpoints."""
+    from kvrelay.events import Subscriber
+
+    made = []
+
+    def make(es, **kw):
+        kw.setdefault("replay_timeout", 5.0 * SLOW)
+        s = Subscriber(es.pub, es.replay, context=zctx, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def publisher_pid(srv):
+    """The publisher among the supervisor's children, by /proc (its comm says so), never by a
+    process name search."""
+    for pid in srv.children():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if "publisher" in comm:
+            return pid
+    return None
