@@ -68,8 +68,9 @@ def zctx():
 class EventsServer:
     """A started kvrelay with its KV event endpoints (pub, replay) read from the port file."""
 
-    def __init__(self, srv):
+    def __init__(self, srv, backend=BACKEND):
         self.srv = srv
+        self.backend = backend
         ports = wait_until(lambda: self._ports(), 10 * SLOW, what="kv_events lines in the port file")
         self.pub_port, self.replay_port = ports
         self.pub = f"tcp://127.0.0.1:{self.pub_port}"
@@ -85,7 +86,8 @@ class EventsServer:
         return pub, (None if rep is None else int(rep.rpartition(":")[2]))
 
     def topic(self, model, ns=None):
-        return f"kv@{BACKEND}@{model}" if ns in (None, "default") else f"kv@{BACKEND}/{ns}@{model}"
+        b = self.backend
+        return f"kv@{b}@{model}" if ns in (None, "default") else f"kv@{b}/{ns}@{model}"
 
     # -- HTTP on keep-alive connections, one per token ------------------------------------------
 
@@ -180,12 +182,12 @@ def kv_path(key):
 
 @pytest.fixture
 def events_server(kvrelay):
-    """Factory: events_server(*args, replay=True, fmt=None) starts kvrelay with the KV events on
-    ephemeral loopback ports (--kv-events-backend-id be-test) plus the given flags."""
+    """Factory: events_server(*args, replay=True, fmt=None, backend=BACKEND) starts kvrelay with
+    the KV events on ephemeral loopback ports (--kv-events-backend-id backend) plus the flags."""
     started = []
 
-    def start(*args, replay=True, fmt=None, token=None, env=None):
-        argv = ["--kv-events-bind", "tcp://127.0.0.1:*", "--kv-events-backend-id", BACKEND]
+    def start(*args, replay=True, fmt=None, token=None, env=None, backend=BACKEND):
+        argv = ["--kv-events-bind", "tcp://127.0.0.1:*", "--kv-events-backend-id", backend]
         if replay:
             argv += ["--kv-events-replay-bind", "tcp://127.0.0.1:*"]
         if fmt is not None:
@@ -194,7 +196,7 @@ def events_server(kvrelay):
             argv += ["--workers", "1"]
         if "--memory" not in args:
             argv += ["--memory", "16M"]
-        es = EventsServer(kvrelay(*argv, *args, token=token, env=env))
+        es = EventsServer(kvrelay(*argv, *args, token=token, env=env), backend)
         started.append(es)
         return es
 
@@ -286,14 +288,15 @@ def raw_sub(zctx):
 
 @pytest.fixture
 def follower(zctx):
-    """Factory: follower(es, fmt=..., **kw) -> follower.StrictFollower on es's endpoints."""
+    """Factory: follower(es, fmt=..., pub=None, **kw) -> follower.StrictFollower on es's
+    endpoints (pub: another PUB endpoint, a SlowLink's)."""
     from .follower import StrictFollower
 
     made = []
 
-    def make(es, fmt="vllm", **kw):
+    def make(es, fmt="vllm", pub=None, **kw):
         kw.setdefault("replay_timeout", 5.0 * SLOW)
-        f = StrictFollower(zctx, es.pub, es.replay, fmt=fmt, **kw)
+        f = StrictFollower(zctx, pub or es.pub, es.replay, fmt=fmt, **kw)
         made.append(f)
         return f
 
@@ -304,14 +307,14 @@ def follower(zctx):
 
 @pytest.fixture
 def subscriber(zctx):
-    """Factory: subscriber(es, **kw) -> kvrelay.events.Subscriber on es's endpoints."""
+    """Factory: subscriber(es, pub=None, **kw) -> kvrelay.events.Subscriber on es's endpoints."""
     from kvrelay.events import Subscriber
 
     made = []
 
-    def make(es, **kw):
+    def make(es, pub=None, **kw):
         kw.setdefault("replay_timeout", 5.0 * SLOW)
-        s = Subscriber(es.pub, es.replay, context=zctx, **kw)
+        s = Subscriber(pub or es.pub, es.replay, context=zctx, **kw)
         made.append(s)
         return s
 
@@ -332,3 +335,135 @@ def publisher_pid(srv):
         if "publisher" in comm:
             return pid
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A narrow link between a subscriber and the server's PUB port
+
+
+class SlowLink:
+    """A TCP relay, pumped from the test's thread, between a SUB socket (which connects to
+    `port`) and the server's PUB port, whose upstream socket has a small MSS and receive buffer.
+
+    Why: on loopback the MTU is 64 KiB, so Linux sizes a sending socket's buffer from a 64 KiB
+    MSS (about 2 * 10 segments of 128 KiB: megabytes); a subscriber that stops reading then
+    loses nothing for a whole storm, the server's kernel holding it all. A real network has an
+    MSS of ~1,400 bytes, and the link gives the server's socket that (TCP_MAXSEG set before
+    the connect, advertised in the SYN): its send buffer stays at tens of KiB, ZMQ's queue
+    (--kv-events-hwm) fills behind it, and ZMQ drops, as it would for a slow router. Not pumping
+    the link is the subscriber's pause. Every call is bounded; at most one connection at a time
+    (a new one from the SUB replaces the old)."""
+
+    def __init__(self, target_port, mss=536, rcvbuf=4096, chunk=65536):
+        import socket
+
+        self.socket = socket
+        self.target = target_port
+        self.mss, self.rcvbuf, self.chunk = mss, rcvbuf, chunk
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(4)
+        self.lsock.setblocking(False)
+        self.port = self.lsock.getsockname()[1]
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.up = self.down = None
+        self.to_down = bytearray()
+        self.to_up = bytearray()
+        self.moved = 0
+
+    def _drop(self):
+        for s in (self.up, self.down):
+            if s is not None:
+                s.close()
+        self.up = self.down = None
+        self.to_down.clear()
+        self.to_up.clear()
+
+    def _accept(self):
+        socket = self.socket
+        try:
+            down, _ = self.lsock.accept()
+        except BlockingIOError:
+            return
+        self._drop()
+        up = socket.socket()
+        up.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, self.mss)
+        up.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        up.settimeout(5)
+        try:
+            up.connect(("127.0.0.1", self.target))
+        except OSError:
+            up.close()
+            down.close()
+            return
+        up.setblocking(False)
+        down.setblocking(False)
+        self.up, self.down = up, down
+
+    def pump(self, rounds=64):
+        """Moves what can move without waiting (at most `rounds` reads each way)."""
+        self._accept()
+        if self.up is None:
+            return
+        try:
+            for _ in range(rounds):
+                progress = False
+                if len(self.to_down) < self.chunk:
+                    try:
+                        data = self.up.recv(self.chunk)
+                        if not data:
+                            return self._drop()
+                        self.to_down += data
+                        progress = True
+                    except BlockingIOError:
+                        pass
+                if self.to_down:
+                    try:
+                        n = self.down.send(self.to_down)
+                        del self.to_down[:n]
+                        self.moved += n
+                        progress = progress or n > 0
+                    except BlockingIOError:
+                        pass
+                try:
+                    data = self.down.recv(self.chunk)
+                    if not data:
+                        return self._drop()
+                    self.to_up += data
+                    progress = True
+                except BlockingIOError:
+                    pass
+                if self.to_up:
+                    try:
+                        del self.to_up[:self.up.send(self.to_up)]
+                    except BlockingIOError:
+                        pass
+                if not progress:
+                    return
+        except (ConnectionError, OSError):
+            self._drop()
+
+    def reset(self):
+        """Cuts the connection (the SUB's ZMQ reconnects by itself through the link): the next
+        one starts with a small send buffer on the server's side again. Linux grows a sending
+        socket's buffer after the writer found it full (from the congestion window: megabytes
+        with BBR), so a link that was paused once absorbs much more the second time."""
+        self._drop()
+
+    def close(self):
+        self._drop()
+        self.lsock.close()
+
+
+@pytest.fixture
+def slow_link():
+    made = []
+
+    def make(es, **kw):
+        link = SlowLink(es.pub_port, **kw)
+        made.append(link)
+        return link
+
+    yield make
+    for link in made:
+        link.close()

@@ -208,17 +208,34 @@ def check_fields(e, fmt, ns, model):
     assert (e["backend_id"], e["tenant_id"], e["model_name"]) == (BACKEND, ns, model), e
 
 
-@pytest.mark.parametrize("flag", [None, "64"])
-def test_block_size(events_server, raw_sub, flag):
-    """BlockStored's block_size: --kv-events-block-size, 256 by default (the spec's table)."""
-    es = events_server(*([] if flag is None else ["--kv-events-block-size", flag]))
+def block_sizes(events_server, raw_sub, *args):
+    es = events_server(*args)
     raw = raw_sub(es)
     raw.ready()
     es.put("b/1", 77, model="m-bs")
     topic = es.topic("m-bs")
     raw.wait_for(lambda r: any(isinstance(e, vk.BlockStored) for _, e in events_of(r, topic)), what="BlockStored")
-    sizes = {e.block_size for _, e in events_of(raw, topic) if isinstance(e, vk.BlockStored)}
+    return {e.block_size for _, e in events_of(raw, topic) if isinstance(e, vk.BlockStored)}
+
+
+# The interface contract (/work/notes/kv-events-spec.md, fixed 2026-12-03) has a flag
+# --kv-events-block-size, 256 by default; branch kv-events has no such flag and writes
+# --kv-block-size (16 by default), as its docs/kv-events.md says. Strict: once the server
+# follows the contract this XPASSes and fails, and the marker goes.
+@pytest.mark.xfail(strict=True, reason="server deviates from the contract: no --kv-events-block-size flag, "
+                                       "block_size is --kv-block-size (16), not 256 (reported)")
+@pytest.mark.parametrize("flag", [None, "64"])
+def test_block_size_as_the_contract_says(events_server, raw_sub, flag):
+    """BlockStored's block_size: --kv-events-block-size, 256 by default (the contract's table)."""
+    sizes = block_sizes(events_server, raw_sub, *([] if flag is None else ["--kv-events-block-size", flag]))
     assert sizes == {256 if flag is None else int(flag)}, sizes
+
+
+@pytest.mark.parametrize("flag", [None, "64"])
+def test_block_size_is_the_kv_block_size(events_server, raw_sub, flag):
+    """What docs/kv-events.md (branch kv-events) says instead: block_size is --kv-block-size."""
+    sizes = block_sizes(events_server, raw_sub, *([] if flag is None else ["--kv-block-size", flag]))
+    assert sizes == {16 if flag is None else int(flag)}, sizes
 
 
 def test_tenancy_topics(events_server, raw_sub, follower, tmp_path):
