@@ -153,8 +153,9 @@ def decode_event(ev) -> Event:
 
 def decode_batch(payload: bytes) -> Batch:
     """A PUB/replay payload: msgpack [ts, events, data_parallel_rank?]."""
+    msgpack = _msgpack()
     try:
-        obj = _msgpack().unpackb(payload, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as e:
         raise DecodeError(f"payload is not msgpack: {e}") from e
     if not isinstance(obj, (list, tuple)) or len(obj) < 2:

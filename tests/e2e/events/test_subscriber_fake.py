@@ -292,3 +292,24 @@ def test_without_replay_endpoint_gaps_are_counted(fake, subscriber):
     fake.restart()  # a new stream states everything: exact again
     assert sub.run_until(lambda s: s.pools[T].seq == 0 and s.pools[T].exact, 2 * SLOW), st
     assert st.hashes == {1, 2, 3} and st.restarts == 1
+
+
+def test_package_imports_without_zmq_and_msgpack():
+    """pyzmq and msgpack are an optional extra: kvrelay and kvrelay.events import without
+    them, and only making a Subscriber (or decoding) says what is missing."""
+    import subprocess
+    import sys
+
+    from .conftest import CLIENT_SRC
+
+    code = ("import sys; sys.modules['zmq'] = None; sys.modules['msgpack'] = None\n"
+            "import kvrelay, kvrelay.events\n"
+            "try:\n    kvrelay.events.Subscriber('tcp://127.0.0.1:1')\n"
+            "except ImportError as e:\n    print('subscriber:', e)\n"
+            "try:\n    kvrelay.events.decode_batch(b'\\x90')\n"
+            "except ImportError as e:\n    print('decode:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, cwd=str(CLIENT_SRC))
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    out = r.stdout.decode()
+    assert "subscriber: kvrelay.events needs pyzmq (Debian: python3-zmq" in out, out
+    assert "decode: kvrelay.events needs msgpack (Debian: python3-msgpack" in out, out
