@@ -68,20 +68,24 @@ def zctx():
 class EventsServer:
     """A started kvrelay with its KV event endpoints (pub, replay) read from the port file."""
 
-    def __init__(self, srv, backend=BACKEND):
+    def __init__(self, srv, backend=BACKEND, pub=None):
         self.srv = srv
         self.backend = backend
-        ports = wait_until(lambda: self._ports(), 10 * SLOW, what="kv_events lines in the port file")
+        ports = wait_until(lambda: self._ports(pub is None), 10 * SLOW, what="kv_events lines in the port file")
         self.pub_port, self.replay_port = ports
-        self.pub = f"tcp://127.0.0.1:{self.pub_port}"
+        self.pub = pub or f"tcp://127.0.0.1:{self.pub_port}"
         self.replay = None if self.replay_port is None else f"tcp://127.0.0.1:{self.replay_port}"
         self._conns = {}
 
-    def _ports(self):
+    def _ports(self, tcp_pub=True):
         lines = parse_kv_lines(self.srv.port_file.read_text())
-        if "kv_events" not in lines:
+        if tcp_pub and "kv_events" not in lines:
             return None
-        pub = int(lines["kv_events"].rpartition(":")[2])
+        if not tcp_pub:  # an ipc:// PUB has no port; the replay socket is still tcp
+            assert "kv_events" not in lines, lines
+            if "kv_events_replay" not in lines:
+                return None
+        pub = int(lines["kv_events"].rpartition(":")[2]) if tcp_pub else None
         rep = lines.get("kv_events_replay")
         return pub, (None if rep is None else int(rep.rpartition(":")[2]))
 
@@ -182,12 +186,13 @@ def kv_path(key):
 
 @pytest.fixture
 def events_server(kvrelay):
-    """Factory: events_server(*args, replay=True, fmt=None, backend=BACKEND) starts kvrelay with
-    the KV events on ephemeral loopback ports (--kv-events-backend-id backend) plus the flags."""
+    """Factory: events_server(*args, replay=True, fmt=None, backend=BACKEND, pub=None) starts
+    kvrelay with the KV events on ephemeral loopback ports (--kv-events-backend-id backend) plus
+    the flags; pub: another PUB endpoint (the storm's ipc://)."""
     started = []
 
-    def start(*args, replay=True, fmt=None, token=None, env=None, backend=BACKEND):
-        argv = ["--kv-events-bind", "tcp://127.0.0.1:*", "--kv-events-backend-id", backend]
+    def start(*args, replay=True, fmt=None, token=None, env=None, backend=BACKEND, pub=None):
+        argv = ["--kv-events-bind", pub or "tcp://127.0.0.1:*", "--kv-events-backend-id", backend]
         if replay:
             argv += ["--kv-events-replay-bind", "tcp://127.0.0.1:*"]
         if fmt is not None:
@@ -196,7 +201,7 @@ def events_server(kvrelay):
             argv += ["--workers", "1"]
         if "--memory" not in args:
             argv += ["--memory", "16M"]
-        es = EventsServer(kvrelay(*argv, *args, token=token, env=env), backend)
+        es = EventsServer(kvrelay(*argv, *args, token=token, env=env), backend, pub)
         started.append(es)
         return es
 
@@ -335,135 +340,3 @@ def publisher_pid(srv):
         if "publisher" in comm:
             return pid
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# A narrow link between a subscriber and the server's PUB port
-
-
-class SlowLink:
-    """A TCP relay, pumped from the test's thread, between a SUB socket (which connects to
-    `port`) and the server's PUB port, whose upstream socket has a small MSS and receive buffer.
-
-    Why: on loopback the MTU is 64 KiB, so Linux sizes a sending socket's buffer from a 64 KiB
-    MSS (about 2 * 10 segments of 128 KiB: megabytes); a subscriber that stops reading then
-    loses nothing for a whole storm, the server's kernel holding it all. A real network has an
-    MSS of ~1,400 bytes, and the link gives the server's socket that (TCP_MAXSEG set before
-    the connect, advertised in the SYN): its send buffer stays at tens of KiB, ZMQ's queue
-    (--kv-events-hwm) fills behind it, and ZMQ drops, as it would for a slow router. Not pumping
-    the link is the subscriber's pause. Every call is bounded; at most one connection at a time
-    (a new one from the SUB replaces the old)."""
-
-    def __init__(self, target_port, mss=536, rcvbuf=4096, chunk=65536):
-        import socket
-
-        self.socket = socket
-        self.target = target_port
-        self.mss, self.rcvbuf, self.chunk = mss, rcvbuf, chunk
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(4)
-        self.lsock.setblocking(False)
-        self.port = self.lsock.getsockname()[1]
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.up = self.down = None
-        self.to_down = bytearray()
-        self.to_up = bytearray()
-        self.moved = 0
-
-    def _drop(self):
-        for s in (self.up, self.down):
-            if s is not None:
-                s.close()
-        self.up = self.down = None
-        self.to_down.clear()
-        self.to_up.clear()
-
-    def _accept(self):
-        socket = self.socket
-        try:
-            down, _ = self.lsock.accept()
-        except BlockingIOError:
-            return
-        self._drop()
-        up = socket.socket()
-        up.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, self.mss)
-        up.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-        up.settimeout(5)
-        try:
-            up.connect(("127.0.0.1", self.target))
-        except OSError:
-            up.close()
-            down.close()
-            return
-        up.setblocking(False)
-        down.setblocking(False)
-        self.up, self.down = up, down
-
-    def pump(self, rounds=64):
-        """Moves what can move without waiting (at most `rounds` reads each way)."""
-        self._accept()
-        if self.up is None:
-            return
-        try:
-            for _ in range(rounds):
-                progress = False
-                if len(self.to_down) < self.chunk:
-                    try:
-                        data = self.up.recv(self.chunk)
-                        if not data:
-                            return self._drop()
-                        self.to_down += data
-                        progress = True
-                    except BlockingIOError:
-                        pass
-                if self.to_down:
-                    try:
-                        n = self.down.send(self.to_down)
-                        del self.to_down[:n]
-                        self.moved += n
-                        progress = progress or n > 0
-                    except BlockingIOError:
-                        pass
-                try:
-                    data = self.down.recv(self.chunk)
-                    if not data:
-                        return self._drop()
-                    self.to_up += data
-                    progress = True
-                except BlockingIOError:
-                    pass
-                if self.to_up:
-                    try:
-                        del self.to_up[:self.up.send(self.to_up)]
-                    except BlockingIOError:
-                        pass
-                if not progress:
-                    return
-        except (ConnectionError, OSError):
-            self._drop()
-
-    def reset(self):
-        """Cuts the connection (the SUB's ZMQ reconnects by itself through the link): the next
-        one starts with a small send buffer on the server's side again. Linux grows a sending
-        socket's buffer after the writer found it full (from the congestion window: megabytes
-        with BBR), so a link that was paused once absorbs much more the second time."""
-        self._drop()
-
-    def close(self):
-        self._drop()
-        self.lsock.close()
-
-
-@pytest.fixture
-def slow_link():
-    made = []
-
-    def make(es, **kw):
-        link = SlowLink(es.pub_port, **kw)
-        made.append(link)
-        return link
-
-    yield make
-    for link in made:
-        link.close()
