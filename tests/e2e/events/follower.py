@@ -7,7 +7,9 @@ else.
 It is deliberately simple and synchronous: pump() reads what the SUB socket holds; a gap, a late
 join or a stream restart sends a replay request on its DEALER and reads the whole answer there
 and then (bounded by replay_timeout), while live messages wait in the SUB socket (where ZMQ's
-high-water mark may drop some: the next gap replays them).
+high-water mark may drop some: the next gap replays them). After its SUB connection dropped and
+came back (a publisher restart), each topic's next live batch makes it replay from 0: a new
+stream whose seq has passed the old one's would otherwise look like a mere gap.
 
 Strict: every payload goes through the strict decoder (a malformed one raises), every replay
 answer is checked against the protocol (frames, consecutive seqs, a resync's messages all
@@ -38,6 +40,8 @@ class TopicView:
         self.seq = None  # the last applied seq
         self.ts = 0.0
         self.replayed_through = -1
+        self.stream_ts = None  # ts of the applied seq 0 (AllBlocksCleared) of the current stream
+        self.rejoin = False  # the SUB connection came back: the next batch replays from 0
         self.batches = 0
         self.gaps = 0
         self.replays = 0
@@ -69,6 +73,8 @@ class StrictFollower:
             self.sub.setsockopt(zmq.RCVBUF, rcvbuf)
         for t in (topics or ["kv@"]):
             self.sub.setsockopt(zmq.SUBSCRIBE, t.encode())
+        self.mon = self.sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self.connects = 0
         self.sub.connect(pub)
         self.dealer = None
         if replay is not None:
@@ -77,6 +83,11 @@ class StrictFollower:
             self.dealer.connect(replay)
 
     def close(self):
+        try:
+            self.sub.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.mon.close(linger=0)
         self.sub.close(linger=0)
         if self.dealer is not None:
             self.dealer.close(linger=0)
@@ -104,8 +115,10 @@ class StrictFollower:
         """Handles the live messages there are (waiting at most timeout for the first).
         Returns how many were read."""
         n = 0
+        self._monitor()
         if timeout and not self.sub.poll(int(timeout * 1000)):
             return 0
+        self._monitor()
         while n < max_messages:
             try:
                 frames = self.sub.recv_multipart(zmq.NOBLOCK)
@@ -114,6 +127,20 @@ class StrictFollower:
             n += 1
             self._live(frames)
         return n
+
+    def _monitor(self):
+        from zmq.utils.monitor import recv_monitor_message
+
+        for _ in range(1000):
+            try:
+                ev = recv_monitor_message(self.mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self.connects += 1
+                if self.connects > 1:
+                    for v in self.views.values():
+                        v.rejoin = True
 
     def _live(self, frames):
         if len(frames) != 3:
@@ -130,6 +157,13 @@ class StrictFollower:
             self._violate(f"{topic} seq {seq}: data_parallel_rank {batch.data_parallel_rank!r}, 0 expected")
         self.log.append(("live", topic, seq, len(batch.events)))
         v = self.view(topic)
+        if v.stream_ts is not None and batch.ts < v.stream_ts:
+            v.stale += 1  # older than the current stream's beginning
+            return None
+        if v.rejoin:
+            v.rejoin = False
+            if not (seq == 0 and batch.events and isinstance(batch.events[0], vk.AllBlocksCleared)):
+                self._replay(v, 0)
         for _round in range(4):  # a replay makes room for the batch; a second one at most
             if v.seq is None:
                 if seq == 0:
@@ -148,15 +182,12 @@ class StrictFollower:
                 continue
             # seq <= v.seq
             if seq == 0 and batch.ts > v.ts and batch.events and isinstance(batch.events[0], vk.AllBlocksCleared):
-                v.restarts += 1  # a new stream from its beginning
-                v.seq = None
+                v.seq = None  # a new stream from its beginning
                 return self._apply(v, seq, batch)
             if seq <= v.replayed_through and batch.ts <= v.ts:
                 v.stale += 1  # covered by a replay already
                 return None
-            v.restarts += 1  # a new stream whose beginning this follower missed
-            v.seq = None
-            self._replay(v, 0)
+            self._replay(v, 0)  # a new stream whose beginning this follower missed
             continue
         self._violate(f"{topic}: live seq {seq} could not be placed after the replays (last {v.seq})")
 
@@ -166,6 +197,10 @@ class StrictFollower:
                           f"got {batch.events[:1]}")
 
     def _apply(self, v, seq, batch):
+        if seq == 0 and batch.events and isinstance(batch.events[0], vk.AllBlocksCleared):
+            if v.stream_ts is not None and batch.ts != v.stream_ts:
+                v.restarts += 1  # another stream's seq 0 than the one applied before
+            v.stream_ts = batch.ts
         for ev in batch.events:
             if isinstance(ev, vk.AllBlocksCleared):
                 v.hashes.clear()

@@ -365,13 +365,18 @@ def test_resync_when_the_buffer_lost_the_seq(events_server, raw_sub, zctx):
     raw.ready()
     topic = es.topic("m-rs")
     keys = {}
+
+    def arrived():  # one operation at a time, each in a batch of its own
+        raw.wait_for(lambda r: stored_minus_removed(events_of(r, topic)) == set(keys.values()), what="the live stream")
+
     for i in range(40):
         keys[f"rs/{i}"] = 0x7000 + i
         es.put(f"rs/{i}", 0x7000 + i, model="m-rs")
+        arrived()
         if i % 3 == 0:
             es.delete(f"rs/{i}")
             del keys[f"rs/{i}"]
-    raw.wait_for(lambda r: stored_minus_removed(events_of(r, topic)) == set(keys.values()), what="the live stream")
+            arrived()
     last = seqs_of(raw, topic)[-1]
     assert last >= 9, f"too few batches ({last + 1}) to have lost seq 1 from a buffer of 8"
     before = es.metric("kvrelay_kv_events_resyncs_total")
