@@ -103,6 +103,35 @@ def test_events_off_by_default(kvrelay):
     assert "kv events" not in srv.log_text().lower().replace("kv_events", "")
 
 
+def print_config(env=None):
+    from conftest import run_binary
+
+    p = run_binary(["--print-config"], env=env)
+    assert p.returncode == 0, p.stderr
+    return dict(line.split("=", 1) for line in p.stdout.decode().splitlines() if "=" in line)
+
+
+def test_flag_defaults():
+    """The contract's defaults (the ones branch kv-events keeps; hwm: the next test)."""
+    cfg = print_config()
+    assert (cfg["kv-events-bind"], cfg["kv-events-replay-bind"], cfg["kv-events-format"]) == ("", "", "vllm")
+    assert cfg["kv-events-buffer"] == "10000" and cfg["kv-events-buffer-bytes"] == str(64 << 20)
+    assert cfg["kv-events-max-batch"] == "512"
+    import socket
+
+    assert cfg["kv-events-backend-id"] == (os.environ.get("POD_NAME") or socket.gethostname()), cfg
+    assert print_config({"POD_NAME": "kvrelay-7"})["kv-events-backend-id"] == "kvrelay-7"
+
+
+# The contract says 100000 (vLLM's); branch kv-events chose 10000 (d866cc5: a kvrelay batch holds
+# up to --kv-events-max-batch events, so 100000 queued could reach gigabytes), documented in its
+# docs/kv-events.md. Reported; strict, so that whichever side moves, this is looked at again.
+@pytest.mark.xfail(strict=True, reason="server deviates from the contract: --kv-events-hwm defaults to 10000, "
+                                       "not 100000 (reported)")
+def test_hwm_default_as_the_contract_says():
+    assert print_config()["kv-events-hwm"] == "100000"
+
+
 def test_metrics_present(events_server, raw_sub):
     es = events_server()
     raw = raw_sub(es)
