@@ -539,3 +539,25 @@ def test_stream_opens_with_state_and_restarts_after_publisher_sigkill(events_ser
         assert sub.pools[t].restarts == 1 and sub.pools[t].anomalies == 0, sub.pools[t]
     assert not fol.violations
     assert new != old
+
+
+def test_events_follow_their_put_within_milliseconds(events_server, raw_sub):
+    """An acknowledged PUT's BlockStored reaches a subscriber within --kv-events-interval (2 ms)
+    plus a publisher turn, also when no other operation follows it (the pending batch is
+    flushed by time, not by the next event). Bounds loose enough for a loaded machine."""
+    es = events_server()
+    raw = raw_sub(es)
+    raw.ready()
+    topic = es.topic("m-lat")
+    lat = []
+    for i in range(60):
+        h = 0x1A7000 + i
+        es.put(f"lat/{i}", h, model="m-lat")
+        t = time.monotonic()
+        raw.wait_for(lambda r: any(h in getattr(e, "block_hashes", []) for _, e in events_of(r, topic)[-3:]),
+                     what=f"the BlockStored of lat/{i}")
+        lat.append(time.monotonic() - t)
+    lat.sort()
+    p50, worst = lat[len(lat) // 2], lat[-1]
+    print(f"PUT acknowledged -> event received: p50 {p50 * 1e3:.2f} ms, max {worst * 1e3:.2f} ms")
+    assert p50 < 0.02 * SLOW and worst < 0.5 * SLOW, (p50, worst)
