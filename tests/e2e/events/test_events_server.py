@@ -32,13 +32,14 @@ def u64(n):
 
 def events_of(raw, topic, fmt="vllm"):
     """[(seq, event)] of every batch of topic the raw SUB holds, strictly decoded, in order."""
+    import msgpack
+
     out = []
     for seq, payload in raw.of(topic):
+        batch = msgpack.unpackb(payload, raw=False)
+        # [ts: a msgpack float, events, 0] (the strict decoder would also take an integer ts)
+        assert isinstance(batch, list) and len(batch) == 3 and type(batch[0]) is float and batch[2] == 0, batch
         if fmt == "rfc1527":
-            import msgpack
-
-            batch = msgpack.unpackb(payload, raw=False)
-            assert isinstance(batch, list) and len(batch) == 3 and isinstance(batch[0], float) and batch[2] == 0, batch
             out += [(seq, ev) for ev in batch[1]]
         else:
             batch = vk.decode_batch(payload, "array" if fmt == "vllm" else "map")
