@@ -592,6 +592,8 @@ static void route_batch(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *re
         kvr_api_error(res, 411, "InvalidRequest", "a batch needs a Content-Length");
         return;
     }
+    if (memis(rq->path, rq->path_len, "/batch/lookup") && kvr_api_lookup_head(rq, res) < 0)
+        return; /* its own bounds (api_batch.c) */
     if (rq->body_len > KVR_API_BATCH_MAX_BODY) {
         kvr_api_error(res, 413, "EntityTooLarge", "a batch body is at most 1 MiB");
         return;
@@ -605,7 +607,8 @@ static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res
     const char *p = rq->path;
     size_t n = rq->path_len;
 
-    if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete") || memis(p, n, "/batch/get")) {
+    if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete") || memis(p, n, "/batch/get") ||
+        memis(p, n, "/batch/lookup")) {
         route_batch(a, rq, res);
         return 1;
     }

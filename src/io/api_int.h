@@ -36,6 +36,10 @@ void kvr_api_send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ct
 size_t kvr_api_multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t off, struct iovec *iov, size_t max);
 void kvr_api_multi_release(kvr_api_t *a, kvr_api_res_t *res);
 
+/* POST /batch/lookup's head (api_batch.c): its body bound and X-KV-Model, answered here; 0 when
+ * the head passes, -1 after an error answer. */
+int kvr_api_lookup_head(const kvr_api_req_t *rq, kvr_api_res_t *res);
+
 /* "name":v, after a comma unless first. */
 static inline void api_json_field(kvr_json_t *j, const char *name, uint64_t v, int first)
 {
