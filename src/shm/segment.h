@@ -47,8 +47,8 @@
  * namespace, the store's per-namespace seeds and counters. 4: relay pools (the store's pool table,
  * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
  * hdr->relay_pools). 5: the canonical-hash chains of the index (an entry's canon_next, taken from
- * its inline key tail: KVR_KEY_TAIL 15 -> 11; the canon buckets at hdr->off_cbuckets); on branch
- * kv-events also the 4 KiB stats block (both branches bumped to 5: whoever merges them picks 6). */
+ * its inline key tail: KVR_KEY_TAIL 15 -> 11; the canon buckets at hdr->off_cbuckets), and stats
+ * blocks of 4 KiB (the KV events' counters, shm/stats.h). */
 #define KVR_SEG_LAYOUT_VERSION 5u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
