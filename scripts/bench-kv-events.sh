@@ -138,7 +138,16 @@ for cfg in off on; do
     [ "$cfg" = on ] && ev=(--events "tcp://127.0.0.1:${EV_OF[on]}")
     bench "$cfg" paced -- --workload relay --grpc "${GRPC_OF[$cfg]}" --subscribers 4 "${ev[@]}" --rate "$RATE" \
         --size 16K --connections 16 --duration 10s
-    grep -A4 '^relay:' "$RUN/$cfg.paced.out" | sed "s/^/paced $cfg: /"
+    $PY - "$RUN/$cfg.paced.json" "$cfg" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1])); r = d["relay"]; lat = r["publish_latency_ms"]
+line = (f"paced {sys.argv[2]}: {d['throughput']['requests_per_s']:.0f} PUT/s, relay publish p50/p99 "
+        f"{lat['p50']:.3f}/{lat['p99']:.3f} ms, never published {r['unpublished']}, streams ended {r['ended_streams']}")
+if r["event_subscribers"]:
+    ev = r["events_latency_ms"]
+    line += f", KV events p50/p99/max {ev['p50']:.3f}/{ev['p99']:.3f}/{ev['max']:.3f} ms"
+print(line)
+EOF
 done
 
 # 3. a subscriber that never reads: the publisher's RSS around a paced run, without and with it

@@ -87,7 +87,7 @@ static const opt_t opts[] = {
     {"kv-events-hwm", T_UINT, "10000", 1, 1u << 24, N(kv_events_hwm), "messages (batches) queued per subscriber; beyond, ZMQ drops that subscriber's messages (it replays)"},
     {"kv-events-buffer", T_UINT, "10000", 1, 1u << 22, N(kv_events_buffer), "event batches kept for replay, all topics"},
     {"kv-events-buffer-bytes", T_SIZE, "64M", 1 << 16, 1ull << 34, N(kv_events_buffer_bytes), "bytes of event batches kept for replay"},
-    {"kv-events-interval", T_DURATION, "2ms", 0, 1000, N(kv_events_interval_ms), "a pool's KV events wait at most this long to go out together in one batch (0: every publisher turn)"},
+    {"kv-events-interval", T_DURATION, "5ms", 0, 1000, N(kv_events_interval_ms), "a pool's KV events wait at most this long to go out together in one batch (0: every publisher turn)"},
     {"kv-events-max-batch", T_UINT, "512", 1, 65536, N(kv_events_max_batch), "events per batch at most"},
 };
 

@@ -121,25 +121,28 @@ static void take_pools(pub_t *p)
 /* ------------------------------------------------------------------ events */
 
 /* One more owner of canon in pool; the first one is a BlockStored event (the events count owners
- * as the filter does, but every owner: a hash the full filter left out is still stored). */
+ * as the filter does, but every owner: a hash the full filter left out is still stored). The
+ * table's count of distinct hashes says which: it grows exactly at a first owner. */
 static int owner_add(pub_t *p, uint32_t pool, uint64_t canon)
 {
     pub_pool_t *pp = &p->pool[pool];
-    int first = p->kvev != NULL && !p->rebuilding && kvr_owners_count(&pp->owners, canon) == 0;
+    size_t before = pp->owners.n;
     int rc = kvr_owners_add(&pp->owners, &pp->ckf, canon);
 
-    if (first && rc != KVR_ERR)
+    if (p->kvev != NULL && !p->rebuilding && pp->owners.n > before)
         pub_kvev_op(p, pool, 1, canon);
     return rc;
 }
 
-/* One owner of canon in pool leaves; the last one is a BlockRemoved event. */
+/* One owner of canon in pool leaves; the last one (the count of distinct hashes shrinks) is a
+ * BlockRemoved event. */
 static int owner_del(pub_t *p, uint32_t pool, uint64_t canon)
 {
     pub_pool_t *pp = &p->pool[pool];
+    size_t before = pp->owners.n;
     int rc = kvr_owners_del(&pp->owners, &pp->ckf, canon);
 
-    if (p->kvev != NULL && !p->rebuilding && rc != KVR_ENOTFOUND && kvr_owners_count(&pp->owners, canon) == 0)
+    if (p->kvev != NULL && !p->rebuilding && pp->owners.n < before)
         pub_kvev_op(p, pool, 0, canon);
     return rc;
 }

@@ -284,7 +284,7 @@ static void flush_pool(pub_t *p, uint32_t pool)
 {
     struct pub_kvev *k = p->kvev;
     kvev_pool_t *kp = &k->pool[pool];
-    size_t events = 0;
+    size_t events = 0, stored = 0, removed = 0;
 
     if (kp->nops == 0)
         return;
@@ -294,15 +294,17 @@ static void flush_pool(pub_t *p, uint32_t pool)
     for (uint32_t i = 0; i < kp->nops;) {
         if (kp->ops[i].stored) {
             kvr_kvev_stored(&k->enc, kp->ops[i++].hash);
-            kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_STORED, 1);
+            stored++;
             continue;
         }
         size_t n = 0;
         while (i < kp->nops && !kp->ops[i].stored)
             k->removed[n++] = kp->ops[i++].hash;
         kvr_kvev_removed(&k->enc, k->removed, n);
-        kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_REMOVED, n);
+        removed += n;
     }
+    kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_STORED, stored);
+    kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_REMOVED, removed);
     kp->nops = 0;
     send_batch(p, pool);
     pub_record_latency(p, KVR_ST_KVEV_HIST, kp->first_ns);

@@ -28,6 +28,9 @@ typedef struct {
     const char *backend_id, *ns, *model; /* the rfc1527 fields of the batches being built */
     msgpack_sbuffer sb;
     msgpack_packer pk;
+    /* vLLM's forms of BlockStored around its one hash, encoded once at init (len 0: none) */
+    uint8_t stored_pre[64], stored_suf[96];
+    size_t stored_pre_len, stored_suf_len;
     int failed;    /* an append ran out of memory: the batch is lost (kvr_kvev_end says so) */
     size_t events; /* announced by begin, counted down by each event (asserted at end) */
 } kvr_kvev_enc_t;

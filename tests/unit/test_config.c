@@ -278,7 +278,7 @@ Test(config, kv_events_flags_and_their_limits)
     cr_assert_eq(load(&cfg, NULL), KVR_OK);
     cr_assert_str_empty(cfg.kv_events_bind, "off by default");
     cr_assert_str_eq(cfg.kv_events_format, "vllm");
-    cr_assert_eq(cfg.kv_events_interval_ms, 2);
+    cr_assert_eq(cfg.kv_events_interval_ms, 5);
     gethostname(host, sizeof(host) - 1);
     cr_assert_str_eq(cfg.kv_events_backend_id, host, "the backend id defaults to the host name");
     setenv("POD_NAME", "kvrelay-3", 1);
