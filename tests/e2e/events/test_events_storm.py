@@ -40,8 +40,12 @@ OPS = 20_000
 # Long names (topics are 3 + 500 + 1 + 128 bytes): see LONG_BACKEND
 MODELS = ("m-storm-a-" + "a" * 118, "m-storm-b-" + "b" * 118)
 BLOCK = 3000  # one 4 KiB arena page each: the 2 MiB arena holds ~500 blocks
-ARGS = ("--memory", "2M", "--max-blocks", "4096", "--kv-events-hwm", "16", "--kv-events-buffer", "2000",
-        "--workers", "1")
+# The replay buffer is bounded by bytes, not batches: how many batches 20,000 operations make
+# depends on --kv-events-interval and the machine's speed, their payload bytes (~30 per event)
+# do not. 320 KiB holds a 4,000-operation pause (~140 KiB) twice over, and half of what the far
+# one missed (~600 KiB).
+ARGS = ("--memory", "2M", "--max-blocks", "4096", "--kv-events-hwm", "16", "--kv-events-buffer", "100000",
+        "--kv-events-buffer-bytes", "320K", "--workers", "1")
 # (start, end) in operations
 PAUSES = {"paused": ((2_000, 6_000), (11_000, 15_000)), "client": ((4_000, 8_000), (13_000, 17_000)),
           "far": ((1_500, 19_500),)}
