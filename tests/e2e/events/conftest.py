@@ -147,13 +147,10 @@ class EventsServer:
         return out
 
     def lookup(self, hashes, model=None, token=None):
-        """POST /batch/lookup (branch kv-lookup): the answer's JSON, or None when the route is
-        not there (404)."""
+        """POST /batch/lookup (docs/kv-lookup.md): the answer's JSON."""
         h = {} if model is None else {"X-KV-Model": model}
         body = "\n".join(str(x) for x in hashes).encode()
         st, data = self.call("POST", "/batch/lookup", body=body, headers=h, token=token)
-        if st == 404:
-            return None
         assert st == 200, f"/batch/lookup: {st} {data[:200]!r}"
         return json.loads(data)
 
