@@ -201,22 +201,28 @@ int kvr_api_lookup_head(const kvr_api_req_t *rq, kvr_api_res_t *res)
     return 0;
 }
 
+/* Closes the JSON answer in out and sends it (500 when it did not fit). */
+static void json_send(kvr_api_res_t *res, kvr_json_t *j, char *out)
+{
+    kvr_json_raw(j, "}");
+    if (j->overflow) {
+        free(out);
+        kvr_api_error(res, 500, "Internal", "response too large");
+        return;
+    }
+    kvr_api_send_heap(res, out, j->len, "application/json");
+}
+
 /* The pool a PUT of this request would land in (api.c, put_pool: X-KV-Model, else the namespace's
  * model=, else --model), found, never made: -1 when it does not exist, which holds nothing. */
 static int lookup_pool(kvr_api_t *a, const kvr_api_req_t *rq, const kvr_api_res_t *res)
 {
-    const char *m = rq->model;
-    size_t mlen = rq->model_len;
+    const char *m;
+    size_t mlen;
     int pool;
 
-    if (m == NULL && (pool = kvr_api_default_pool(a, res->ns)) >= 0)
+    if ((pool = kvr_api_request_model(a, rq, res->ns, &m, &mlen)) >= 0)
         return pool;
-    if (m == NULL) {
-        m = kvr_api_ns_model(a, res->ns);
-        if (m == NULL)
-            m = a->cfg->model;
-        mlen = strlen(m);
-    }
     pool = kvr_store_pool_find(a->store, res->ns, m, mlen);
     if (pool >= 0 && rq->model == NULL)
         kvr_api_default_pool_set(a, res->ns, (uint32_t)pool);
@@ -262,13 +268,7 @@ static void batch_lookup(kvr_api_t *a, const kvr_api_req_t *rq, const char *body
         kvr_json_raw(&j, held[k] ? (k > 0 ? ",true" : "true") : (k > 0 ? ",false" : "false"));
     kvr_json_raw(&j, "]");
     api_json_field(&j, "prefix", prefix, 0);
-    kvr_json_raw(&j, "}");
-    if (j.overflow) {
-        free(out);
-        kvr_api_error(res, 500, "Internal", "response too large");
-        return;
-    }
-    kvr_api_send_heap(res, out, j.len, "application/json");
+    json_send(res, &j, out);
 }
 
 /* ------------------------------------------------------------------ batch answers */
@@ -333,11 +333,5 @@ void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size
     kvr_json_raw(&j, "]");
     if (!is_delete)
         api_json_field(&j, "prefix", prefix, 0);
-    kvr_json_raw(&j, "}");
-    if (j.overflow) {
-        free(out);
-        kvr_api_error(res, 500, "Internal", "response too large");
-        return;
-    }
-    kvr_api_send_heap(res, out, j.len, "application/json");
+    json_send(res, &j, out);
 }

@@ -21,6 +21,10 @@ const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns);
  * (a reload may change model=): the pool, or -1; and its setter. */
 int kvr_api_default_pool(kvr_api_t *a, uint16_t ns);
 void kvr_api_default_pool_set(kvr_api_t *a, uint16_t ns, uint32_t pool);
+/* The model of a request's relay pool (docs/tenancy.md, "Pools"): X-KV-Model, else namespace ns's
+ * model=, else --model. Without X-KV-Model, the remembered default pool is returned (>= 0) when
+ * there is one; otherwise -1 with the model in *m, *mlen (not NUL-terminated when a header). */
+int kvr_api_request_model(kvr_api_t *a, const kvr_api_req_t *rq, uint16_t ns, const char **m, size_t *mlen);
 uint64_t kvr_api_ns_quota(kvr_api_t *a, uint16_t ns);
 int kvr_api_tenants_on(const kvr_api_t *a);
 int kvr_api_ns_listed(kvr_api_t *a, uint16_t ns);
