@@ -35,7 +35,7 @@ endif
 
 # Every library the tree links against comes from a Debian package (scripts/install-deps.sh).
 # pkg-config runs once per make run; a missing package stops the build here, not in a compile.
-PKGS := libxxhash libh2o-evloop libssl libcrypto liburing libnghttp2 libprotobuf-c
+PKGS := libxxhash libh2o-evloop libssl libcrypto liburing libnghttp2 libprotobuf-c libzmq msgpack
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 ifeq ($(PKG_LIBS),)

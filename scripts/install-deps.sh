@@ -23,7 +23,8 @@ set -eu
 # Recommends of protobuf-compiler. Containerfile's build stage installs the same list.
 BUILD="build-essential pkg-config
 libxxhash-dev liburing-dev libh2o-evloop-dev libssl-dev zlib1g-dev libyaml-dev libnghttp2-dev
-libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-blake3-dev"
+libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-blake3-dev
+libzmq3-dev libmsgpack-dev"
 # Tests: unit framework, the e2e runner and the real clients and servers it drives (grpcio, curl,
 # nghttp, promtool, redis-server and memcached for kvrelay-bench's other protocols, the Kubernetes
 # client for the manifests), the check-layers script, clang + its runtime for the fuzz drivers,
@@ -32,7 +33,7 @@ libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler librust-
 TEST="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
 protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached
 python3-venv python3-setuptools python3-wheel python3-pip
-python3-kubernetes python3-yaml clang libclang-rt-14-dev gnuplot-nox clang-format"
+python3-kubernetes python3-yaml python3-zmq python3-msgpack clang libclang-rt-14-dev gnuplot-nox clang-format"
 # Benchmarks: scripts/bench-dataplane.sh's peers (Redis with redis-cli, memcached), its ceilings
 # (iperf3), profiles (perf, strace), plots (gnuplot: the report's SVGs) and helpers (python3, curl
 # for kvrelay's /metrics).

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 enum { T_STR,
        T_SIZE,
@@ -79,6 +80,15 @@ static const opt_t opts[] = {
     {"max-pools-per-namespace", T_UINT, "4", 1, 256, N(max_pools_per_ns), "relay pools one namespace may make (its models); a PUT that would make one more gets 507"},
     {"publication-threshold", T_UINT, "16", 1, 1u << 20, N(publication_threshold), "events per published delta"},
     {"publication-delay", T_DURATION, "1ms", 0, 60000, N(publication_delay_us), "flush a partial delta after"},
+    {"kv-events-bind", T_STR, "", 0, 0, S(kv_events_bind), "ZMQ PUB endpoint of the KV events in vLLM's format, e.g. tcp://127.0.0.1:5557 (port *: a free one); off when empty (docs/kv-events.md)"},
+    {"kv-events-replay-bind", T_STR, "", 0, 0, S(kv_events_replay_bind), "ZMQ ROUTER endpoint answering replay requests of the KV events; none when empty"},
+    {"kv-events-format", T_STR, "vllm", 0, 0, S(kv_events_format), "vllm | vllm-map | rfc1527: the events as vLLM's arrays, as vLLM's maps (after vLLM PR #42892), or with Mooncake RFC #1527's fields"},
+    {"kv-events-backend-id", T_STR, "", 0, 0, S(kv_events_backend_id), "the cache owner named in every topic kv@ID@MODEL (empty: $POD_NAME, else the host name)"},
+    {"kv-events-hwm", T_UINT, "10000", 1, 1u << 24, N(kv_events_hwm), "messages (batches) queued per subscriber; beyond, ZMQ drops that subscriber's messages (it replays)"},
+    {"kv-events-buffer", T_UINT, "10000", 1, 1u << 22, N(kv_events_buffer), "event batches kept for replay, all topics"},
+    {"kv-events-buffer-bytes", T_SIZE, "64M", 1 << 16, 1ull << 34, N(kv_events_buffer_bytes), "bytes of event batches kept for replay"},
+    {"kv-events-interval", T_DURATION, "5ms", 0, 1000, N(kv_events_interval_ms), "a pool's KV events wait at most this long to go out together in one batch (0: every publisher turn)"},
+    {"kv-events-max-batch", T_UINT, "512", 1, 65536, N(kv_events_max_batch), "events per batch at most"},
 };
 
 int kvr_config_parse_size(const char *s, uint64_t *out)
@@ -274,6 +284,43 @@ static int epistemic_addr(const char *v, char *out, size_t n)
     return KVR_OK;
 }
 
+/* The KV events' flags (docs/kv-events.md): endpoints in ZMQ's tcp:// or ipc:// form, the
+ * format, a topic part without '@' (it separates the topic's fields). The backend id defaults to
+ * $POD_NAME (the Kubernetes downward API), else the host name. */
+static int validate_kv_events(kvr_config_t *cfg, FILE *err)
+{
+    const char *eps[2] = {cfg->kv_events_bind, cfg->kv_events_replay_bind};
+    const char *pod = getenv("POD_NAME");
+
+    for (int i = 0; i < 2; i++)
+        if (eps[i][0] != '\0' && strncmp(eps[i], "tcp://", 6) != 0 && strncmp(eps[i], "ipc://", 6) != 0) {
+            fprintf(err, "kvrelay: --kv-events-%sbind must be tcp://HOST:PORT or ipc://PATH, got '%s'\n",
+                    i ? "replay-" : "", eps[i]);
+            return KVR_EINVAL;
+        }
+    if (cfg->kv_events_replay_bind[0] != '\0' && cfg->kv_events_bind[0] == '\0') {
+        fprintf(err, "kvrelay: --kv-events-replay-bind needs --kv-events-bind\n");
+        return KVR_EINVAL;
+    }
+    if (strcmp(cfg->kv_events_format, "vllm") && strcmp(cfg->kv_events_format, "vllm-map") &&
+        strcmp(cfg->kv_events_format, "rfc1527")) {
+        fprintf(err, "kvrelay: --kv-events-format must be vllm, vllm-map or rfc1527\n");
+        return KVR_EINVAL;
+    }
+    if (cfg->kv_events_backend_id[0] == '\0') {
+        if (pod != NULL && *pod != '\0' && strlen(pod) < sizeof(cfg->kv_events_backend_id))
+            snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "%s", pod);
+        else if (gethostname(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id) - 1) != 0)
+            snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "kvrelay");
+    }
+    if (strchr(cfg->kv_events_backend_id, '@') != NULL || cfg->kv_events_backend_id[0] == '\0') {
+        fprintf(err, "kvrelay: --kv-events-backend-id must be non-empty and without '@', got '%s'\n",
+                cfg->kv_events_backend_id);
+        return KVR_EINVAL;
+    }
+    return KVR_OK;
+}
+
 static int validate(kvr_config_t *cfg, FILE *err)
 {
     char host[256];
@@ -321,6 +368,8 @@ static int validate(kvr_config_t *cfg, FILE *err)
         fprintf(err, "kvrelay: --hash-format must be standard or eagle\n");
         return KVR_EINVAL;
     }
+    if (validate_kv_events(cfg, err) != KVR_OK)
+        return KVR_EINVAL;
     if ((cfg->tls_cert[0] == '\0') != (cfg->tls_key[0] == '\0')) {
         fprintf(err, "kvrelay: --tls-cert and --tls-key go together\n");
         return KVR_EINVAL;

@@ -73,6 +73,16 @@ typedef struct {
     uint64_t max_pools_per_ns;
     uint64_t publication_threshold;
     uint64_t publication_delay_us;
+    /* KV events (docs/kv-events.md) */
+    char kv_events_bind[KVR_CFG_STR_MAX];
+    char kv_events_replay_bind[KVR_CFG_STR_MAX];
+    char kv_events_format[16];
+    char kv_events_backend_id[KVR_CFG_STR_MAX];
+    uint64_t kv_events_hwm;
+    uint64_t kv_events_buffer;
+    uint64_t kv_events_buffer_bytes;
+    uint64_t kv_events_max_batch;
+    uint64_t kv_events_interval_ms;
 
     /* derived, not in the table */
     int print_config;

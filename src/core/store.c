@@ -41,6 +41,8 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->ix.lru = st->sh->ns_lru;
     st->ix.ent = kvr_seg_at(seg, h->off_entries);
     st->ix.buckets = kvr_seg_at(seg, h->off_buckets);
+    st->ix.cbuckets = kvr_seg_at(seg, h->off_cbuckets);
+    st->ix.seed = st->sh->ns_seed;
     st->ix.arena = &st->arena;
     st->ix.lock = &st->sh->lock;
     st->log = kvr_seg_at(seg, h->off_log);
@@ -412,10 +414,11 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, uint32_t pool, const void 
     head = kvr_arena_alloc_locked(&st->arena, pages);
     e = &st->ix.ent[i];
     e->khash = khash;
-    e->canon = canon;
+    /* Relaxed: a lock-free walker of a stale canon chain may load canon and pool (index.c) */
+    kvr_atomic_store_relaxed(&e->canon, canon);
     e->length = len;
     kvr_index_set_key(e, ns, key, klen);
-    e->pool = (uint8_t)pool;
+    kvr_atomic_store_relaxed(&e->pool, (uint8_t)pool);
     e->refs = 0;
     e->pins = 0;
     e->first_page = head;

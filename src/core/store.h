@@ -163,6 +163,15 @@ void kvr_store_unpin_flush(kvr_store_t *st);
 /* 1 when resident (length in *len if non-NULL), 0 when not; never pins, usually lock-free. */
 int kvr_store_exists(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint64_t *len);
 
+/*
+ * Exact lookup by canonical hash (docs/kv-lookup.md): for each of the n hashes h[k], held[k] = 1
+ * when pool `pool` holds a resident (LIVE) block whose canonical hash is h[k] (any of its keys),
+ * else 0. Returns the prefix: how many consecutive hashes from h[0] are held. A pool that does
+ * not exist (>= kvr_store_pool_count) holds nothing. Lock-free under the index's seqlock; the
+ * hashes whose walk writers kept interfering with are answered together under one store lock.
+ */
+size_t kvr_store_lookup_hashes(kvr_store_t *st, uint32_t pool, const uint64_t *h, size_t n, uint8_t *held);
+
 /* DELETE: one reference less. Returns KVR_OK with *refs_left, or KVR_ENOTFOUND / KVR_EINVAL. */
 int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, uint32_t *refs_left);
 
@@ -210,6 +219,10 @@ void kvr_store_resync(kvr_store_t *st, kvr_store_scan_cb cb, void *ctx);
  */
 int kvr_store_pool(kvr_store_t *st, uint16_t ns, const char *ns_name, const char *model, size_t mlen,
                    uint32_t ns_max);
+
+/* The pool of (ns, model) if it exists: never makes one (a lookup's pool, store_lookup.c). Returns
+ * the pool id, KVR_ENOTFOUND, or KVR_EINVAL for an invalid model or namespace. Lock-free. */
+int kvr_store_pool_find(const kvr_store_t *st, uint16_t ns, const char *model, size_t mlen);
 
 /* A warm restart, before the repair (which then frees the entries of pools cut here): keeps the
  * longest prefix of whole slots within the segment's --max-pools. */

@@ -73,6 +73,17 @@ int kvr_store_pool(kvr_store_t *st, uint16_t ns, const char *ns_name, const char
     return rc;
 }
 
+int kvr_store_pool_find(const kvr_store_t *st, uint16_t ns, const char *model, size_t mlen)
+{
+    int i;
+
+    if (!kvr_model_valid(model, mlen) || ns >= KVR_NS_MAX)
+        return KVR_EINVAL;
+    /* acquire: pairs with kvr_store_pool's release store of npools; the slots under it are whole */
+    i = pool_find(st->sh, kvr_atomic_load_acquire(&st->sh->npools), ns, model, mlen);
+    return i >= 0 ? i : KVR_ENOTFOUND;
+}
+
 uint32_t kvr_store_pool_count(const kvr_store_t *st)
 {
     return kvr_atomic_load_acquire(&st->sh->npools); /* pairs with kvr_store_pool's release */

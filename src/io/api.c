@@ -234,18 +234,12 @@ static void put_failed(kvr_api_res_t *res, int rc)
  * namespace's model=, else --model). -1 after an error answer. */
 static int put_pool(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
 {
-    const char *m = rq->model;
-    size_t mlen = rq->model_len;
+    const char *m;
+    size_t mlen;
     int pool;
 
-    if (m == NULL && (pool = kvr_api_default_pool(a, res->ns)) >= 0)
+    if ((pool = kvr_api_request_model(a, rq, res->ns, &m, &mlen)) >= 0)
         return pool;
-    if (m == NULL) {
-        m = kvr_api_ns_model(a, res->ns);
-        if (m == NULL)
-            m = a->cfg->model;
-        mlen = strlen(m);
-    }
     pool = kvr_store_pool(a->store, res->ns, kvr_api_ns_name(a, res->ns), m, mlen, (uint32_t)a->cfg->max_pools_per_ns);
     if (pool >= 0 && rq->model == NULL)
         kvr_api_default_pool_set(a, res->ns, (uint32_t)pool);
@@ -592,6 +586,8 @@ static void route_batch(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *re
         kvr_api_error(res, 411, "InvalidRequest", "a batch needs a Content-Length");
         return;
     }
+    if (memis(rq->path, rq->path_len, "/batch/lookup") && kvr_api_lookup_head(rq, res) < 0)
+        return; /* its own bounds (api_batch.c) */
     if (rq->body_len > KVR_API_BATCH_MAX_BODY) {
         kvr_api_error(res, 413, "EntityTooLarge", "a batch body is at most 1 MiB");
         return;
@@ -605,7 +601,8 @@ static int route_other(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res
     const char *p = rq->path;
     size_t n = rq->path_len;
 
-    if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete") || memis(p, n, "/batch/get")) {
+    if (memis(p, n, "/batch/exists") || memis(p, n, "/batch/delete") || memis(p, n, "/batch/get") ||
+        memis(p, n, "/batch/lookup")) {
         route_batch(a, rq, res);
         return 1;
     }

@@ -142,6 +142,22 @@ void kvr_api_default_pool_set(kvr_api_t *a, uint16_t ns, uint32_t pool)
     au->dpool[ns].pool = pool;
 }
 
+int kvr_api_request_model(kvr_api_t *a, const kvr_api_req_t *rq, uint16_t ns, const char **m, size_t *mlen)
+{
+    int pool;
+
+    *m = rq->model;
+    *mlen = rq->model_len;
+    if (*m != NULL)
+        return -1;
+    if ((pool = kvr_api_default_pool(a, ns)) >= 0)
+        return pool;
+    if ((*m = kvr_api_ns_model(a, ns)) == NULL)
+        *m = a->cfg->model;
+    *mlen = strlen(*m);
+    return -1;
+}
+
 const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns)
 {
     return kvr_tenants_ns_model(&a->auth->view, ns);

@@ -1,12 +1,14 @@
 /*
  * api_batch.c — the batch endpoints (docs/http-contract.md, "Batches"): POST /batch/exists,
- * /batch/delete and /batch/get, one key per line of a body of at most 1 MiB. routing in api.c
- * decides a batch from its head; the transport collects the body and calls kvr_api_batch.
+ * /batch/delete and /batch/get, one key per line of a body of at most 1 MiB, and POST
+ * /batch/lookup, one canonical hash per line (docs/kv-lookup.md). routing in api.c decides a
+ * batch from its head; the transport collects the body and calls kvr_api_batch.
  */
 #include "io/api_int.h"
 
 #include "wire/json.h"
 #include "wire/keys.h"
+#include "wire/lookup.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +185,92 @@ static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, cons
     kvr_api_set_status(res, 200);
 }
 
+/* ------------------------------------------------------------------ lookup by canonical hash */
+
+int kvr_api_lookup_head(const kvr_api_req_t *rq, kvr_api_res_t *res)
+{
+    if (rq->body_len > KVR_LOOKUP_MAX_BODY) {
+        kvr_api_error(res, 413, "EntityTooLarge",
+                      "a lookup body is at most 90112 bytes (4096 hashes of at most 20 characters, each with CRLF)");
+        return -1;
+    }
+    if (rq->model != NULL && !kvr_model_valid(rq->model, rq->model_len)) {
+        kvr_api_error(res, 400, "InvalidRequest", "X-KV-Model must be 1 to 128 printable bytes without spaces");
+        return -1;
+    }
+    return 0;
+}
+
+/* Closes the JSON answer in out and sends it (500 when it did not fit). */
+static void json_send(kvr_api_res_t *res, kvr_json_t *j, char *out)
+{
+    kvr_json_raw(j, "}");
+    if (j->overflow) {
+        free(out);
+        kvr_api_error(res, 500, "Internal", "response too large");
+        return;
+    }
+    kvr_api_send_heap(res, out, j->len, "application/json");
+}
+
+/* The pool a PUT of this request would land in (api.c, put_pool: X-KV-Model, else the namespace's
+ * model=, else --model), found, never made: -1 when it does not exist, which holds nothing. */
+static int lookup_pool(kvr_api_t *a, const kvr_api_req_t *rq, const kvr_api_res_t *res)
+{
+    const char *m;
+    size_t mlen;
+    int pool;
+
+    if ((pool = kvr_api_request_model(a, rq, res->ns, &m, &mlen)) >= 0)
+        return pool;
+    pool = kvr_store_pool_find(a->store, res->ns, m, mlen);
+    if (pool >= 0 && rq->model == NULL)
+        kvr_api_default_pool_set(a, res->ns, (uint32_t)pool);
+    return pool >= 0 ? pool : -1;
+}
+
+/* {"count":N,"held":[true,false,...],"prefix":P}: per hash, whether the pool holds a resident
+ * block with that canonical hash; P the consecutive held hashes from the first. */
+static void batch_lookup(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size_t len, kvr_api_res_t *res)
+{
+    static uint64_t hashes[KVR_LOOKUP_MAX_HASHES];
+    static uint8_t held[KVR_LOOKUP_MAX_HASHES];
+    size_t count = 0, line = 0, prefix = 0, cap;
+    int rc = kvr_lookup_parse(body, len, hashes, KVR_LOOKUP_MAX_HASHES, &count, &line);
+    int pool;
+    char *out, msg[160];
+    kvr_json_t j;
+
+    if (rc == KVR_LOOKUP_TOO_MANY) {
+        kvr_api_error(res, 413, "EntityTooLarge", "a lookup holds at most 4096 hashes");
+        return;
+    }
+    if (rc != KVR_LOOKUP_OK) {
+        snprintf(msg, sizeof(msg), "line %zu: %s", line, kvr_lookup_error(rc));
+        kvr_api_error(res, 400, "InvalidRequest", msg);
+        return;
+    }
+    pool = lookup_pool(a, rq, res);
+    if (pool >= 0)
+        prefix = kvr_store_lookup_hashes(a->store, (uint32_t)pool, hashes, count, held);
+    else
+        memset(held, 0, count);
+    cap = 64 + count * 6;
+    if ((out = malloc(cap)) == NULL) {
+        kvr_api_error(res, 503, "Busy", "out of memory");
+        return;
+    }
+    kvr_json_init(&j, out, cap);
+    kvr_json_raw(&j, "{");
+    api_json_field(&j, "count", count, 1);
+    kvr_json_raw(&j, ",\"held\":[");
+    for (size_t k = 0; k < count; k++)
+        kvr_json_raw(&j, held[k] ? (k > 0 ? ",true" : "true") : (k > 0 ? ",false" : "false"));
+    kvr_json_raw(&j, "]");
+    api_json_field(&j, "prefix", prefix, 0);
+    json_send(res, &j, out);
+}
+
 /* ------------------------------------------------------------------ batch answers */
 
 /* exists: {"count":N,"prefix":P,"exists":[...]} — prefix is the number of consecutive hits
@@ -199,6 +287,10 @@ void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size
     kvr_json_t j;
 
     res->put = KVR_API_PUT_NONE;
+    if (rq->path_len > 7 && memcmp(rq->path + rq->path_len - 7, "/lookup", 7) == 0) {
+        batch_lookup(a, rq, body, len, res);
+        return;
+    }
     if (batch_keys(res, body, len, starts, lens, &count) < 0)
         return;
     if (is_get) {
@@ -241,11 +333,5 @@ void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size
     kvr_json_raw(&j, "]");
     if (!is_delete)
         api_json_field(&j, "prefix", prefix, 0);
-    kvr_json_raw(&j, "}");
-    if (j.overflow) {
-        free(out);
-        kvr_api_error(res, 500, "Internal", "response too large");
-        return;
-    }
-    kvr_api_send_heap(res, out, j.len, "application/json");
+    json_send(res, &j, out);
 }

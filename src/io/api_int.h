@@ -21,6 +21,10 @@ const char *kvr_api_ns_model(kvr_api_t *a, uint16_t ns);
  * (a reload may change model=): the pool, or -1; and its setter. */
 int kvr_api_default_pool(kvr_api_t *a, uint16_t ns);
 void kvr_api_default_pool_set(kvr_api_t *a, uint16_t ns, uint32_t pool);
+/* The model of a request's relay pool (docs/tenancy.md, "Pools"): X-KV-Model, else namespace ns's
+ * model=, else --model. Without X-KV-Model, the remembered default pool is returned (>= 0) when
+ * there is one; otherwise -1 with the model in *m, *mlen (not NUL-terminated when a header). */
+int kvr_api_request_model(kvr_api_t *a, const kvr_api_req_t *rq, uint16_t ns, const char **m, size_t *mlen);
 uint64_t kvr_api_ns_quota(kvr_api_t *a, uint16_t ns);
 int kvr_api_tenants_on(const kvr_api_t *a);
 int kvr_api_ns_listed(kvr_api_t *a, uint16_t ns);
@@ -35,6 +39,10 @@ void kvr_api_send_heap(kvr_api_res_t *res, char *buf, size_t len, const char *ct
  * and the release of its pins, once it is sent or abandoned. */
 size_t kvr_api_multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t off, struct iovec *iov, size_t max);
 void kvr_api_multi_release(kvr_api_t *a, kvr_api_res_t *res);
+
+/* POST /batch/lookup's head (api_batch.c): its body bound and X-KV-Model, answered here; 0 when
+ * the head passes, -1 after an error answer. */
+int kvr_api_lookup_head(const kvr_api_req_t *rq, kvr_api_res_t *res);
 
 /* "name":v, after a comma unless first. */
 static inline void api_json_field(kvr_json_t *j, const char *name, uint64_t v, int first)

@@ -23,7 +23,7 @@
 
 #include <stdio.h>
 
-static_assert(KVR_ST_LEVELS - KVR_ST_RELAY_OPENED == KVR_STREAM_TYPES, "streams opened: one slot per type");
+static_assert(KVR_ST_KVEV - KVR_ST_RELAY_OPENED == KVR_STREAM_TYPES, "streams opened: one slot per type");
 
 #define DELTA_BATCH_MAX (64u << 10)   /* delta bytes taken from the ring per refill, at most */
 #define LOAD_LAG_MAX    (16u * 4096u) /* queued load-window bytes at which a subscriber lags */

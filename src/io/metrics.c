@@ -81,15 +81,35 @@ static const counter_row_t stats_rows[] = {KVR_STATS_TABLE(ST_ROW_)};
 #define RC_ROW_(id, metric, labels, help) {KVR_ST_RELAY + KVR_RC_##id, metric, labels, help},
 static const counter_row_t relay_rows[] = {KVR_RELAY_STATS_TABLE(RC_ROW_)};
 #undef RC_ROW_
+#define KC_ROW_(id, metric, labels, help) {KVR_ST_KVEV + KVR_KC_##id, metric, labels, help},
+static const counter_row_t kvev_rows[] = {KVR_KVEV_STATS_TABLE(KC_ROW_)};
+#undef KC_ROW_
 
+/* A row without help continues the family of the row before it (another label set). */
 static void counters(out_t *o, kvr_store_t *st, const counter_row_t *rows, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (rows[i].name == NULL)
             continue;
-        family(o, rows[i].name, "counter", rows[i].help);
+        if (rows[i].help != NULL)
+            family(o, rows[i].name, "counter", rows[i].help);
         emit(o, "%s%s %llu\n", rows[i].name, rows[i].labels, (unsigned long long)sum(st, rows[i].slot));
     }
+}
+
+/* A histogram kept as KVR_PUB_BUCKETS buckets, the sum in us and the count from slot base. */
+static void histogram(out_t *o, kvr_store_t *st, const char *name, const char *help, unsigned base)
+{
+    uint64_t cum = 0, count = sum(st, base + KVR_PUB_BUCKETS + 1);
+
+    family(o, name, "histogram", help);
+    for (unsigned b = 0; b < KVR_PUB_BUCKETS; b++) {
+        cum += sum(st, base + b);
+        emit(o, "%s_bucket{le=\"%g\"} %llu\n", name, (double)kvr_pub_bucket_us[b] / 1e6, (unsigned long long)cum);
+    }
+    emit(o, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)count);
+    emit(o, "%s_sum %.6f\n", name, (double)sum(st, base + KVR_PUB_BUCKETS) / 1e6);
+    emit(o, "%s_count %llu\n", name, (unsigned long long)count);
 }
 
 static const char *const stream_names[KVR_STREAM_TYPES] = {"catalog", "pool", "readiness", "load", "serving_load"};
@@ -105,7 +125,6 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     kvr_relay_status_t rs;
     uint64_t gen;
     int pub_up = ss->publisher_running != 0;
-    uint64_t cum = 0, count;
 
     kvr_relay_status(seg, &rs);
     gen = rs.generation;
@@ -144,18 +163,22 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
            rs.published_seq);
     scalar(o, "kvrelay_publisher_restarts_total", "counter", "Publishers replaced after they died.",
            ss->publisher_restarts);
-    family(o, "kvrelay_relay_publication_latency_seconds", "histogram",
-           "From the first pending change-log event (dated when the publisher saw it, or, if it came during a timed sleep, from that sleep's start) to the publication of its delta.");
-    count = sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1);
-    for (unsigned b = 0; b < KVR_PUB_BUCKETS; b++) {
-        cum += sum(st, KVR_ST_PUB_HIST + b);
-        emit(o, "kvrelay_relay_publication_latency_seconds_bucket{le=\"%g\"} %llu\n", (double)kvr_pub_bucket_us[b] / 1e6,
-             (unsigned long long)cum);
-    }
-    emit(o, "kvrelay_relay_publication_latency_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)count);
-    emit(o, "kvrelay_relay_publication_latency_seconds_sum %.6f\n",
-         (double)sum(st, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS) / 1e6);
-    emit(o, "kvrelay_relay_publication_latency_seconds_count %llu\n", (unsigned long long)count);
+    histogram(o, st, "kvrelay_relay_publication_latency_seconds",
+              "From the first pending change-log event (dated when the publisher saw it, or, if it came during a timed sleep, from that sleep's start) to the publication of its delta.",
+              KVR_ST_PUB_HIST);
+}
+
+/* The KV events (docs/kv-events.md): zeros while they are off. */
+static void render_kv_events(out_t *o, kvr_store_t *st)
+{
+    counters(o, st, kvev_rows, KVR_ARRAY_SIZE(kvev_rows));
+    scalar(o, "kvrelay_kv_events_buffer_batches", "gauge", "KV event batches kept for replay.",
+           sum(st, KVR_ST_KVEV_BUF_BATCHES));
+    scalar(o, "kvrelay_kv_events_buffer_bytes", "gauge", "Bytes of the KV event batches kept for replay.",
+           sum(st, KVR_ST_KVEV_BUF_BYTES));
+    histogram(o, st, "kvrelay_kv_events_latency_seconds",
+              "From the first change-log event of a KV event batch (dated as for the relay's publication latency) to the batch sent.",
+              KVR_ST_KVEV_HIST);
 }
 
 /* The store's families split by namespace, for the namespaces the tenants table lists. */
@@ -283,6 +306,7 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, const char *const ns_n
     render_namespaces(&o, st, ns_names, ns_quota);
     if (ss.ckf_buckets != 0)
         render_relay(&o, seg, st, &ss);
+    render_kv_events(&o, st);
     if (o.oom) {
         free(o.buf);
         return NULL;

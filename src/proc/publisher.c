@@ -120,6 +120,33 @@ static void take_pools(pub_t *p)
 
 /* ------------------------------------------------------------------ events */
 
+/* One more owner of canon in pool; the first one is a BlockStored event (the events count owners
+ * as the filter does, but every owner: a hash the full filter left out is still stored). The
+ * table's count of distinct hashes says which: it grows exactly at a first owner. */
+static int owner_add(pub_t *p, uint32_t pool, uint64_t canon)
+{
+    pub_pool_t *pp = &p->pool[pool];
+    size_t before = pp->owners.n;
+    int rc = kvr_owners_add(&pp->owners, &pp->ckf, canon);
+
+    if (p->kvev != NULL && !p->rebuilding && pp->owners.n > before)
+        pub_kvev_op(p, pool, 1, canon);
+    return rc;
+}
+
+/* One owner of canon in pool leaves; the last one (the count of distinct hashes shrinks) is a
+ * BlockRemoved event. */
+static int owner_del(pub_t *p, uint32_t pool, uint64_t canon)
+{
+    pub_pool_t *pp = &p->pool[pool];
+    size_t before = pp->owners.n;
+    int rc = kvr_owners_del(&pp->owners, &pp->ckf, canon);
+
+    if (p->kvev != NULL && !p->rebuilding && pp->owners.n < before)
+        pub_kvev_op(p, pool, 0, canon);
+    return rc;
+}
+
 static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uint32_t pool)
 {
     pub_pool_t *pp;
@@ -133,9 +160,8 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
     if (p->ann_live[e] && p->ann_gen[e] == gen)
         return;           /* a repair's duplicate */
     if (p->ann_live[e]) { /* never expected: the older incarnation's remove was lost */
-        pub_pool_t *old = &p->pool[p->ann_pool[e]];
-        old->blocks--;
-        if (kvr_owners_del(&old->owners, &old->ckf, p->ann_canon[e]) == KVR_ERR)
+        p->pool[p->ann_pool[e]].blocks--;
+        if (owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
             p->resync = 1;
     }
     pp = &p->pool[pool];
@@ -144,7 +170,7 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
     p->ann_gen[e] = gen;
     p->ann_canon[e] = canon;
     p->ann_pool[e] = (uint8_t)pool;
-    switch (kvr_owners_add(&pp->owners, &pp->ckf, canon)) {
+    switch (owner_add(p, pool, canon)) {
     case KVR_OK:
         break;
     case KVR_ENOSPACE:
@@ -161,7 +187,7 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
         return;
     p->ann_live[e] = 0;
     p->pool[p->ann_pool[e]].blocks--;
-    if (kvr_owners_del(&p->pool[p->ann_pool[e]].owners, &p->pool[p->ann_pool[e]].ckf, p->ann_canon[e]) == KVR_ERR)
+    if (owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
         p->resync = 1; /* out of memory, or a copy that was not there: rebuild */
 }
 
@@ -199,18 +225,17 @@ static int reserve_buffers(pub_t *p, size_t dirty)
     return KVR_OK;
 }
 
-static void record_latency(pub_t *p)
+void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns)
 {
-    /* publication latency: first pending change-log event -> frame published */
-    uint64_t us = (kvr_clock_ns() - p->first_pending_ns) / 1000;
+    uint64_t us = (kvr_clock_ns() - first_ns) / 1000;
     unsigned b = 0;
 
     while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
         b++;
     if (b < KVR_PUB_BUCKETS)
-        kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + b, 1);
-    kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS, us);
-    kvr_stat_add(p->store.my_stats, KVR_ST_PUB_HIST + KVR_PUB_BUCKETS + 1, 1);
+        kvr_stat_add(p->store.my_stats, base + b, 1);
+    kvr_stat_add(p->store.my_stats, base + KVR_PUB_BUCKETS, us);
+    kvr_stat_add(p->store.my_stats, base + KVR_PUB_BUCKETS + 1, 1);
 }
 
 /* Copies an encoded delta message into the ring and publishes it as pool's sequence seq.
@@ -316,8 +341,8 @@ static int publish(pub_t *p)
         p->pending = 0; /* first_pending_ns stays: the latency below is measured from it */
     }
     if (sent) {
-        if (rc == KVR_OK) /* else the retry's publication records it, once */
-            record_latency(p);
+        if (rc == KVR_OK)                                                /* else the retry's publication records it, once */
+            pub_record_latency(p, KVR_ST_PUB_HIST, p->first_pending_ns); /* first pending event -> published */
         pub_check_lag(p);
         pub_wake_live_workers(p);
     }
@@ -437,7 +462,9 @@ static void new_generation(pub_t *p, const char *why)
         }
     }
     memset(p->ann_live, 0, p->max_blocks);
+    p->rebuilding = 1;
     kvr_store_resync(&p->store, scan_cb, p); /* takes on pools made since (apply_insert) */
+    p->rebuilding = 0;
     if (p->resync) {
         kvr_error("publisher: out of memory rebuilding the filter; exiting (a new publisher starts over)");
         _exit(71);
@@ -458,6 +485,7 @@ static void new_generation(pub_t *p, const char *why)
     kvr_atomic_fetch_add_seq_cst(&sh->catalog_revision, 1);
     kvr_atomic_store_seq_cst(&sh->publisher_pid, (uint32_t)getpid()); /* status, and the owner check */
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_GENERATIONS, 1);
+    pub_kvev_generation(p); /* the events' streams state the rebuilt owners (AllBlocksCleared first) */
     kvr_info("publisher: generation %llu (%s): %zu hashes in the filters of %u pools", (unsigned long long)p->generation,
              why, hashes, p->npools);
 }
@@ -506,7 +534,7 @@ static uint64_t log_queued(pub_t *p, uint64_t now)
  * when the cores are busy (docs/concurrency.md, "Change log"). */
 static void wait_for_work(pub_t *p)
 {
-    struct pollfd pfd = {p->wake_fd, POLLIN, 0};
+    struct pollfd pfd[2] = {{p->wake_fd, POLLIN, 0}, {pub_kvev_fd(p), POLLIN, 0}};
     struct timespec timeout = {0, 100000000};
     uint64_t now = kvr_clock_ns(), queued = log_queued(p, now), due = UINT64_MAX, ns = 100000000ull;
     int timed;
@@ -522,6 +550,10 @@ static void wait_for_work(pub_t *p)
         due = now + p->delay_ns;
     if (p->scan_due && p->scanned_ns + SCAN_NS < due)
         due = p->scanned_ns + SCAN_NS;
+    if (p->replay_due)
+        due = now; /* replay requests left waiting */
+    if (pub_kvev_due(p) < due)
+        due = pub_kvev_due(p); /* a pool's KV events have waited their interval */
     if (due != UINT64_MAX) {
         if (due < p->retry_at_ns)
             due = p->retry_at_ns;
@@ -542,7 +574,9 @@ static void wait_for_work(pub_t *p)
             return;                /* it, and it may have come as early as that */
         }
     }
-    if (ppoll(&pfd, 1, &timeout, NULL) > 0) {
+    /* the replay socket's ZMQ_FD says "look at the socket", not "a request is there"; its
+     * service drains it every turn (publisher_turn) */
+    if (ppoll(pfd, pfd[1].fd >= 0 ? 2 : 1, &timeout, NULL) > 0 && (pfd[0].revents & POLLIN)) {
         uint64_t v;
         (void)!read(p->wake_fd, &v, sizeof(v));
         p->scan_due = 1; /* perhaps a subscriber's request */
@@ -591,6 +625,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
 
     kvr_seg_heartbeat(p->seg); /* the supervisor's watchdog */
     wait_for_work(p);
+    p->replay_due = pub_kvev_service(p); /* the KV events' replay requests */
     /* acquire: pairs with the producer's release store of overflow (kvr_chlog_append_locked) */
     if (kvr_atomic_load_acquire(&p->store.log->overflow)) {
         kvr_warn("publisher: change log overflowed; rebuilding from the index");
@@ -602,6 +637,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
         scan_slots(p); /* a subscriber's wake-up: keep lingering */
+        pub_kvev_flush_due(p, now);
         return;
     }
     consume_log(p, ev);
@@ -611,6 +647,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
     }
     if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + p->delay_ns)
         publish(p);
+    pub_kvev_flush_due(p, kvr_clock_ns());
     scan_slots(p);
 }
 
@@ -651,6 +688,10 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     if (p->ann_gen == NULL || p->ann_live == NULL || p->ann_canon == NULL || p->ann_pool == NULL)
         _exit(70);
     pub_rebuild_refs(p);
+    if (pub_kvev_open(p) != KVR_OK) {
+        kvr_error("publisher: the KV events cannot start (above); exiting");
+        _exit(70);
+    }
     new_generation(p, "start");
     /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
      * kvr_seg_worker_load's (role was written before, at the claim) */

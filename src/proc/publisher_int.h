@@ -60,6 +60,10 @@ typedef struct {
      * how many hold each copy. Only this process counts; a worker never writes a count. */
     int8_t held[KVR_RELAY_MAX_SUBS];
     uint32_t refs[KVR_RELAY_SNAPSHOTS];
+    /* the KV events (publisher_events.c), NULL when off */
+    struct pub_kvev *kvev;
+    int replay_due; /* replay requests may be waiting: do not sleep */
+    int rebuilding; /* new_generation's rescan: owners change, no events (the state follows) */
 } pub_t;
 
 /*
@@ -83,6 +87,24 @@ static inline int pub_owns_relay(const pub_t *p)
 {
     return pub_is_me(p) && kvr_atomic_load_relaxed(&p->relay.sh->publisher_pid) == (uint32_t)getpid();
 }
+
+/* publisher.c: counts one latency (first_ns -> now) into the histogram at stats slot base
+ * (KVR_PUB_BUCKETS buckets, then the sum in us and the count). */
+void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns);
+
+/* publisher_events.c (docs/kv-events.md). Each is a no-op when the events are off.
+ * open: binds the sockets (KVR_ERR: they cannot be); op: pool's count of owners of hash went
+ * 0 -> 1 (stored) or 1 -> 0; flush_due: sends the pools' pending events that have waited
+ * --kv-events-interval; due: when the next must go (UINT64_MAX: none); generation: every
+ * pool's stream states its whole state (after a rebuild of the owners); service: answers
+ * waiting replay requests, 1 when more may wait; fd: the replay socket's ZMQ_FD for poll, or -1. */
+int pub_kvev_open(pub_t *p);
+void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash);
+void pub_kvev_flush_due(pub_t *p, uint64_t now);
+uint64_t pub_kvev_due(pub_t *p);
+void pub_kvev_generation(pub_t *p);
+int pub_kvev_service(pub_t *p);
+int pub_kvev_fd(pub_t *p);
 
 /* publisher_subs.c */
 int pub_sub_cas(kvr_relay_sub_t *s, uint32_t from, uint32_t to);

@@ -393,8 +393,25 @@ static int any_running(sup_t *s)
     return 0;
 }
 
-static int write_port_file(const char *path, const char *http, const char *grpc)
+/* The KV events' endpoints with a port to pick ("tcp://HOST:*"): picked once, here, so that a
+ * replacement publisher binds the same port (docs/kv-events.md). */
+static int resolve_kv_events(kvr_config_t *cfg)
 {
+    char *eps[2] = {cfg->kv_events_bind, cfg->kv_events_replay_bind};
+
+    for (int i = 0; i < 2; i++)
+        if (eps[i][0] != '\0' && kvr_kvev_resolve_endpoint(eps[i], KVR_CFG_STR_MAX) < 0) {
+            kvr_error("--kv-events-%sbind %s: give a numeric address and port", i ? "replay-" : "", eps[i]);
+            return KVR_ERR;
+        }
+    return KVR_OK;
+}
+
+static int write_port_file(const kvr_config_t *cfg, const char *http, const char *grpc)
+{
+    const char *path = cfg->port_file;
+    const char *eps[2] = {cfg->kv_events_bind, cfg->kv_events_replay_bind};
+    const char *names[2] = {"kv_events", "kv_events_replay"};
     char tmp[KVR_CFG_STR_MAX + 8];
     FILE *f;
 
@@ -404,6 +421,11 @@ static int write_port_file(const char *path, const char *http, const char *grpc)
         return KVR_ERR;
     }
     fprintf(f, "http=%s\ngrpc=%s\n", http, grpc);
+    for (int i = 0; i < 2; i++) {
+        const char *colon = strrchr(eps[i], ':');
+        if (eps[i][0] != '\0' && strncmp(eps[i], "tcp://", 6) == 0 && colon != NULL)
+            fprintf(f, "%s=%s\n", names[i], colon + 1);
+    }
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         kvr_error("port file %s: %s", path, strerror(errno));
         return KVR_ERR;
@@ -578,7 +600,7 @@ static int announce_listeners(sup_t *s, int nworkers)
         kvr_listen_name(s->ch[0].grpc_fd, grpc_name, sizeof(grpc_name));
         kvr_info("gRPC relay (dynamo.kvrelay.v1) on %s", grpc_name);
     }
-    if (cfg->port_file[0] && write_port_file(cfg->port_file, http_name, grpc_name) != KVR_OK)
+    if (cfg->port_file[0] && write_port_file(cfg, http_name, grpc_name) != KVR_OK)
         return KVR_ERR;
     return KVR_OK;
 }
@@ -732,7 +754,7 @@ int kvr_supervisor_run(kvr_config_t *cfg)
         s->fds.worker[i] = s->fds.accept[i] = -1;
     s->http_fd = -1;
     kvr_relay_attach(&s->relay, &s->seg, cfg, &s->fds);
-    if (add_children(s, nworkers) != KVR_OK)
+    if (add_children(s, nworkers) != KVR_OK || resolve_kv_events(cfg) != KVR_OK)
         return 1;
     s->store.notify_fd = s->fds.publisher;
     if (announce_listeners(s, nworkers) != KVR_OK)

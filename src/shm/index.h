@@ -5,8 +5,16 @@
  * linked free list. A resident block's entry is on its bucket's chain (keyed by the XXH3 of
  * the decoded key bytes) and on its namespace's LRU list. The key bytes themselves are stored at the
  * start of the block's first arena run, right before the payload, so the index carries no
- * per-entry key buffer; the first 61 bytes are also kept inline in the entry, so a lookup of a
- * key of up to 61 bytes reads two adjacent cache lines and nothing else.
+ * per-entry key buffer; the first 57 bytes are also kept inline in the entry, so a lookup of a
+ * key of up to 57 bytes reads two adjacent cache lines and nothing else.
+ *
+ * A second chain links the same LIVE entries by their canonical hash (`canon`, what the relay
+ * filter publishes), so that "does pool p hold a block with canonical hash h" is answered
+ * exactly, without a key (POST /batch/lookup, docs/kv-lookup.md). Its buckets (`cbuckets`, as
+ * many as the key buckets) are chosen by the XXH3 of the hash seeded with the entry's
+ * namespace seed (kvr_store_sh_t.ns_seed), and each entry carries its link (`canon_next`). Several
+ * LIVE entries may share (pool, canon): two keys of one sequence hash. The canon chain is linked,
+ * unlinked and rebuilt in the same critical sections and seqlock windows as the key chain.
  *
  * A key's identity is (namespace, key bytes): the namespace id is stored on the entry and
  * compared with the length, and the chain hash is seeded per namespace with a secret of the
@@ -18,8 +26,9 @@
  * without the lock under a seqlock: writers bump `seq` to odd before relinking a chain and
  * back to even after; a reader retries when it saw an odd or changed value, and after a
  * bounded number of retries takes the lock. The fields such a reader loads (bucket heads, an
- * entry's khash, chain_next, key_len, key bytes, length, first_page) are stored and loaded
- * with relaxed atomics (base/barrier.h) wherever they can be read that way.
+ * entry's khash, chain_next, key_len, key bytes, length, first_page; on the canon chain canon,
+ * pool and canon_next) are stored and loaded with relaxed atomics (base/barrier.h) wherever they
+ * can be read that way.
  *
  * Entry states:
  *   FREE      on the free list
@@ -47,12 +56,13 @@ enum { KVR_ENT_FREE = 0,
 #define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
 
 #define KVR_KEY_HEAD 46 /* key bytes kept inline on the entry's first cache line */
-#define KVR_KEY_TAIL 15 /* and on its second: keys up to 61 bytes never touch the arena */
+#define KVR_KEY_TAIL 11 /* and on its second: keys up to 57 bytes never touch the arena */
 
 /*
  * 128 bytes, two cache lines: the first holds everything a lookup reads for keys up to 46
  * bytes (hash, chain link, length, state and namespace of the key, its first 46 bytes); the second the
- * rest of the entry (with its relay pool) and key bytes 46..60. The full key is also stored in the arena.
+ * rest of the entry (with its relay pool and its canon chain link: a lookup by canonical hash reads
+ * this line only) and key bytes 46..56. The full key is also stored in the arena.
  */
 typedef struct {
     uint64_t khash;      /* XXH3_64bits of the key */
@@ -72,13 +82,16 @@ typedef struct {
     uint32_t refs;       /* dedup reference count */
     uint32_t pins;       /* GETs in flight; derived from the per-process pin tables */
     uint32_t gen;        /* bumped at every reservation; names this incarnation in events */
+    uint32_t canon_next; /* next entry on the canon chain (KVR_NIL when last or not linked) */
     uint8_t pool;        /* the relay pool (namespace, model) it is published in */
     uint8_t key_tail[KVR_KEY_TAIL];
 } __attribute__((aligned(128))) kvr_entry_t;
 static_assert(sizeof(kvr_entry_t) == 128, "an entry is two cache lines");
 static_assert(offsetof(kvr_entry_t, key_head) == 18, "entry layout");
 static_assert(offsetof(kvr_entry_t, canon) == 64, "entry layout");
-static_assert(offsetof(kvr_entry_t, key_tail) == 113, "entry layout");
+static_assert(offsetof(kvr_entry_t, canon_next) == 112, "entry layout");
+static_assert(offsetof(kvr_entry_t, key_tail) == 117, "entry layout");
+static_assert(KVR_KEY_HEAD + KVR_KEY_TAIL == 57, "inline key bytes (docs and tests say 57)");
 
 /* Shared index state (inside kvr_store_sh_t). seq sits on its own cache line. */
 typedef struct {
@@ -105,6 +118,8 @@ typedef struct {
     kvr_lru_t *lru; /* KVR_NS_MAX lists, by the entries' namespace (kvr_store_sh_t.ns_lru) */
     kvr_entry_t *ent;
     _Atomic uint32_t *buckets;
+    _Atomic uint32_t *cbuckets; /* the canon chains' heads, nbuckets of them */
+    const uint64_t *seed;       /* KVR_NS_MAX namespace seeds (kvr_store_sh_t.ns_seed): canon buckets */
     kvr_arena_t *arena;
     const kvr_shlock_t *lock; /* the store lock (asserted held by the _locked functions) */
 } kvr_index_t;
@@ -132,27 +147,38 @@ uint32_t kvr_index_lookup_locked(const kvr_index_t *ix, uint16_t ns, const void 
 int kvr_index_lookup_lockfree(const kvr_index_t *ix, uint16_t ns, const void *key, size_t klen, uint64_t khash,
                               uint64_t *length);
 
+/*
+ * By canonical hash: 1 when an entry of pool `pool` (a pool of namespace ns) with canonical hash
+ * canon is on the canon chain (LIVE), else 0. The locked form walks under the store lock; the
+ * lock-free one under the seqlock, returning KVR_AGAIN when writers kept interfering (the caller
+ * takes the lock). It reads only the second cache line of each entry on the chain.
+ */
+int kvr_index_canon_locked(const kvr_index_t *ix, uint16_t ns, uint32_t pool, uint64_t canon);
+int kvr_index_canon_lockfree(const kvr_index_t *ix, uint16_t ns, uint32_t pool, uint64_t canon);
+
 /* Pops a free entry (state untouched) or returns KVR_NIL. Locked. */
 uint32_t kvr_index_entry_alloc_locked(kvr_index_t *ix);
 /* Returns an entry to the free list and marks it FREE. Locked. */
 void kvr_index_entry_free_locked(kvr_index_t *ix, uint32_t i);
 
-/* Links entry i onto its bucket chain and the head of its namespace's LRU, state LIVE. Locked. */
+/* Links entry i onto its bucket chain, its canon chain and the head of its namespace's LRU, state
+ * LIVE. Locked. */
 void kvr_index_link_locked(kvr_index_t *ix, uint32_t i);
-/* Unlinks entry i from its chain and the LRU (state unchanged). Locked. */
+/* Unlinks entry i from both chains and the LRU (state unchanged). Locked. */
 void kvr_index_unlink_locked(kvr_index_t *ix, uint32_t i);
 /* Moves entry i to the LRU head. Locked. */
 void kvr_index_touch_locked(kvr_index_t *ix, uint32_t i);
 
 /*
- * Rebuilds chains, the LRU lists (ordered by atime) and the free list from the entries' states:
+ * Rebuilds both chains, the LRU lists (ordered by atime) and the free list from the entries' states:
  * LIVE entries are linked (a second LIVE entry with the same key is returned in *dups via
  * callback), every FREE entry goes on the free list. Locked.
  */
 typedef void (*kvr_index_dup_cb)(void *ctx, uint32_t i);
 void kvr_index_rebuild_locked(kvr_index_t *ix, kvr_index_dup_cb dup, void *ctx);
 
-/* Debug/test: verifies chains, LRU and the free list against states. KVR_OK or KVR_ERR. */
+/* Debug/test: verifies both chains (every LIVE entry exactly once on each, in its bucket), the LRU
+ * and the free list against states. KVR_OK or KVR_ERR. */
 int kvr_index_check_locked(const kvr_index_t *ix);
 
 #endif

@@ -91,6 +91,8 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     off += KVR_ALIGN_UP(h->max_blocks * sizeof(kvr_entry_t), 64);
     h->off_buckets = off;
     off += KVR_ALIGN_UP(h->nbuckets * sizeof(uint32_t), 64);
+    h->off_cbuckets = off;
+    off += KVR_ALIGN_UP(h->nbuckets * sizeof(uint32_t), 64);
     h->off_pages = off;
     off += KVR_ALIGN_UP(h->npages * sizeof(kvr_page_t), 64);
     h->off_scratch = off;

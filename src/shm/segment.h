@@ -7,7 +7,7 @@
  *
  * Layout (offsets in the header; every region 64-byte aligned, the arena 2 MiB aligned):
  *
- *   header | proc table | store shared state | entries | buckets | page map | scratch bitmap
+ *   header | proc table | store shared state | entries | buckets | canon buckets | page map | scratch bitmap
  *          | pin tables | change log | tenants table | relay state | filter | snapshot copies
  *          | frame ring | arena pages
  *
@@ -46,8 +46,10 @@
  * generation renamed run. 3: the tenants table (off_tenants, shm/tenants_sh.h), an entry's
  * namespace, the store's per-namespace seeds and counters. 4: relay pools (the store's pool table,
  * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
- * hdr->relay_pools). */
-#define KVR_SEG_LAYOUT_VERSION 4u
+ * hdr->relay_pools). 5: the canonical-hash chains of the index (an entry's canon_next, taken from
+ * its inline key tail: KVR_KEY_TAIL 15 -> 11; the canon buckets at hdr->off_cbuckets), and stats
+ * blocks of 4 KiB (the KV events' counters, shm/stats.h). */
+#define KVR_SEG_LAYOUT_VERSION 5u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
@@ -159,6 +161,7 @@ typedef struct {
     uint64_t off_store;
     uint64_t off_entries;
     uint64_t off_buckets;
+    uint64_t off_cbuckets; /* the index's canon chains: nbuckets heads (shm/index.h) */
     uint64_t off_pages;
     uint64_t off_scratch;
     uint64_t off_pins;
@@ -174,12 +177,12 @@ typedef struct {
     uint64_t struct_sig; /* sizes of the shared structures (kvr_seg_struct_sig) */
     uint64_t hdr_check;  /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
-    uint8_t pad_[4096 - 28 * 8 - sizeof(kvr_ctl_sh_t)];
+    uint8_t pad_[4096 - 29 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
 static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
 static_assert(offsetof(kvr_seg_hdr_t, run) == 24, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, max_blocks) == 48, "header layout (tests/e2e poke it)");
-static_assert(offsetof(kvr_seg_hdr_t, ctl) == 28 * 8, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, ctl) == 29 * 8, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, off_procs) == 80, "header layout");
 
 /* A process's handle on the segment (process-local, never in shared memory). */

@@ -3,7 +3,7 @@
  *
  * Each process owns one block (its proc slot) and is the only writer of it, so increments
  * are plain relaxed load+store pairs, no atomic read-modify-write and no shared cache line:
- * blocks are 2 KiB, cache-line aligned. Readers sum every block with relaxed loads.
+ * blocks are 4 KiB, cache-line aligned. Readers sum every block with relaxed loads.
  * When the supervisor reaps a dead process it folds that block into the retired block
  * (KVR_MAX_PROCS), so totals never go backwards; the levels (gauges: what a process holds now,
  * KVR_ST_LEVELS on) are zeroed instead, so a dead worker's level does not linger.
@@ -56,13 +56,20 @@
     X(PUB_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
     /* relay streams admitted, by type: + KVR_STREAM_* (io/grpc_relay.c; metrics.c renders it) */ \
     X(RELAY_OPENED, 5, NULL, NULL) \
+    /* the KV events (proc/publisher_events.c): KVR_ST_KVEV + KVR_KC_<id> (KVR_KVEV_STATS_TABLE), \
+     * then their latency histogram: KVR_PUB_BUCKETS + sum (us) + count */ \
+    X(KVEV, KVR_KC_COUNT, NULL, NULL) \
+    X(KVEV_SPARE, 12 - KVR_KC_COUNT, NULL, NULL) \
+    X(KVEV_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \
     X(PUT_RESERVED_BYTES, 1, NULL, NULL) /* io/api.c: their bytes */ \
     X(PUT_BUDGET_WAITING, 1, NULL, NULL) /* io/h1: PUTs on the budget's wait queue */ \
     X(RELAY_SUB_LAG, 1, NULL, NULL)      /* publisher: frames the slowest live subscriber is behind */ \
-    X(LEVEL_SPARE, 4, NULL, NULL)
+    X(KVEV_BUF_BATCHES, 1, NULL, NULL)   /* publisher: event batches kept for replay */ \
+    X(KVEV_BUF_BYTES, 1, NULL, NULL)     /* publisher: their bytes */ \
+    X(LEVEL_SPARE, 2, NULL, NULL)
 
 /*
  * The relay's counters, KVR_ST_RELAY + KVR_RC_<id>: X(id, metric, labels, help), who counts in
@@ -82,10 +89,34 @@
     X(STREAMS_OPENED, NULL, "", NULL)                                                           /* workers: streams admitted */ \
     X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */
 
+/*
+ * The KV events' counters, KVR_ST_KVEV + KVR_KC_<id>, all the publisher's: X(id, metric, labels,
+ * help), exported by io/metrics.c as `metric{labels}`.
+ */
+#define KVR_KVEV_STATS_TABLE(X) \
+    X(BATCHES, "kvrelay_kv_events_batches_total", "", "KV event batches published.") \
+    X(STORED, "kvrelay_kv_events_total", "{type=\"stored\"}", "KV events published, by type.") \
+    X(REMOVED, "kvrelay_kv_events_total", "{type=\"removed\"}", NULL) \
+    X(CLEARED, "kvrelay_kv_events_total", "{type=\"cleared\"}", NULL) \
+    X(BYTES, "kvrelay_kv_events_bytes_total", "", "Payload bytes of the published KV event batches.") \
+    X(REPLAYS, "kvrelay_kv_events_replays_total", "", "Replay requests answered from the buffer.") \
+    X(RESYNCS, "kvrelay_kv_events_resyncs_total", "", \
+      "Replay requests for batches the buffer no longer held, answered with the pool's whole state.") \
+    X(BAD_REQUESTS, "kvrelay_kv_events_bad_requests_total", "", "Malformed replay requests (ignored).") \
+    X(SEND_ERRORS, "kvrelay_kv_events_send_errors_total", "", \
+      "Batches or replay answers ZMQ refused (a replay answer cut short: the subscriber asks again).")
+
 #define KVR_PUB_BUCKETS 12
 /* Upper bounds (microseconds) of the publication latency histogram's buckets (shm/stats.c):
  * the publisher counts into them, /metrics exports them. */
 extern const uint64_t kvr_pub_bucket_us[KVR_PUB_BUCKETS];
+
+enum {
+#define KVR_KC_ENUM_(id, metric, labels, help) KVR_KC_##id,
+    KVR_KVEV_STATS_TABLE(KVR_KC_ENUM_)
+#undef KVR_KC_ENUM_
+        KVR_KC_COUNT
+};
 
 enum {
 #define KVR_RC_ENUM_(id, metric, labels, help) KVR_RC_##id,
@@ -101,19 +132,21 @@ enum {
 #undef KVR_ST_ENUM_
         KVR_ST_USED /* slots the table takes */
 };
-#define KVR_ST_MAX    256                     /* slots in a block: 2 KiB */
+#define KVR_ST_MAX    512                     /* slots in a block: 4 KiB */
 #define KVR_ST_LEVELS KVR_ST_PUT_RESERVATIONS /* the first level: levels run to KVR_ST_USED */
 
 /* The segment's layout: the slots every running process agrees on. */
 static_assert(KVR_ST_HTTP_BYTES_IN == 16 && KVR_ST_HTTP_REQ == 20 && KVR_ST_HTTP_HIST == 100, "stats layout");
 static_assert(KVR_ST_RELAY == 200 && KVR_ST_PUB_HIST == 220 && KVR_ST_USED <= KVR_ST_MAX, "stats layout");
 static_assert(KVR_RC_COUNT <= 20, "relay counters fit their group");
-static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_LEVELS == 239, "stats layout");
+static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_KVEV == 239 && KVR_ST_LEVELS == 265,
+              "stats layout");
+static_assert(KVR_KC_COUNT <= 12, "the KV events' counters fit their group");
 
 typedef struct {
     uint64_t c[KVR_ST_MAX];
 } kvr_stats_block_t;
-static_assert(sizeof(kvr_stats_block_t) == 2048, "stats block layout");
+static_assert(sizeof(kvr_stats_block_t) == 4096, "stats block layout");
 
 /* Only the block's owner calls it: a relaxed load of its own last store, then a relaxed store
  * that readers' relaxed loads (kvr_stats_sum) may see late; a counter pairs with nothing. */

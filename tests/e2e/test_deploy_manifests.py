@@ -458,12 +458,21 @@ def test_wiring_selectors_ports_probes_and_secret():
     sel = sts["spec"]["selector"]["matchLabels"]
     assert sel.items() <= labels.items()
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": 9130, "grpc": 5561}
+    assert ports == {"http": 9130, "grpc": 5561, "kv-events": 5557, "kv-replay": 5558}
     headless = by_kind(objs, "Service", "kvrelay-headless")
     assert sts["spec"]["serviceName"] == "kvrelay-headless" and headless["spec"]["clusterIP"] == "None"
-    for svc in (headless, by_kind(objs, "Service", "kvrelay")):
+    # the KV events are per pod (a router subscribes to each): only the headless Service names them
+    for svc, names in ((headless, set(ports)), (by_kind(objs, "Service", "kvrelay"), {"http", "grpc"})):
         assert svc["spec"]["selector"].items() <= labels.items()
-        assert {p["targetPort"] for p in svc["spec"]["ports"]} == set(ports)
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} == names
+        assert all(p.get("type", "ClusterIP") == "ClusterIP" for p in [svc["spec"]])
+    # ZMQ has no authentication: the events' ports admit only the policy's client pods
+    rules = by_kind(objs, "NetworkPolicy")["spec"]["ingress"]
+    for port in (5557, 5558):
+        allowed = [r for r in rules if any(p["port"] == port for p in r["ports"])]
+        assert len(allowed) == 1 and allowed[0]["from"][0]["podSelector"]["matchLabels"] == {"kvrelay.io/client": "true"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert by_kind(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert by_kind(objs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -481,6 +490,8 @@ def test_wiring_selectors_ports_probes_and_secret():
     assert sm["spec"]["endpoints"][0]["port"] in ports
     cm = by_kind(objs, "ConfigMap")
     assert cm["data"]["KVRELAY_SEGMENT_PATH"].startswith(mounts["segment"] + "/")
+    assert cm["data"]["KVRELAY_KV_EVENTS_BIND"] == f"tcp://0.0.0.0:{ports['kv-events']}"
+    assert cm["data"]["KVRELAY_KV_EVENTS_REPLAY_BIND"] == f"tcp://0.0.0.0:{ports['kv-replay']}"
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > int(cm["data"]["KVRELAY_SHUTDOWN_GRACE"].rstrip("s")) + 1
 

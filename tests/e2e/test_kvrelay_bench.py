@@ -118,7 +118,7 @@ def test_help_documents_every_option():
     for opt in ("--target", "--protocol", "--http2", "--token", "--workload", "--mix", "--size", "--keys",
                 "--key-prefix", "--popularity", "--dedup", "--connections", "--threads", "--duration",
                 "--requests", "--warmup", "--preload", "--json", "--quiet", "--no-verify", "--grpc",
-                "--subscribers", "--rate", "--max-errors", "corrupt"):
+                "--subscribers", "--rate", "--max-errors", "corrupt", "--events", "--event-subscribers"):
         assert opt in text, opt
     bad = subprocess.run([require_bench(), "--workload", "nope"], capture_output=True, timeout=10)
     assert bad.returncode == 2 and b"--workload" in bad.stderr
@@ -519,6 +519,39 @@ def test_relay_workload(srv, tmp_path):
         assert s["latency_samples"] == r["puts_measured"], s
     text = p.stdout.decode()
     assert "publish latency" in text and "streams ended early: 0" in text, text
+
+
+def test_relay_workload_with_kv_events_subscribers(kvrelay, tmp_path):
+    """--events: a ZMQ subscriber of the KV events next to a gRPC one, each PUT's latency taken
+    from its 201 to its BlockStored; every acknowledged PUT is seen, without a seq gap."""
+    s = kvrelay("--memory", "64M", "--workers", "1", "--grpc-bind", "127.0.0.1:0",
+                "--kv-events-bind", "tcp://127.0.0.1:*")
+    ports = dict(line.split("=", 1) for line in s.port_file.read_text().split())
+    events = f"tcp://127.0.0.1:{ports['kv_events']}"
+    p, d = run_bench(tmp_path, "--target", target(s), "--workload", "relay", "--grpc", s.grpc,
+                     "--subscribers", "1", "--events", events, "--rate", "2000", "--duration", "1.5",
+                     "--connections", "2", timeout=60)
+    assert p.returncode == 0, describe(p, d)
+    r = d["relay"]
+    assert r["events"] == events and r["event_subscribers"] == 1 and r["unpublished"] == 0, r
+    assert 1500 <= r["puts_measured"] <= r["puts_acknowledged"], r
+    ev, grpc = r["events_latency_ms"], r["publish_latency_ms"]
+    assert ev["count"] == r["events_samples"] == r["puts_measured"] == grpc["count"], r
+    assert 0 <= ev["p50"] <= ev["p99"] <= ev["max"] < 2000 * SLOW, ev
+    evsub = [x for x in r["subscriber_stats"] if x["id"] == 1]
+    assert len(evsub) == 1 and evsub[0]["frames"] > 0 and not evsub[0]["ended"], r
+    text = p.stdout.decode()
+    assert "KV events latency" in text and "0 seq gaps" in text, text
+    p, d = run_bench(tmp_path, "--target", target(s), "--workload", "relay", "--subscribers", "0",
+                     "--event-subscribers", "2", "--events", events, "--rate", "1000", "--duration", "0.5",
+                     "--connections", "2", timeout=60)
+    assert p.returncode == 0, describe(p, d)
+    r = d["relay"]
+    assert r["subscribers"] == 0 and r["event_subscribers"] == 2, r
+    assert r["events_samples"] == 2 * r["puts_measured"] > 0 and r["publish_latency_ms"]["count"] == 0, r
+    p = subprocess.run([require_bench(), "--workload", "relay", "--event-subscribers", "1"], capture_output=True,
+                       timeout=10)
+    assert p.returncode == 2 and b"--event-subscribers needs --events" in p.stderr, p.stderr
 
 
 def test_relay_stream_cut_is_reported(kvrelay, tmp_path):

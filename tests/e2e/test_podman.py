@@ -54,6 +54,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgpack
 import pytest
 import yaml
 
@@ -153,20 +154,23 @@ def check_default_seccomp_profile():
     return pkg
 
 
-def pod_manifests(tmp, segdir, http, grpc, token_b64):
+def pod_manifests(tmp, segdir, http, grpc, token_b64, events=None):
     objs = render(DEPLOY / "memory")
     sts = by_kind(objs, "StatefulSet")
     cm = copy.deepcopy(by_kind(objs, "ConfigMap"))
     cm["metadata"].pop("namespace", None)
     cm["data"].update(KVRELAY_HTTP_BIND=f"127.0.0.1:{http}", KVRELAY_GRPC_BIND=f"127.0.0.1:{grpc}",
                       KVRELAY_MEMORY="64M")
+    if events is not None:  # the KV events' PUB and replay ports, on loopback as the others
+        cm["data"].update(KVRELAY_KV_EVENTS_BIND=f"tcp://127.0.0.1:{events[0]}",
+                          KVRELAY_KV_EVENTS_REPLAY_BIND=f"tcp://127.0.0.1:{events[1]}")
     tpl = copy.deepcopy(sts["spec"]["template"])
     spec = tpl["spec"]
     spec["hostNetwork"] = True
     c = spec["containers"][0]
     c["image"] = IMAGE
     # with hostNetwork podman 4.3 refuses containerPorts (it maps them); the probes name them
-    assert {p["name"] for p in c.pop("ports")} == {"http", "grpc"}
+    assert {p["name"] for p in c.pop("ports")} == {"http", "grpc", "kv-events", "kv-replay"}
     named = {"http": http, "grpc": grpc}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         for kind in ("httpGet", "grpc"):
@@ -223,9 +227,10 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
     segdir = Path(tempfile.mkdtemp(prefix="kvrelay-podman-", dir="/dev/shm"))
     os.chown(segdir, 10001, 10001)
     seccomp_pkg = check_default_seccomp_profile()
-    http, grpc_port = free_port(), free_port()
+    http, grpc_port, ev_port, replay_port = free_port(), free_port(), free_port(), free_port()
     token = uuid.uuid4().hex
-    paths, sts, c = pod_manifests(tmp_path, segdir, http, grpc_port, base64.b64encode(token.encode()).decode())
+    paths, sts, c = pod_manifests(tmp_path, segdir, http, grpc_port, base64.b64encode(token.encode()).decode(),
+                                  events=(ev_port, replay_port))
     grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     played = False
     try:
@@ -264,6 +269,14 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         assert seen in (token, base64.b64encode(token.encode()).decode()), seen
         assert http_request("127.0.0.1", http, "PUT", kv_path("no-token"), body=b"x").status == 401
 
+        # a router's view: the pod's KV events (docs/kv-events.md) follow the PUTs below
+        import zmq
+        zctx = zmq.Context()
+        sub = zctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        sub.connect(f"tcp://127.0.0.1:{ev_port}")
+        time.sleep(0.5)  # ZMQ sends the subscription after the connect; PUTs before it are not seen
+
         rng = random.Random(1304)
         blocks = {}
         auth = {"Authorization": f"Bearer {seen}"}
@@ -275,6 +288,18 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         for key, data in blocks.items():
             r = http_request("127.0.0.1", http, "GET", kv_path(key), headers=auth)
             assert r.status == 200 and r.body == data, (key, r.status)
+        stored, topics, end = set(), set(), time.monotonic() + 10 * SLOW
+        while len(stored) < len(blocks) and time.monotonic() < end:
+            if sub.poll(200):
+                topic, _seq, payload = sub.recv_multipart()
+                topics.add(topic.decode())
+                for ev in msgpack.unpackb(payload)[1]:
+                    if ev[0] == "BlockStored":
+                        stored.update(ev[1])
+        sub.close(linger=0)
+        zctx.term()
+        assert len(stored) == len(blocks), f"{len(stored)} of {len(blocks)} BlockStored seen on {topics}"
+        assert topics == {f"kv@{POD}@kvrelay"}, topics  # the backend id is the pod's name (POD_NAME)
 
         # SIGKILL of the main process: the kernel kills the rest of the container with it
         os.kill(pid, 9)

@@ -8,6 +8,11 @@
  * Afterwards: no deadlock (bounded run, the parent's own operations keep completing), no
  * leaked pin, every resident block intact, stats equal a full scan, and the change-log
  * replica equals the resident set.
+ *
+ * The lookup by canonical hash runs among the workers' operations: every eighth key shares
+ * one hash (STABLE) with a block the parent holds pinned all along, so the chain of that hash
+ * is relinked all the time, and a lock-free lookup that ever misses it is a finding. At the
+ * end every other key's hash is held exactly when the key is resident.
  */
 #include "base/log.h"
 #include "core/store.h"
@@ -38,6 +43,14 @@ typedef struct {
 static void key_of(int i, char *buf, size_t n)
 {
     snprintf(buf, n, "meta-llama/Llama-3@%08x@0@%04x", i * 2654435761u, i);
+}
+
+#define STABLE 0x5157AB1E0000002Aull
+
+/* The canonical hash of key i: every eighth shares STABLE with the parent's pinned block. */
+static uint64_t canon_of(int i)
+{
+    return i % 8 == 0 ? STABLE : (uint64_t)i * 0x100000001ull;
 }
 
 static uint64_t len_of(int i)
@@ -98,7 +111,7 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
         key_of(i, key, sizeof(key));
         if (r < 4) {
             fill(want, len_of(i), i);
-            kvr_store_put(&st, KVR_NS_DEFAULT, 0, key, strlen(key), want, len_of(i), (uint64_t)i * 0x100000001ull);
+            kvr_store_put(&st, KVR_NS_DEFAULT, 0, key, strlen(key), want, len_of(i), canon_of(i));
         } else if (r < 8) {
             kvr_block_ref_t ref;
             if (kvr_store_get(&st, KVR_NS_DEFAULT, key, strlen(key), &ref) == KVR_OK) {
@@ -112,8 +125,16 @@ static void worker(kvr_seg_t seg, int slot, shared_report_t *rep, unsigned seed)
             }
         } else if (r < 9) {
             kvr_store_release(&st, KVR_NS_DEFAULT, key, strlen(key), NULL);
-        } else {
+        } else if (rand_r(&seed) % 2) {
             kvr_store_exists(&st, KVR_NS_DEFAULT, key, strlen(key), NULL);
+        } else {
+            uint64_t h[2] = {STABLE, canon_of(i)};
+            uint8_t held[2];
+            kvr_store_lookup_hashes(&st, 0, h, 2, held);
+            if (!held[0]) {
+                atomic_fetch_add(&rep->corrupt, 1);
+                snprintf(rep->detail, sizeof(rep->detail), "worker %d: the pinned block's hash missed", getpid());
+            }
         }
         atomic_fetch_add(&rep->ops, 1);
     }
@@ -187,6 +208,7 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
     kvr_store_stats_t s, scan;
     double start, end;
     uint8_t *want = malloc(700 * 1024), *got = malloc(700 * 1024);
+    kvr_block_ref_t stable;
 
     kvr_log_level = KVR_LOG_ERROR;
     cr_assert_neq(rep, MAP_FAILED);
@@ -196,6 +218,9 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
     cr_assert_eq(kvr_seg_proc_claim_at(&seg, 0, 0), 0);
     cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
     cr_assert_eq(kvr_store_pool(&st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
+    /* held all along: pinned, so never evicted; its hash's chain is the workers' too (canon_of) */
+    cr_assert_eq(kvr_store_put(&st, KVR_NS_DEFAULT, 0, "stable", 6, "s", 1, STABLE), KVR_PUT_CREATED);
+    cr_assert_eq(kvr_store_get(&st, KVR_NS_DEFAULT, "stable", 6, &stable), KVR_OK);
     max_blocks = seg.hdr->max_blocks;
     rep_state.gen = calloc(max_blocks, sizeof(uint32_t));
     rep_state.canon = calloc(max_blocks, sizeof(uint64_t));
@@ -241,6 +266,7 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
         cr_assert_eq(kvr_store_reap_slot(&st, slots[w]), KVR_OK);
     }
     replica_drain(&rep_state, &st, max_blocks, &resyncs);
+    kvr_store_unpin(&st, &stable); /* every worker is gone: nobody looks STABLE up any more */
 
     cr_assert_eq(atomic_load(&rep->corrupt), 0, "%s", rep->detail);
     cr_assert_gt(atomic_load(&rep->verified), 1000, "too few verified reads to mean anything (%llu of %llu ops, %llu kills)",
@@ -266,6 +292,18 @@ Test(mp, sigkill_under_load_loses_and_corrupts_nothing, .timeout = 180)
             cr_assert(verify(&st, &ref, i, want, got), "resident block %d damaged", i);
             kvr_store_unpin(&st, &ref);
         }
+    }
+
+    /* The lookup by canonical hash agrees with the resident keys. */
+    for (int i = 0; i < NKEYS; i++) {
+        char key[64];
+        uint64_t h = canon_of(i);
+        uint8_t held;
+        if (h == STABLE)
+            continue;
+        key_of(i, key, sizeof(key));
+        kvr_store_lookup_hashes(&st, 0, &h, 1, &held);
+        cr_assert_eq(held, kvr_store_exists(&st, KVR_NS_DEFAULT, key, strlen(key), NULL), "key %d", i);
     }
 
     /* The change-log replica equals the resident set, entry by entry. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int load(kvr_config_t *cfg, const char *arg)
 {
@@ -256,4 +257,53 @@ Test(config, tenants_and_admin_token)
     unsetenv("KVRELAY_TENANTS");
     unsetenv("KVRELAY_ADMIN_TOKEN");
     fclose(devnull);
+}
+
+static int load2(kvr_config_t *cfg, const char *a, const char *b)
+{
+    char *argv[] = {"t", (char *)a, (char *)b, NULL};
+    FILE *devnull = fopen("/dev/null", "w");
+    int rc = kvr_config_load(cfg, 3, argv, devnull);
+    fclose(devnull);
+    return rc;
+}
+
+/* The KV events' flags (docs/kv-events.md): each limit refuses the start. */
+Test(config, kv_events_flags_and_their_limits)
+{
+    static kvr_config_t cfg;
+    char host[256] = "";
+
+    unsetenv("POD_NAME");
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_str_empty(cfg.kv_events_bind, "off by default");
+    cr_assert_str_eq(cfg.kv_events_format, "vllm");
+    cr_assert_eq(cfg.kv_events_interval_ms, 5);
+    gethostname(host, sizeof(host) - 1);
+    cr_assert_str_eq(cfg.kv_events_backend_id, host, "the backend id defaults to the host name");
+    setenv("POD_NAME", "kvrelay-3", 1);
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_str_eq(cfg.kv_events_backend_id, "kvrelay-3", "POD_NAME (the downward API) first");
+    cr_assert_eq(load(&cfg, "--kv-events-backend-id=mine"), KVR_OK);
+    cr_assert_str_eq(cfg.kv_events_backend_id, "mine", "the flag over POD_NAME");
+    unsetenv("POD_NAME");
+    cr_assert_eq(load(&cfg, "--kv-events-backend-id=a@b"), KVR_EINVAL, "'@' separates the topic's fields");
+    cr_assert_eq(load(&cfg, "--kv-events-bind=tcp://127.0.0.1:5557"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--kv-events-bind=ipc:///tmp/kv"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--kv-events-bind=127.0.0.1:5557"), KVR_EINVAL, "a ZMQ endpoint names its transport");
+    cr_assert_eq(load(&cfg, "--kv-events-bind=udp://127.0.0.1:5557"), KVR_EINVAL);
+    cr_assert_eq(load(&cfg, "--kv-events-replay-bind=tcp://127.0.0.1:5558"), KVR_EINVAL,
+                 "a replay socket without the stream it replays");
+    cr_assert_eq(load2(&cfg, "--kv-events-bind=tcp://127.0.0.1:5557", "--kv-events-replay-bind=tcp://127.0.0.1:5558"),
+                 KVR_OK);
+    cr_assert_eq(load(&cfg, "--kv-events-format=vllm-map"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--kv-events-format=rfc1527"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--kv-events-format=json"), KVR_EINVAL);
+    cr_assert_eq(load(&cfg, "--kv-events-hwm=0"), KVR_EINVAL, "ZMQ's 0 means no limit: refused");
+    cr_assert_eq(load(&cfg, "--kv-events-buffer=0"), KVR_EINVAL);
+    cr_assert_eq(load(&cfg, "--kv-events-buffer-bytes=1K"), KVR_EINVAL, "below 64 KiB");
+    cr_assert_eq(load(&cfg, "--kv-events-max-batch=0"), KVR_EINVAL);
+    cr_assert_eq(load(&cfg, "--kv-events-max-batch=65537"), KVR_EINVAL);
+    cr_assert_eq(load(&cfg, "--kv-events-interval=0"), KVR_OK, "0: every publisher turn");
+    cr_assert_eq(load(&cfg, "--kv-events-interval=2s"), KVR_EINVAL, "at most a second");
 }

@@ -77,6 +77,11 @@ static const char usage[] =
     "                           and bytes/s per subscriber, and every stream that ended early\n"
     "                           (grpc-status, kv-relay-error-reason). After the load, the\n"
     "                           subscribers wait up to --timeout for the last hashes\n"
+    "  --events ENDPOINT        kvrelay's KV events PUB endpoint (--kv-events-bind), e.g.\n"
+    "                           tcp://127.0.0.1:5557: KV events subscribers (ZMQ SUB) take the\n"
+    "                           latency 201 -> the hash's BlockStored (docs/kv-events.md)\n"
+    "  --event-subscribers N    how many (default 1 with --events); --subscribers 0 runs\n"
+    "                           them without gRPC subscribers\n"
     "\n"
     "Output\n"
     "  --json FILE              write the results as JSON (command line, protocol, workload,\n"
@@ -195,6 +200,8 @@ enum {
     O_MAXERR,
     O_GRPC,
     O_SUBS,
+    O_EVENTS,
+    O_EVSUBS,
     O_RATE,
     O_TIMEOUT,
     O_MISSES,
@@ -214,7 +221,8 @@ static const struct option longopts[] = {
     {"warmup", required_argument, NULL, O_WARMUP},     {"preload", no_argument, NULL, O_PRELOAD},
     {"json", required_argument, NULL, O_JSON},         {"quiet", no_argument, NULL, O_QUIET},
     {"no-verify", no_argument, NULL, O_NOVERIFY},      {"max-errors", required_argument, NULL, O_MAXERR},
-    {"grpc", required_argument, NULL, O_GRPC},         {"subscribers", required_argument, NULL, O_SUBS},
+    {"grpc", required_argument, NULL, O_GRPC}, {"events", required_argument, NULL, O_EVENTS},
+    {"event-subscribers", required_argument, NULL, O_EVSUBS},         {"subscribers", required_argument, NULL, O_SUBS},
     {"rate", required_argument, NULL, O_RATE},         {"timeout", required_argument, NULL, O_TIMEOUT},
     {"misses", required_argument, NULL, O_MISSES},     {"help", no_argument, NULL, O_HELP},
     {NULL, 0, NULL, 0}};
@@ -222,7 +230,7 @@ static const struct option longopts[] = {
 
 /* Which options the command line gave: the others get defaults that depend on it. */
 struct seen {
-    int size, keys, conns, threads, target, prefix, duration, misses, streams;
+    int size, keys, conns, threads, target, prefix, duration, misses, streams, event_subs;
 };
 
 /* --size S | A-B */
@@ -391,6 +399,15 @@ static void parse_option(int opt, const char *a, struct seen *have)
     case O_GRPC:
         snprintf(G.grpc, sizeof(G.grpc), "%s", a);
         break;
+    case O_EVENTS:
+        snprintf(G.events, sizeof(G.events), "%s", a);
+        break;
+    case O_EVSUBS:
+        if (parse_u64(a, &v) || v > 64)
+            die_usage("--event-subscribers: 0..64, not %s", a);
+        G.event_subs = (int)v;
+        have->event_subs = 1;
+        break;
     case O_SUBS:
         if (parse_u64(a, &v) || v > 4096)
             die_usage("--subscribers: 0..4096, not %s", a);
@@ -424,9 +441,15 @@ static void apply_defaults(const struct seen *have)
         G.size_min = G.size_max = G.workload == WL_RELAY ? 1024 : 16384;
         snprintf(G.size_spec, sizeof(G.size_spec), "%s", G.workload == WL_RELAY ? "1K" : "16K");
     }
+    if (G.events[0] && !have->event_subs)
+        G.event_subs = 1;
+    if (G.event_subs > 0 && !G.events[0])
+        die_usage("--event-subscribers needs --events ENDPOINT%s", "");
     if (G.workload == WL_RELAY) {
-        if (!G.grpc[0])
-            die_usage("--workload relay needs --grpc HOST:PORT%s", "");
+        if (!G.grpc[0] && G.subscribers > 0)
+            die_usage("--workload relay needs --grpc HOST:PORT (or --subscribers 0 with --events)%s", "");
+        if (G.subscribers + G.event_subs == 0)
+            die_usage("--workload relay needs a subscriber%s", "");
         if (G.proto != PROTO_HTTP)
             die_usage("--workload relay is for --protocol http%s", "");
         if (G.preload)
@@ -475,7 +498,7 @@ static void apply_defaults(const struct seen *have)
     {
         /* at most one thread per core: the client must not be what decides the figures */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int want = G.workload == WL_RELAY ? 1 + (G.subscribers > 0 ? G.subscribers : 0) : G.conns;
+        int want = G.workload == WL_RELAY ? 1 + G.subscribers + G.event_subs : G.conns;
         if (cores < 1)
             cores = 1;
         if (!have->threads)

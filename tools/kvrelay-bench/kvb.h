@@ -97,6 +97,8 @@ typedef struct kvb_cfg {
     uint64_t max_errors;
     char grpc[256];
     int subscribers;
+    char events[256]; /* --events: kvrelay's KV events PUB endpoint */
+    int event_subs;
     double rate;
     int argc;
     char **argv;

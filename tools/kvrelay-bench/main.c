@@ -111,8 +111,8 @@ static kvb_worker_t **new_workers(void)
             return NULL;
     if (G.workload == WL_RELAY) {
         ws[0]->paced = 1;
-        for (int i = 0; i < G.subscribers; i++)
-            if (kvb_relay_add_sub(ws[G.threads > 1 ? 1 + i % (G.threads - 1) : 0], i) != 0)
+        for (int i = 0; i < G.subscribers + G.event_subs; i++)
+            if (kvb_relay_add_sub(ws[G.threads > 1 ? 1 + i % (G.threads - 1) : 0], i, i >= G.subscribers) != 0)
                 return NULL;
     }
     return ws;

@@ -14,6 +14,7 @@
  * thread's epoll loop: readable -> kvr_gclient_step().
  */
 #include "relay.h"
+#include "evsub.h"
 #include "json.h"
 
 #include "io/grpc_client.h"
@@ -48,15 +49,17 @@ typedef struct kvb_sub {
     kvb_worker_t *w;
     kvr_gclient_t *gc;
     kvr_gcall_t *call;
+    kvb_evsub_t *ev; /* a KV events subscriber (--events) instead of a gRPC one */
     Dynamo__Kvrelay__V1__KvPoolCatalogUpdate *cat;
     kvr_mirror_t mirror;
-    int mirror_ready, live, ended, failed, closing, registered;
+    int mirror_ready, live, ended, failed, closing, registered, events;
     uint64_t frames, bytes, chunks, deltas, heartbeats;
     uint64_t m_frames, m_bytes; /* inside the measured window */
     uint64_t cursor;            /* next ack to read */
     uint64_t *pend;             /* ack indices not yet in the replica */
     size_t npend, cap;
     uint64_t seen, unpublished, sequence;
+    uint64_t gaps; /* KV events: batches missed (seq gaps), taken at close */
     uint64_t t_ended;
     int grpc_status;
     char grpc_message[256], reason[64], err[200];
@@ -65,7 +68,8 @@ typedef struct kvb_sub {
 typedef struct kvb_relay_w {
     kvb_sub_t **subs;
     int n;
-    kvb_hist_t lat; /* publish latency, ns, every (PUT, subscriber) pair */
+    kvb_hist_t lat;   /* publish latency, ns, every (PUT, gRPC subscriber) pair */
+    kvb_hist_t evlat; /* the same, to a KV events subscriber */
 } kvb_relay_w_t;
 
 void kvb_relay_init(void)
@@ -105,7 +109,7 @@ void kvb_relay_puts_done(void)
     __atomic_store_n(&puts_done, 1, __ATOMIC_RELEASE);
 }
 
-int kvb_relay_add_sub(kvb_worker_t *w, int id)
+int kvb_relay_add_sub(kvb_worker_t *w, int id, int events)
 {
     kvb_relay_w_t *rw = w->relay;
     kvb_sub_t *s = calloc(1, sizeof(*s)), **v;
@@ -118,6 +122,7 @@ int kvb_relay_add_sub(kvb_worker_t *w, int id)
         return -1;
     s->kind = KVB_FD_SUB;
     s->id = id;
+    s->events = events;
     s->w = w;
     s->grpc_status = -1;
     rw->subs = v;
@@ -131,15 +136,21 @@ static void record(kvb_sub_t *s, const ack_t *a, uint64_t now)
 {
     if (!a->measured)
         return;
-    kvb_hist_add(&s->w->relay->lat, now > a->t ? now - a->t : 0);
+    kvb_hist_add(s->ev != NULL ? &s->w->relay->evlat : &s->w->relay->lat, now > a->t ? now - a->t : 0);
     s->seen++;
+}
+
+/* Whether the subscriber knows the hash: in its replica, or among the events' stored hashes. */
+static int holds(const kvb_sub_t *s, uint64_t hash)
+{
+    return s->ev != NULL ? kvb_evsub_holds(s->ev, hash) : kvr_mirror_contains(&s->mirror, hash);
 }
 
 static void check_pending(kvb_sub_t *s, uint64_t now)
 {
     for (size_t i = 0; i < s->npend;) {
         const ack_t *a = ack_at(s->pend[i]);
-        if (kvr_mirror_contains(&s->mirror, a->hash)) {
+        if (holds(s, a->hash)) {
             record(s, a, now);
             s->pend[i] = s->pend[--s->npend];
         } else {
@@ -151,10 +162,10 @@ static void check_pending(kvb_sub_t *s, uint64_t now)
 static void pull(kvb_sub_t *s, uint64_t now)
 {
     uint64_t n = __atomic_load_n(&nacks, __ATOMIC_ACQUIRE);
-    int live = s->mirror_ready && kvr_mirror_state(&s->mirror) == KVR_MIRROR_LIVE;
+    int live = s->ev != NULL || (s->mirror_ready && kvr_mirror_state(&s->mirror) == KVR_MIRROR_LIVE);
     while (s->cursor < n) {
         const ack_t *a = ack_at(s->cursor);
-        if (live && kvr_mirror_contains(&s->mirror, a->hash)) {
+        if (live && holds(s, a->hash)) {
             record(s, a, now);
         } else {
             if (s->npend == s->cap) {
@@ -225,6 +236,11 @@ static int on_update(void *ctx, kvr_gcall_t *call, const uint8_t *msg, size_t le
     return 0;
 }
 
+static int sub_fd(kvb_sub_t *s)
+{
+    return s->ev != NULL ? kvb_evsub_fd(s->ev) : kvr_gclient_fd(s->gc);
+}
+
 /* The stream is over (by the server, a dead connection, or our own cancel of a bad frame). */
 static void sub_ended(kvb_sub_t *s)
 {
@@ -238,7 +254,7 @@ static void sub_ended(kvb_sub_t *s)
         snprintf(s->reason, sizeof(s->reason), "%s", s->call->reason);
     }
     if (s->registered) {
-        epoll_ctl(s->w->ep, EPOLL_CTL_DEL, kvr_gclient_fd(s->gc), NULL);
+        epoll_ctl(s->w->ep, EPOLL_CTL_DEL, sub_fd(s), NULL);
         s->registered = 0;
     }
 }
@@ -248,6 +264,18 @@ static void sub_step(kvb_sub_t *s, uint64_t now)
     int rc;
     if (s->ended)
         return;
+    if (s->ev != NULL) { /* every waiting batch, then the PUTs it acknowledges */
+        rc = kvb_evsub_step(s->ev, s->err, sizeof(s->err));
+        if (rc < 0) {
+            s->failed = 1;
+            sub_ended(s);
+            return;
+        }
+        if (rc > 0 && s->npend)
+            check_pending(s, now);
+        pull(s, now);
+        return;
+    }
     rc = kvr_gclient_step(s->gc);
     if (s->failed) {
         sub_ended(s);
@@ -264,7 +292,19 @@ static void sub_step(kvb_sub_t *s, uint64_t now)
 
 /* ---------------------------------------------------------------- setup */
 
+static int grpc_open(kvb_sub_t *s, char *err, size_t errlen);
+
 static int sub_open(kvb_sub_t *s, char *err, size_t errlen)
+{
+    if (s->events) {
+        s->ev = kvb_evsub_open(G.events, err, errlen);
+        s->live = s->ev != NULL;
+        return s->ev != NULL ? 0 : -1;
+    }
+    return grpc_open(s, err, errlen);
+}
+
+static int grpc_open(kvb_sub_t *s, char *err, size_t errlen)
 {
     uint8_t req[4096];
     size_t n;
@@ -330,13 +370,16 @@ int kvb_relay_setup(kvb_worker_t *w)
         kvb_sub_t *s = rw->subs[i];
         struct epoll_event ev;
         if (sub_open(s, err, sizeof(err)) != 0) {
-            fprintf(stderr, "kvrelay-bench: subscriber %d (%s): %s\n", s->id, G.grpc, err);
+            fprintf(stderr, "kvrelay-bench: subscriber %d (%s): %s\n", s->id, s->events ? G.events : G.grpc, err);
             return -1;
         }
         ev.events = EPOLLIN;
         ev.data.ptr = s;
-        epoll_ctl(w->ep, EPOLL_CTL_ADD, kvr_gclient_fd(s->gc), &ev);
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, sub_fd(s), &ev);
         s->registered = 1;
+        if (s->events) /* ZMQ sends a subscription to the publisher after the connect: give it time
+                        * to arrive, or the first PUTs' events go to nobody */
+            usleep(300000);
     }
     /* every replica live (snapshot installed) before the load starts; a stream the server
      * ends meanwhile (e.g. refused by admission) is reported with the others, not fatal */
@@ -414,8 +457,12 @@ void kvb_relay_close(kvb_worker_t *w)
     for (int i = 0; i < rw->n; i++) {
         kvb_sub_t *s = rw->subs[i];
         if (s->registered)
-            epoll_ctl(w->ep, EPOLL_CTL_DEL, kvr_gclient_fd(s->gc), NULL);
+            epoll_ctl(w->ep, EPOLL_CTL_DEL, sub_fd(s), NULL);
         s->registered = 0;
+        if (s->ev != NULL) /* its counts stay for the report */
+            kvb_evsub_counts(s->ev, &s->frames, &s->bytes, &s->gaps);
+        kvb_evsub_close(s->ev);
+        s->ev = NULL;
         if (s->gc != NULL)
             kvr_gclient_close(s->gc); /* frees the calls */
         s->gc = NULL;
@@ -448,12 +495,12 @@ uint64_t kvb_relay_errors(kvb_worker_t **ws, int n, uint64_t *ended, uint64_t *u
     return *ended + *unpublished + *failed;
 }
 
-static void merged_latency(kvb_worker_t **ws, int n, kvb_hist_t *h)
+static void merged_latency(kvb_worker_t **ws, int n, kvb_hist_t *h, int events)
 {
     memset(h, 0, sizeof(*h));
     for (int k = 0; k < n; k++)
         if (ws[k]->relay != NULL)
-            kvb_hist_merge(h, &ws[k]->relay->lat);
+            kvb_hist_merge(h, events ? &ws[k]->relay->evlat : &ws[k]->relay->lat);
 }
 
 static double window_s(double elapsed)
@@ -468,14 +515,20 @@ void kvb_relay_print(FILE *f, kvb_worker_t **ws, int n, double elapsed)
     double win = window_s(elapsed);
     if (h == NULL)
         return;
-    merged_latency(ws, n, h);
     kvb_relay_errors(ws, n, &ended, &unpublished, &failed);
-    fprintf(f, "\nrelay: %d subscribers on %s, %llu PUTs acknowledged (%.0f PUT/s paced at %.0f)\n", G.subscribers,
-            G.grpc, (unsigned long long)acks, 0.0 + (double)acks / (elapsed > 0 ? elapsed : 1), G.rate);
-    fprintf(f, "publish latency (201 -> in a subscriber's replica), %llu samples:\n", (unsigned long long)h->n);
-    fprintf(f, "  p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms\n",
-            kvb_hist_quantile(h, 0.50) / 1e6, kvb_hist_quantile(h, 0.90) / 1e6, kvb_hist_quantile(h, 0.99) / 1e6,
-            kvb_hist_quantile(h, 0.999) / 1e6, h->max / 1e6);
+    fprintf(f, "\nrelay: %d subscribers on %s, %d KV events subscribers on %s, %llu PUTs acknowledged (%.0f PUT/s paced at %.0f)\n",
+            G.subscribers, G.grpc[0] ? G.grpc : "-", G.event_subs, G.events[0] ? G.events : "-",
+            (unsigned long long)acks, 0.0 + (double)acks / (elapsed > 0 ? elapsed : 1), G.rate);
+    for (int events = 0; events < 2; events++) {
+        merged_latency(ws, n, h, events);
+        fprintf(f, "%s, %llu samples:\n",
+                events ? "KV events latency (201 -> its BlockStored at a subscriber)"
+                       : "publish latency (201 -> in a subscriber's replica)",
+                (unsigned long long)h->n);
+        fprintf(f, "  p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms\n",
+                kvb_hist_quantile(h, 0.50) / 1e6, kvb_hist_quantile(h, 0.90) / 1e6, kvb_hist_quantile(h, 0.99) / 1e6,
+                kvb_hist_quantile(h, 0.999) / 1e6, h->max / 1e6);
+    }
     fprintf(f, "  never published: %llu   streams ended early: %llu   replicas failed: %llu\n",
             (unsigned long long)unpublished, (unsigned long long)ended, (unsigned long long)failed);
     fprintf(f, "  %-4s %10s %10s %12s %8s %8s %6s %10s  %s\n", "sub", "frames", "frames/s", "bytes/s", "chunks",
@@ -491,6 +544,9 @@ void kvb_relay_print(FILE *f, kvb_worker_t **ws, int n, double elapsed)
                 snprintf(state, sizeof(state), "ENDED after %.3f s: grpc-status %d%s%s%s%s",
                          s->t_ended > C.t_start ? (double)(s->t_ended - C.t_start) / 1e9 : 0.0, s->grpc_status,
                          s->grpc_message[0] ? " " : "", s->grpc_message, s->reason[0] ? " reason " : "", s->reason);
+            else if (s->events)
+                snprintf(state, sizeof(state), "live (KV events: frames = batches, %llu seq gaps)",
+                         (unsigned long long)s->gaps);
             else
                 snprintf(state, sizeof(state), "live");
             fprintf(f, "  %-4d %10llu %10.1f %12.0f %8llu %8llu %6llu %10llu  %s\n", s->id,
@@ -512,10 +568,16 @@ void kvb_relay_json(FILE *f, kvb_worker_t **ws, int n, double elapsed)
         return;
     for (uint64_t i = 0; i < acks; i++)
         measured += ack_at(i)->measured != 0;
-    merged_latency(ws, n, h);
     kvb_relay_errors(ws, n, &ended, &unpublished, &failed);
     fprintf(f, "\"relay\": {\"grpc\": ");
     kvb_json_str(f, G.grpc);
+    fprintf(f, ", \"events\": ");
+    kvb_json_str(f, G.events);
+    merged_latency(ws, n, h, 1);
+    fprintf(f, ", \"event_subscribers\": %d, \"events_samples\": %llu, \"events_latency_ms\": ", G.event_subs,
+            (unsigned long long)h->n);
+    kvb_json_lat(f, h);
+    merged_latency(ws, n, h, 0);
     fprintf(f, ", \"subscribers\": %d, \"rate\": %.3f, \"puts_acknowledged\": %llu, \"puts_measured\": %llu, "
                "\"publish_latency_ms\": ",
             G.subscribers, G.rate, (unsigned long long)acks, (unsigned long long)measured);

@@ -11,8 +11,8 @@
 #include <stdio.h>
 
 void kvb_relay_init(void);
-int kvb_relay_add_sub(kvb_worker_t *w, int id); /* before the threads start */
-int kvb_relay_setup(kvb_worker_t *w);           /* in the thread: connect, catalog, subscribe, live */
+int kvb_relay_add_sub(kvb_worker_t *w, int id, int events); /* before the threads start; events: a KV events SUB */
+int kvb_relay_setup(kvb_worker_t *w);                       /* in the thread: connect, catalog, subscribe, live */
 void kvb_relay_event(kvb_worker_t *w, void *sub, uint32_t events);
 void kvb_relay_tick(kvb_worker_t *w, uint64_t now);
 int kvb_relay_busy(kvb_worker_t *w, uint64_t now); /* still waiting for acknowledged PUTs */

@@ -7,9 +7,12 @@ kvrelay — the Python client of kvrelay, the shared KV-cache block store.
     kvrelay.lmcache.KvrelayRemoteConnector / KvrelayConnectorAdapter
                                          LMCache in-process mode, remote_url kvrelay://
     kvrelay.sglang.KvrelayHiCacheStorage SGLang HiCache dynamic L3 backend
+    kvrelay.events.Subscriber            the KV event stream (vLLM's ZMQ format): the hashes
+                                         each relay pool holds, gaps replayed
 
 Standard library only; the engine modules import their engine lazily and work duck-typed
-when it is absent. Configuration: README "Engines: LMCache and SGLang".
+when it is absent, and kvrelay.events imports pyzmq and msgpack (the `events` extra) at first
+use. Configuration: README "Engines: LMCache and SGLang".
 """
 
 from .client import (  # noqa: F401

@@ -26,12 +26,12 @@ def test_pip_install_into_fresh_venv(tmp_path):
         for path, was in existed.items():  # the build leaves these in the tree: not ours to keep
             if not was and path.exists():
                 shutil.rmtree(path)
-    code = ("import kvrelay, kvrelay.lmcache, kvrelay.sglang, kvrelay.cluster, kvrelay_client, sys;"
+    code = ("import kvrelay, kvrelay.lmcache, kvrelay.sglang, kvrelay.cluster, kvrelay.events, kvrelay_client, sys;"
             "assert 'site-packages' in kvrelay.__file__, kvrelay.__file__;"
             "print(kvrelay.__version__, kvrelay.Client.__name__, kvrelay.lmcache.KvrelayL2Adapter.__name__,"
-            " kvrelay.sglang.KvrelayHiCacheStorage.__name__)")
+            " kvrelay.sglang.KvrelayHiCacheStorage.__name__, kvrelay.events.Subscriber.__name__)")
     r = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, timeout=60,
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr.decode(errors="replace")
-    assert r.stdout.decode().split() == ["0.2.0", "Client", "KvrelayL2Adapter", "KvrelayHiCacheStorage"]
+    assert r.stdout.decode().split() == ["0.2.0", "Client", "KvrelayL2Adapter", "KvrelayHiCacheStorage", "Subscriber"]
     assert sys.prefix != str(venv)
