@@ -326,8 +326,6 @@ int pub_kvev_open(pub_t *p)
     k->cap = cfg->kv_events_buffer;
     k->ring = calloc(k->cap, sizeof(*k->ring));
     k->removed = calloc(cfg->kv_events_max_batch, sizeof(*k->removed));
-    for (int i = 0; i < KVR_POOLS_MAX && k->ring != NULL; i++)
-        k->pool[i].ops = NULL;
     if (k->ring == NULL || k->removed == NULL || (k->ctx = zmq_ctx_new()) == NULL ||
         (k->pub = zmq_socket(k->ctx, ZMQ_PUB)) == NULL)
         goto fail;

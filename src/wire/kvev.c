@@ -81,12 +81,6 @@ static void str(kvr_kvev_enc_t *e, const char *s)
     msgpack_pack_str_body(&e->pk, s, n);
 }
 
-/* "name": value pairs of the map forms */
-static void key(kvr_kvev_enc_t *e, const char *k)
-{
-    str(e, k);
-}
-
 static void hashes(kvr_kvev_enc_t *e, const uint64_t *h, size_t n)
 {
     msgpack_pack_array(&e->pk, n);
@@ -109,15 +103,15 @@ void kvr_kvev_begin(kvr_kvev_enc_t *e, double ts, size_t events, const char *ns,
 /* The RFC #1527 envelope's fields common to every event: 4 pairs. */
 static void envelope(kvr_kvev_enc_t *e, const char *event_type, const char *type)
 {
-    key(e, "event_type");
+    str(e, "event_type");
     str(e, event_type);
-    key(e, "type");
+    str(e, "type");
     str(e, type);
-    key(e, "backend_id");
+    str(e, "backend_id");
     str(e, e->backend_id);
-    key(e, "tenant_id");
+    str(e, "tenant_id");
     str(e, e->ns);
-    key(e, "model_name");
+    str(e, "model_name");
     str(e, e->model);
 }
 
@@ -138,33 +132,33 @@ static void stored_full(kvr_kvev_enc_t *e, uint64_t hash)
         return;
     case KVR_KVEV_VLLM_MAP:
         msgpack_pack_map(&e->pk, 8);
-        key(e, "type");
+        str(e, "type");
         str(e, "BlockStored");
-        key(e, "block_hashes");
+        str(e, "block_hashes");
         hashes(e, &hash, 1);
-        key(e, "parent_block_hash");
+        str(e, "parent_block_hash");
         msgpack_pack_nil(&e->pk);
-        key(e, "token_ids");
+        str(e, "token_ids");
         msgpack_pack_array(&e->pk, 0);
-        key(e, "block_size");
+        str(e, "block_size");
         msgpack_pack_uint64(&e->pk, e->block_size);
-        key(e, "lora_id");
+        str(e, "lora_id");
         msgpack_pack_nil(&e->pk);
-        key(e, "medium");
+        str(e, "medium");
         str(e, MEDIUM);
-        key(e, "lora_name");
+        str(e, "lora_name");
         msgpack_pack_nil(&e->pk);
         return;
     case KVR_KVEV_RFC1527:
         msgpack_pack_map(&e->pk, 9);
         envelope(e, "stored", "BlockStored");
-        key(e, "seq_hashes");
+        str(e, "seq_hashes");
         hashes(e, &hash, 1);
-        key(e, "block_hashes");
+        str(e, "block_hashes");
         hashes(e, &hash, 1);
-        key(e, "medium");
+        str(e, "medium");
         str(e, MEDIUM);
-        key(e, "block_size");
+        str(e, "block_size");
         msgpack_pack_uint64(&e->pk, e->block_size);
         return;
     }
@@ -196,21 +190,21 @@ void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *h, size_t n)
         return;
     case KVR_KVEV_VLLM_MAP:
         msgpack_pack_map(&e->pk, 3);
-        key(e, "type");
+        str(e, "type");
         str(e, "BlockRemoved");
-        key(e, "block_hashes");
+        str(e, "block_hashes");
         hashes(e, h, n);
-        key(e, "medium");
+        str(e, "medium");
         str(e, MEDIUM);
         return;
     case KVR_KVEV_RFC1527:
         msgpack_pack_map(&e->pk, 8);
         envelope(e, "removed", "BlockRemoved");
-        key(e, "seq_hashes");
+        str(e, "seq_hashes");
         hashes(e, h, n);
-        key(e, "block_hashes");
+        str(e, "block_hashes");
         hashes(e, h, n);
-        key(e, "medium");
+        str(e, "medium");
         str(e, MEDIUM);
         return;
     }
@@ -226,7 +220,7 @@ void kvr_kvev_cleared(kvr_kvev_enc_t *e)
         return;
     case KVR_KVEV_VLLM_MAP:
         msgpack_pack_map(&e->pk, 1);
-        key(e, "type");
+        str(e, "type");
         str(e, "AllBlocksCleared");
         return;
     case KVR_KVEV_RFC1527:
