@@ -67,6 +67,11 @@ KVBENCH      = $(if $(KVBENCH_SRCS),$(BUILD)/kvrelay-bench)
 # The null server (bench/null_server.c, issue 10) is a tool of scripts/bench-dataplane.sh and of
 # the e2e tests, not a benchmark that prints figures: `all` builds it, `make bench` does not run it.
 NULLSRV      = $(if $(wildcard bench/null_server.c),$(BUILD)/bench/null_server)
+# The second load client (bench/lean/*.c, issue 25), written apart from kvrelay-bench and
+# linked with nothing of the tree: likewise a tool of scripts/bench-dataplane.sh (--client lean)
+# and of the e2e tests, built by `all` as $(BUILD)/bench/lean_client.
+LEANCLI_SRCS := $(wildcard bench/lean/*.c)
+LEANCLI      = $(if $(LEANCLI_SRCS),$(BUILD)/bench/lean_client)
 
 .DEFAULT_GOAL := all
 
@@ -78,7 +83,7 @@ include mk/wire.mk
 
 .PHONY: all run test test-unit test-mp test-e2e check-layers bench fuzz fuzz-run format check-format clean
 
-all: $(LIB) $(PROGS) $(KVBENCH) $(NULLSRV)
+all: $(LIB) $(PROGS) $(KVBENCH) $(NULLSRV) $(LEANCLI)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -112,6 +117,9 @@ $(UNIT_BIN): $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRCS)) $(LIB)
 $(MP_BIN): $(patsubst %.c,$(BUILD)/%.o,$(MP_SRCS)) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIB) $(LIBS) -lcriterion -o $@
+
+$(BUILD)/bench/lean_client: $(patsubst %.c,$(BUILD)/%.o,$(LEANCLI_SRCS))
+	$(CC) $(LDFLAGS) $^ -o $@
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(LDFLAGS) $< $(LIB) $(LIBS) -o $@

@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# bench-dataplane.sh — the data plane's figures (issue 10, acceptance 6): kvrelay, memcached,
-# Redis 7 and a null server that stores nothing (bench/null_server.c, the ceiling of the client
-# on this machine), in one run, every store driven by build/kvrelay-bench over loopback.
+# bench-dataplane.sh — the data plane's figures (issue 10, acceptance 6; small blocks: issue 25):
+# kvrelay, memcached, Redis 7 and a null server that stores nothing (bench/null_server.c, the
+# ceiling of the client on this machine), in one run, every store driven by the same client over
+# loopback: build/kvrelay-bench, or with --client lean build/bench/lean_client (bench/lean/, a
+# second client written apart from kvrelay-bench, to check that it does not flatter kvrelay).
 #
 #   scripts/bench-dataplane.sh [--quick] [--profile] [--no-ceilings] [--out DIR] [--memory SIZE] [--reps N]
 #                              [--sizes "256K 2M 32M 80M"] [--variant NAME=ARGS]...
-#                              [--hugepages COUNT] [--null-memory]
+#                              [--hugepages COUNT] [--null-memory] [--small-only]
+#                              [--client kvrelay-bench|lean]
 #
-# For every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB), every repetition and every store, one
-# store at a time, started fresh (so one store's memory never weighs on another's run, and each
-# median is over as many server instances as repetitions):
-#   1. warm:  PUT the GET set (64 keys below 32 MiB, 16 from 32 MiB), then GET it for a moment
-#             (not measured)
-#   2. GET:   16 connections, GETs of those resident blocks, every body verified (XXH3)
+# For 16 KiB and every block size (256 KiB, 2 MiB, 32 MiB, 80 MiB), every repetition and every
+# store, one store at a time, started fresh (so one store's memory never weighs on another's run,
+# and each median is over as many server instances as repetitions):
+#   1. warm:  PUT the GET set (256 keys at 16 KiB, 64 below 32 MiB, 16 from 32 MiB), then GET it
+#             for a moment (not measured)
+#   2. GET:   16 connections, GETs of those resident blocks, every body verified (kvrelay-bench:
+#             XXH3 of every byte; lean_client: length, stamp and two sampled words)
 #   3. fill:  PUT new keys worth 1.5 x --memory (not measured; reported apart): every store's
 #             memory is touched once, so this VM's first-touch page faults do not decide step 4,
 #             and the store is full
 #   4. PUT:   16 connections, PUTs of NEW keys (never PUT before: no dedup hit), the store full
-#             and evicting all along (SET for Redis and memcached)
-# then 16 KiB GETs over 64 connections (kvrelay, memcached, and the null server as the ceiling).
+#             and evicting all along (SET for Redis and memcached): "PUT-new"
+# The small blocks (issue 25), 16 KiB and 256 KiB, take steps 2 and 4 at 16 and then at 64
+# connections (one fill between). --small-only runs those two sizes only (at --quick, under
+# 90 s). --client lean: lean_client drives every store instead, all else equal (its GETs of
+# the null server check the length only: that server answers kvrelay-bench's bytes).
 # Measured runs have no warmup of their own (steps 1 and 3 are the warmup), so the server CPU
 # read from /proc around a run (utime+stime of the server and every process under it, and of
 # children it has reaped) is the CPU of the measured requests.
@@ -45,9 +52,11 @@
 # default kvrelay then runs with --hugepages off, so that it still shows a machine without them.
 # Ceilings, first (each a few seconds): loopback TCP, 1 stream of 1 MiB writes (iperf3), and memcpy
 # bandwidth (build/bench/bench_store): what no store on this machine can beat. --no-ceilings skips them.
-# --quick: 1 repetition of 1 s per figure, under 3 minutes. Full: 3 repetitions of 4 s (--reps N:
-# N of them), medians by GB/s, about 10 minutes (13 with --profile); the report gives every
-# repetition's figure beside the median, since on this VM the server instance moves a figure.
+# --quick: 1 repetition of 1 s per figure, about 4 minutes (--small-only: under 90 s). Full: 3
+# repetitions of 4 s (--reps N: N of them), medians by GB/s, about 16 minutes (the small blocks at
+# 64 connections and 16 KiB's fill add about 6 to the 10 of the other sizes; more with
+# --profile); the report gives every repetition's figure beside the median, since on this VM the
+# server instance moves a figure.
 # Output: DIR/<date>-dataplane.md (every figure, the targets, the commands, versions), beside it
 # one SVG per figure family, DIR/<date>-dataplane-<family>.svg (gbps, p99, cpu: drawn by gnuplot,
 # embedded in the report), and name=value lines on stdout. The data the report is made from (every
@@ -59,6 +68,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 INVOCATION="scripts/bench-dataplane.sh$(printf ' %q' "$@")" # as given, for the report's Run: line
+SMALL_ONLY=0
+CLIENT=kvrelay-bench
 QUICK=0
 PROFILE=0
 OUT=bench/results
@@ -82,6 +93,10 @@ while [ $# -gt 0 ]; do
     --reps) REPS_ARG=$2; shift ;;
     --null-memory) NULLMEM=" null-mem" ;;
     --no-ceilings) CEILINGS=0 ;;
+    --small-only) SMALL_ONLY=1 ;;
+    --client)
+        case $2 in kvrelay-bench | lean) CLIENT=$2 ;; *) echo "bench-dataplane: --client is kvrelay-bench or lean ($2)" >&2; exit 2 ;; esac
+        shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "bench-dataplane: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -96,6 +111,7 @@ MEMMB=$(( MEMB >> 20 ))
 "$ROOT/scripts/install-deps.sh" --bench
 make -s all build/bench/null_server build/bench/bench_store >/dev/null
 BENCH=$ROOT/build/kvrelay-bench
+[ "$CLIENT" = lean ] && BENCH=$ROOT/build/bench/lean_client
 NULL=$ROOT/build/bench/null_server
 for b in "$BENCH" "$NULL" "$ROOT/build/kvrelay-supervisor"; do
     [ -x "$b" ] || { echo "bench-dataplane: $b is missing" >&2; exit 1; }
@@ -107,6 +123,19 @@ if [ -n "$REPS_ARG" ]; then
     REPS=$REPS_ARG
 fi
 CONNS=16
+# 16 KiB always (issue 25); with --small-only the small blocks alone
+if [ "$SMALL_ONLY" = 1 ]; then
+    SIZES="16K 256K"
+else
+    s16=16K
+    for z in $SIZES; do [ "$z" = 16K ] || s16="$s16 $z"; done
+    SIZES=$s16
+fi
+# the connection counts of a size's GET and PUT steps: the small blocks at 16 and 64
+conns_of() { case $1 in 16K | 256K) echo "16 64" ;; *) echo 16 ;; esac; }
+# what the client needs for a store: lean_client checks only the length of the null server's
+# GET bodies (it answers kvrelay-bench's bytes, not lean_client's)
+client_args() { [ "$CLIENT" = lean ] && case $1 in null*) echo "--no-verify" ;; esac; return 0; }
 VNAMES=""
 for v in "${VARIANTS[@]}"; do
     n=${v%%=*}
@@ -210,8 +239,8 @@ start_store() { # system size
 bench() { # label sys size conns -- kvrelay-bench args...
     local label=$1 sys=$2 size=$3 conns=$4 rep=$5 out c0 c1 p0 p1 cmd
     shift 5
-    out=$WORK/run-$label-$sys-$size-$rep.json
-    cmd="$BENCH --protocol $PROTO --target 127.0.0.1:$PORT --size $size --connections $conns $* --json $out --quiet"
+    out=$WORK/run-$label-$sys-$size-$conns-$rep.json
+    cmd="$BENCH --protocol $PROTO --target 127.0.0.1:$PORT --size $size --connections $conns $* $(client_args "$sys") --json $out --quiet"
     read -r c0 p0 <<< "$(cpu_ticks "$SPID")"
     # shellcheck disable=SC2086
     if ! $cmd > "$WORK/last.txt" 2>&1; then
@@ -253,7 +282,8 @@ profile() { # op sys size -- kvrelay-bench args
             tpid=$!
             sleep 0.2
         fi
-        "$BENCH" --protocol $PROTO --target "127.0.0.1:$PORT" --size "$size" --connections $CONNS "$@" "${pfx[@]}" \
+        # shellcheck disable=SC2046
+        "$BENCH" --protocol $PROTO --target "127.0.0.1:$PORT" --size "$size" --connections $CONNS "$@" "${pfx[@]}" $(client_args "$sys") \
             --duration 2 --json "$base.$tool.json" --quiet >/dev/null 2>&1 || true
         [ $tool = strace ] && kill -INT $tpid 2>/dev/null
         wait $tpid 2>/dev/null || true
@@ -299,7 +329,7 @@ fi
 # up to 1.5x, and on the minute by less, so each median is over R instances spread over the run.
 for size in $SIZES; do
     b=$(bytes_of "$size")
-    keys=64; [ "$b" -ge $((32 << 20)) ] && keys=16
+    keys=64; [ "$b" -ge $((32 << 20)) ] && keys=16; [ "$b" -le $((16 << 10)) ] && keys=256
     fill=$(( (MEMB * 3 / 2 + b - 1) / b ))
     for rep in $(seq 1 $REPS); do
         for sys in $SYSTEMS; do
@@ -307,7 +337,9 @@ for size in $SIZES; do
             pre=$sys-$size-get
             if [ "$sys" != null-mem ]; then
                 bench warm "$sys" "$size" $CONNS "$rep" --workload get --preload --keys $keys --key-prefix "$pre" --duration $WARM
-                bench get "$sys" "$size" $CONNS "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
+                for c in $(conns_of "$size"); do
+                    bench get "$sys" "$size" "$c" "$rep" --workload get --keys $keys --key-prefix "$pre" --duration $DUR
+                done
                 if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
                     profile get "$sys" "$size" --workload get --keys $keys --key-prefix "$pre"
                 fi
@@ -315,23 +347,17 @@ for size in $SIZES; do
             [ "$sys" = redis ] && redis-cli -p "$PORT" config set maxmemory "$MEMB" >/dev/null
             bench fill "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-fill" \
                 --requests $fill --duration 120 --timeout 30
-            bench put "$sys" "$size" $CONNS "$rep" --workload put --keys 1000000 --key-prefix "$sys-$size-put-$rep" \
-                --duration $DUR --timeout 30
+            for c in $(conns_of "$size"); do
+                kp=$sys-$size-put-$rep; [ "$c" = $CONNS ] || kp=$kp-c$c
+                bench put "$sys" "$size" "$c" "$rep" --workload put --keys 1000000 --key-prefix "$kp" \
+                    --duration $DUR --timeout 30
+            done
             if [ "$PROFILE" = 1 ] && [ "$rep" = 1 ]; then
                 profile put "$sys" "$size" --workload put --keys 1000000 --timeout 30
             fi
             [ "$rep" = 1 ] && evictions "$sys" "$size" >> "$WORK/evictions.txt"
             stop_store
         done
-    done
-done
-for rep in $(seq 1 $REPS); do
-    for sys in null kvrelay$VNAMES memcached; do
-        start_store "$sys" 16K
-        pre=$sys-16K-get
-        bench warm "$sys" 16K 64 "$rep" --workload get --preload --keys 256 --key-prefix "$pre" --duration $WARM
-        bench get "$sys" 16K 64 "$rep" --workload get --keys 256 --key-prefix "$pre" --duration $DUR
-        stop_store
     done
 done
 ELAPSED=$(( $(date +%s) - T0 ))
@@ -341,6 +367,7 @@ mkdir -p "$OUT"
 STAMP=$(date -u +%Y-%m-%d-%H%M)
 VERS=$WORK/versions.txt
 {
+    echo "client: $CLIENT ($BENCH)"
     echo "kvrelay $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src 2>/dev/null || echo ' (src/ modified in the working tree)')"
     redis-server --version; memcached -V; [ "$CEILINGS" = 0 ] || iperf3 --version | head -1
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc); kernel $(uname -r); load average at the start: $LOAD0, at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -359,9 +386,9 @@ if [ "$PROFILE" = 1 ]; then
     echo "profiles=$RUN/profiles"
 fi
 $PY - "$RUN/run.json" "$WORK" "$ROOT" "$QUICK" "$MEM" "$REPS" "$DUR" "$ELAPSED" "$OUT/$STAMP-dataplane.md" \
-    "$INVOCATION" <<'EOF'
+    "$INVOCATION" "$CLIENT" <<'EOF'
 import json, sys
-keys = ("work", "root", "quick", "memory", "reps", "duration", "elapsed", "md", "invocation")
+keys = ("work", "root", "quick", "memory", "reps", "duration", "elapsed", "md", "invocation", "client")
 json.dump(dict(zip(keys, sys.argv[2:])), open(sys.argv[1], "w"), indent=1)
 EOF
 echo "data=$RUN"

@@ -136,3 +136,50 @@ def test_latest_committed_report_has_valid_svgs_and_the_readme_links_them():
     assert f"bench/results/{md.name}" in perf, "the README's table does not link the latest report"
     for fam in ("gbps", "p99", "cpu"):
         assert f"bench/results/{stem}-{fam}.svg" in perf, f"the README does not link the {fam} plot"
+
+
+def test_small_blocks_section_and_the_client(tmp_path):
+    """A run of the small blocks (issue 25) by lean_client: the title and the Run: line name the
+    client, and the section "Small blocks (issue 25)" has every target with its verdict; the saved
+    fixture (before --client) still says kvrelay-bench and has no such section."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in ("versions.txt", "stores.txt"):
+        shutil.copy(RUN / f, run / f)
+    # req/s per (store, op, size); kvrelay beats the peers at GET, not at PUT
+    rate = {"null": (60000, 60000, 12000), "kvrelay": (70000, 30000, 11000),
+            "memcached": (50000, 50000, 14000), "redis": (52000, 40000, 13000)}
+    rows = []
+    for s, (get16, put16, put256) in rate.items():
+        for conns in (16, 64):
+            for op, size, rps in (("get", "16K", get16), ("put", "16K", put16), ("put", "256K", put256),
+                                  ("get", "256K", put256)):
+                b = 16384 if size == "16K" else 262144
+                rows.append({"system": s, "op": op, "size": size, "conns": conns, "rep": 1, "bytes": rps * b,
+                             "errors": 0, "server_cpu_s": (0.5 if s == "kvrelay" and op == "get" else 1.0) * rps * b / 1e9,
+                             "throughput": {"requests_per_s": rps, "gb_per_s": rps * b / 1e9},
+                             "latency_ms": {"p50": 0.5, "p99": 2.0 if s == "kvrelay" else 3.0},
+                             "cpu": {"total_s": 0.5}})
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    saved = json.loads((RUN / "run.json").read_text())
+    saved.update(client="lean", invocation="scripts/bench-dataplane.sh --quick --small-only --client lean")
+    (run / "run.json").write_text(json.dumps(saved))
+    md = tmp_path / f"{STEM}.md"
+    p = subprocess.run([PY, str(REPORT), "--from", str(run), "--md", str(md)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 or shutil.which("gnuplot") is None, p.stderr
+    text = md.read_text()
+    assert text.splitlines()[0].endswith("side by side by lean_client"), text.splitlines()[0]
+    assert "(client: `lean_client`)" in text and "client=lean_client" in p.stdout
+    small = text.split("## Small blocks (issue 25)")[1].split("\n## ")[0]
+    verdicts = re.findall(r"\| (met|MISSED|not measured) \|", small)
+    assert len(verdicts) == 14 and "not measured" not in verdicts, small
+    assert "| 16K GET: kvrelay / best of memcached, Redis | 64 | 70,000 req/s | redis 52,000 req/s | 1.35 |" in small
+    assert "| 16K PUT-new: kvrelay / best of memcached, Redis | 16 | 30,000 req/s | memcached 50,000 req/s | 0.60 |" in small
+    assert "small_target_put256K_vs_null_c64=met" in p.stdout  # 11000 / 12000 >= 0.85
+    assert "small_target_cpu_put16K_vs_memcached_c16=met" in p.stdout  # equal CPU per GB
+    assert "small_target_cpu_get16K_vs_memcached_c64=met" in p.stdout
+    assert "small_target_p99_get16K_vs_memcached_c64=met" in p.stdout
+    assert "10 met, 4 missed." in small, small
+    old, q = render(tmp_path)
+    assert "side by side by kvrelay-bench" in old.read_text() and "Small blocks" not in old.read_text(), q.stderr
