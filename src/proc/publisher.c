@@ -200,16 +200,18 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon, uint32_
 
 static void new_generation(pub_t *p, const char *why);
 
-/* Events a coalesced delta holds at most, unless --publication-threshold says more: each event
+/* While deltas coalesce (p->coalesce > 1) the boundary is the stretched delay alone, so that
+ * the frame rate is at most one per stretched delay whatever the PUT rate; a delta still goes
+ * out once this many events are pending (unless --publication-threshold says more): each event
  * dirties a bucket or two (a few hundred on a rare kick chain), so its images stay far below
- * the 349,525 a delta may carry (docs/relay-contract.md §4.1). */
-#define COALESCE_EVENTS_MAX 65536ull
+ * the 349,525 a delta may carry (docs/relay-contract.md §4.1) and 16 such frames below 16 MiB. */
+#define COALESCE_EVENTS_MAX 32768ull
 
 uint64_t pub_threshold(const pub_t *p)
 {
-    uint64_t t = p->cfg->publication_threshold, cap = t > COALESCE_EVENTS_MAX ? t : COALESCE_EVENTS_MAX;
+    uint64_t t = p->cfg->publication_threshold;
 
-    return p->coalesce <= 1 ? t : (t * p->coalesce < cap ? t * p->coalesce : cap);
+    return p->coalesce <= 1 || t >= COALESCE_EVENTS_MAX ? t : COALESCE_EVENTS_MAX;
 }
 
 uint64_t pub_delay(const pub_t *p)

@@ -54,8 +54,8 @@ typedef struct {
     uint64_t unwoken_ns;  /* appends may have come unannounced since (timed sleeps), or 0 */
     int busy;             /* the last turn consumed events: look again within a delay */
     /* coalescing (docs/relay-contract.md §5.3): while subscribers fall behind, a delta waits
-     * `coalesce` times --publication-delay and holds that many times --publication-threshold
-     * events (1 <= coalesce <= --publication-coalesce-max); publisher_subs.c moves it */
+     * `coalesce` times --publication-delay, however many events come (1 <= coalesce <=
+     * --publication-coalesce-max; 1: the configured boundary); publisher_subs.c moves it */
     uint32_t coalesce;
     uint64_t coalesce_ns; /* when it last moved */
     uint64_t scanned_ns;  /* the subscriber slots' last scan */
@@ -125,7 +125,8 @@ void pub_check_lag(pub_t *p);
 void pub_sample_lag(pub_t *p);
 void pub_wake_live_workers(pub_t *p);
 /* publisher.c: the publication boundary in force: --publication-threshold events or
- * --publication-delay, each stretched by p->coalesce */
+ * --publication-delay; while p->coalesce > 1, that many delays (the events' count only
+ * bounds a delta's size) */
 uint64_t pub_threshold(const pub_t *p);
 uint64_t pub_delay(const pub_t *p);
 
