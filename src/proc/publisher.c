@@ -17,7 +17,8 @@
  *     at N (one of four snapshot copies, shared by subscribers admitted at the same N; when
  *     all are in use, new subscribers wait, like the reference's encoding permits);
  *  4. cuts subscribers whose unread frames exceed 16 frames or 16 MiB (SUBSCRIBER_LAGGED)
- *     and wakes the workers that stream to live subscribers.
+ *     and wakes the workers that stream to live subscribers; while the slowest one left falls
+ *     behind, stretches the boundary of step 2 (coalescing, publisher_subs.c).
  *
  * A new publisher (start, or replacement after a crash) always begins a new generation:
  * layout_generation + 1, every pool's filter rebuilt from a scan of the index, sequences 0, catalog
