@@ -177,6 +177,30 @@ static int put_recv(int fd)
     return atoi(buf + 9);
 }
 
+/* A counter or gauge of the server's /metrics (-1 when it cannot be read). */
+static double server_metric(const server_t *srv, const char *name)
+{
+    static char buf[1 << 20];
+    size_t got = 0, nlen = strlen(name);
+    int fd = http_connect(srv->http);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    double v = -1;
+    ssize_t n;
+
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    while (got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fd);
+    buf[got] = '\0';
+    for (char *l = strtok(buf, "\n"); l != NULL; l = strtok(NULL, "\n"))
+        if (!strncmp(l, name, nlen) && l[nlen] == ' ')
+            v = strtod(l + nlen + 1, NULL);
+    return v;
+}
+
 /* ------------------------------------------------------------------ subscribers */
 
 #define MAXPEND 65536
@@ -378,6 +402,8 @@ static void bench_latency(void)
     printf("publish_latency_p50_ms %.3f ms\n", 1000 * s->lat[s->nlat / 2]);
     printf("publish_latency_p99_ms %.3f ms\n", 1000 * s->lat[s->nlat * 99 / 100]);
     printf("publish_latency_max_ms %.3f ms\n", 1000 * s->lat[s->nlat - 1]);
+    /* deltas the publisher coalesced because this subscriber fell behind (-1: an older server) */
+    printf("publish_coalesced_deltas %.0f deltas\n", server_metric(&srv, "kvrelay_relay_coalesced_deltas_total"));
     close(fd);
     sub_close(s);
     free(s);
@@ -578,18 +604,22 @@ static void bench_put_rate_16k(void)
 {
     server_t srv;
     char *extra[] = {"--memory", "256M", NULL};
-    double r0, r64;
+    double r0, r64, d0, d1;
     int stop_w, report_r, cut;
     pid_t kids;
 
     server_start(&srv, extra);
     r0 = put_rate_size(&srv, NULL, 0, 8, 3.0, 16384);
     kids = subscribers_start(&srv, 64, &stop_w, &report_r);
+    d0 = server_metric(&srv, "kvrelay_relay_deltas_published_total");
     r64 = put_rate_size(&srv, NULL, 0, 8, 3.0, 16384);
+    d1 = server_metric(&srv, "kvrelay_relay_deltas_published_total");
     cut = subscribers_stop(kids, stop_w, report_r);
     printf("put_rate_16k_0_subscribers %.0f PUT/s\n", r0);
     printf("put_rate_16k_64_subscribers %.0f PUT/s\n", r64);
     printf("put_rate_16k_64_subscribers_cut %d streams\n", cut);
+    /* the frames each subscriber had to read: deltas published during that run */
+    printf("put_rate_16k_64_subscribers_deltas %.0f deltas/s\n", (d1 - d0) / 3.0);
     server_stop(&srv);
 }
 
