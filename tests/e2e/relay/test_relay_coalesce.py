@@ -85,19 +85,21 @@ def test_reading_subscribers_survive_top_put_rate_and_a_stopped_one_is_cut(relay
             load.kill()
         out = load.communicate(timeout=10)[0].decode(errors="replace")
     assert load.returncode == 0, f"kvrelay-bench failed:\n{out}"
-    rate = re.search(r"([\d,.]+) req/s", out)
+    rate = re.search(r"^put\s+\d+\s+\d+\s+\d+\s+([\d.]+)", out, re.M)  # its req/s
     d = r.debug_relay()
     published = d["published_seq"] - seq0
 
     # every reader is still there, and no frame of theirs was out of order
     ended = [x for x in light if x.end is not None] + [rd for _, rd in full if rd.end is not None]
     assert not ended, (f"{len(ended)} of {READERS} reading subscribers ended under the load "
-                       f"({rate.group(0) if rate else out}): "
+                       f"({rate.group(1) + ' PUT/s' if rate else out}): "
                        + "; ".join(f"{x.name}: {describe_end(x.end)}" for x in ended[:5]))
     assert d["live_pool_subscribers"] == READERS, d
     assert metric(r, "kvrelay_relay_coalesced_deltas_total") > 0, "the publisher never coalesced"
 
     # the one that stopped reading was cut, within the bound (its window's few frames first)
+    print(f"{published} publications during the load ({rate.group(1) if rate else '?'} PUT/s); "
+          f"the stopped subscriber was cut {cut_after} s into it")
     assert cut_after is not None, f"the stopped subscriber was not cut after {published} publications"
     assert cut_after <= CUT_BOUND_S + 2.0 * SLOW, (
         f"the stopped subscriber was cut {cut_after:.2f} s into the load: over the documented "
