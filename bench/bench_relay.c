@@ -10,6 +10,9 @@
  *   put_rate_0_subscribers            closed-loop PUT/s with no subscriber...
  *   put_rate_64_subscribers           ...and with 64 live subscribers
  *   put_rate_64_subscribers_ratio     the second over the first
+ *   put_rate_64_subscribers_cut       of the 64, how many were cut for lag
+ *   put_rate_paced_*                  the same paced at 10,000 PUT/s
+ *   put_rate_16k_*                    closed loop with 16 KiB blocks into a full store
  *   snapshot_16m_buckets_gbps         a 16M-bucket filter (128 MiB) delivered to one subscriber
  */
 #include "io/grpc_client.h"
@@ -172,6 +175,30 @@ static int put_recv(int fd)
         got += (size_t)n;
     }
     return atoi(buf + 9);
+}
+
+/* A counter or gauge of the server's /metrics (-1 when it cannot be read). */
+static double server_metric(const server_t *srv, const char *name)
+{
+    static char buf[1 << 20];
+    size_t got = 0, nlen = strlen(name);
+    int fd = http_connect(srv->http);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    double v = -1;
+    ssize_t n;
+
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    while (got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fd);
+    buf[got] = '\0';
+    for (char *l = strtok(buf, "\n"); l != NULL; l = strtok(NULL, "\n"))
+        if (!strncmp(l, name, nlen) && l[nlen] == ' ')
+            v = strtod(l + nlen + 1, NULL);
+    return v;
 }
 
 /* ------------------------------------------------------------------ subscribers */
@@ -375,6 +402,8 @@ static void bench_latency(void)
     printf("publish_latency_p50_ms %.3f ms\n", 1000 * s->lat[s->nlat / 2]);
     printf("publish_latency_p99_ms %.3f ms\n", 1000 * s->lat[s->nlat * 99 / 100]);
     printf("publish_latency_max_ms %.3f ms\n", 1000 * s->lat[s->nlat - 1]);
+    /* deltas the publisher coalesced because this subscriber fell behind (-1: an older server) */
+    printf("publish_coalesced_deltas %.0f deltas\n", server_metric(&srv, "kvrelay_relay_coalesced_deltas_total"));
     close(fd);
     sub_close(s);
     free(s);
@@ -383,21 +412,21 @@ static void bench_latency(void)
 
 /* Closed-loop PUT rate over `conns` connections (one request in flight each) for `secs`,
  * with the subscribers drained as they receive; epoll, so that 64 idle sockets cost nothing. */
-static double put_rate(server_t *srv, sub_t *subs, int nsubs, int conns, double secs)
+static double put_rate_size(server_t *srv, sub_t *subs, int nsubs, int conns, double secs, size_t size)
 {
     int fds[16], ep = epoll_create1(EPOLL_CLOEXEC);
-    char body[1024];
+    char *body = malloc(size);
     uint64_t done = 0, key = (uint64_t)rand() << 32;
     double t0;
     struct epoll_event ev, evs[128];
 
-    memset(body, 'w', sizeof(body));
+    memset(body, 'w', size);
     for (int i = 0; i < conns; i++) {
         fds[i] = http_connect(srv->http);
         ev.events = EPOLLIN;
         ev.data.u64 = (uint64_t)i;
         epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
-        put_send(fds[i], key, key * 0x9E3779B97F4A7C15ull, body, sizeof(body));
+        put_send(fds[i], key, key * 0x9E3779B97F4A7C15ull, body, size);
         key++;
     }
     for (int i = 0; i < nsubs; i++) {
@@ -416,7 +445,7 @@ static double put_rate(server_t *srv, sub_t *subs, int nsubs, int conns, double 
                     exit(1);
                 }
                 done++;
-                put_send(fds[id], key, key * 0x9E3779B97F4A7C15ull, body, sizeof(body));
+                put_send(fds[id], key, key * 0x9E3779B97F4A7C15ull, body, size);
                 key++;
             } else {
                 kvr_gclient_step(subs[id - 1000].c);
@@ -428,7 +457,13 @@ static double put_rate(server_t *srv, sub_t *subs, int nsubs, int conns, double 
         close(fds[i]);
     }
     close(ep);
+    free(body);
     return (double)done / (now_s() - t0);
+}
+
+static double put_rate(server_t *srv, sub_t *subs, int nsubs, int conns, double secs)
+{
+    return put_rate_size(srv, subs, nsubs, conns, secs, 1024);
 }
 
 /*
@@ -560,6 +595,34 @@ static void bench_put_rate(void)
     server_stop(&srv);
 }
 
+/*
+ * The same closed loop with 16 KiB blocks (issue 25's acceptance) into a store that is full
+ * within the first second, so that every PUT of a new key also evicts one: two change-log
+ * events per PUT.
+ */
+static void bench_put_rate_16k(void)
+{
+    server_t srv;
+    char *extra[] = {"--memory", "256M", NULL};
+    double r0, r64, d0, d1;
+    int stop_w, report_r, cut;
+    pid_t kids;
+
+    server_start(&srv, extra);
+    r0 = put_rate_size(&srv, NULL, 0, 8, 3.0, 16384);
+    kids = subscribers_start(&srv, 64, &stop_w, &report_r);
+    d0 = server_metric(&srv, "kvrelay_relay_deltas_published_total");
+    r64 = put_rate_size(&srv, NULL, 0, 8, 3.0, 16384);
+    d1 = server_metric(&srv, "kvrelay_relay_deltas_published_total");
+    cut = subscribers_stop(kids, stop_w, report_r);
+    printf("put_rate_16k_0_subscribers %.0f PUT/s\n", r0);
+    printf("put_rate_16k_64_subscribers %.0f PUT/s\n", r64);
+    printf("put_rate_16k_64_subscribers_cut %d streams\n", cut);
+    /* the frames each subscriber had to read: deltas published during that run */
+    printf("put_rate_16k_64_subscribers_deltas %.0f deltas/s\n", (d1 - d0) / 3.0);
+    server_stop(&srv);
+}
+
 /* Time to deliver a whole snapshot to one new subscriber (catalog, subscribe, every chunk). */
 static double snapshot_once(server_t *srv, uint64_t *bytes, int light)
 {
@@ -622,6 +685,7 @@ int main(int argc, char **argv)
     if (getenv("KVR_BENCH_ONLY_SNAPSHOT") == NULL) {
         bench_latency();
         bench_put_rate();
+        bench_put_rate_16k();
     }
     bench_snapshot();
     return 0;

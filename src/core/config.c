@@ -80,6 +80,7 @@ static const opt_t opts[] = {
     {"max-pools-per-namespace", T_UINT, "4", 1, 256, N(max_pools_per_ns), "relay pools one namespace may make (its models); a PUT that would make one more gets 507"},
     {"publication-threshold", T_UINT, "16", 1, 1u << 20, N(publication_threshold), "events per published delta"},
     {"publication-delay", T_DURATION, "1ms", 0, 60000, N(publication_delay_us), "flush a partial delta after"},
+    {"publication-coalesce-max", T_UINT, "64", 1, 1024, N(publication_coalesce_max), "while pool subscribers fall behind, a delta may wait up to this many times --publication-delay, however many events come (1: never; docs/relay-contract.md, 5.3)"},
     {"kv-events-bind", T_STR, "", 0, 0, S(kv_events_bind), "ZMQ PUB endpoint of the KV events in vLLM's format, e.g. tcp://127.0.0.1:5557 (port *: a free one); off when empty (docs/kv-events.md)"},
     {"kv-events-replay-bind", T_STR, "", 0, 0, S(kv_events_replay_bind), "ZMQ ROUTER endpoint answering replay requests of the KV events; none when empty"},
     {"kv-events-format", T_STR, "vllm", 0, 0, S(kv_events_format), "vllm | vllm-map | rfc1527: the events as vLLM's arrays, as vLLM's maps (after vLLM PR #42892), or with Mooncake RFC #1527's fields"},

@@ -73,6 +73,7 @@ typedef struct {
     uint64_t max_pools_per_ns;
     uint64_t publication_threshold;
     uint64_t publication_delay_us;
+    uint64_t publication_coalesce_max; /* 1: deltas never coalesce (docs/relay-contract.md §5.3) */
     /* KV events (docs/kv-events.md) */
     char kv_events_bind[KVR_CFG_STR_MAX];
     char kv_events_replay_bind[KVR_CFG_STR_MAX];

@@ -158,6 +158,9 @@ static void render_relay(out_t *o, kvr_seg_t *seg, kvr_store_t *st, const kvr_se
     scalar(o, "kvrelay_relay_subscriber_lag_frames", "gauge",
            "Frames the slowest live pool subscriber is behind the published sequence (the publisher samples it at each publication and scan).",
            sum(st, KVR_ST_RELAY_SUB_LAG));
+    scalar(o, "kvrelay_relay_publication_coalesce", "gauge",
+           "How many times --publication-delay a delta waits, the threshold lifted, because subscribers fell behind (1: the configured boundary).",
+           sum(st, KVR_ST_RELAY_COALESCE));
     scalar(o, "kvrelay_relay_generation", "gauge", "layout_generation being published.", gen);
     scalar(o, "kvrelay_relay_published_sequence", "gauge", "Last published delta sequence, summed over the pools.",
            rs.published_seq);

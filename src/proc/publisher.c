@@ -17,7 +17,8 @@
  *     at N (one of four snapshot copies, shared by subscribers admitted at the same N; when
  *     all are in use, new subscribers wait, like the reference's encoding permits);
  *  4. cuts subscribers whose unread frames exceed 16 frames or 16 MiB (SUBSCRIBER_LAGGED)
- *     and wakes the workers that stream to live subscribers.
+ *     and wakes the workers that stream to live subscribers; while the slowest one left falls
+ *     behind, stretches the boundary of step 2 (coalescing, publisher_subs.c).
  *
  * A new publisher (start, or replacement after a crash) always begins a new generation:
  * layout_generation + 1, every pool's filter rebuilt from a scan of the index, sequences 0, catalog
@@ -200,6 +201,25 @@ static void scan_cb(void *ctx, uint32_t e, uint32_t gen, uint64_t canon, uint32_
 
 static void new_generation(pub_t *p, const char *why);
 
+/* While deltas coalesce (p->coalesce > 1) the boundary is the stretched delay alone, so that
+ * the frame rate is at most one per stretched delay whatever the PUT rate; a delta still goes
+ * out once this many events are pending (unless --publication-threshold says more): each event
+ * dirties a bucket or two (a few hundred on a rare kick chain), so its images stay far below
+ * the 349,525 a delta may carry (docs/relay-contract.md §4.1) and 16 such frames below 16 MiB. */
+#define COALESCE_EVENTS_MAX 32768ull
+
+uint64_t pub_threshold(const pub_t *p)
+{
+    uint64_t t = p->cfg->publication_threshold;
+
+    return p->coalesce <= 1 || t >= COALESCE_EVENTS_MAX ? t : COALESCE_EVENTS_MAX;
+}
+
+uint64_t pub_delay(const pub_t *p)
+{
+    return p->delay_ns * (p->coalesce ? p->coalesce : 1);
+}
+
 /* Grows the image and message buffers for a delta of up to `dirty` images. */
 static int reserve_buffers(pub_t *p, size_t dirty)
 {
@@ -313,6 +333,8 @@ static int publish_pool(pub_t *p, uint32_t pool, int *sent)
     put_frame(p, pool, seq, len, plen);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTAS, 1);
     kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_DELTA_BYTES, len);
+    if (p->coalesce > 1)
+        kvr_stat_add(p->store.my_stats, KVR_ST_RELAY + KVR_RC_COALESCED, 1);
     *sent = 1;
     return KVR_OK;
 }
@@ -478,6 +500,8 @@ static void new_generation(pub_t *p, const char *why)
     mirror_blocks(p);
     p->pending = 0;
     p->retry_at_ns = 0;
+    p->coalesce = 1; /* every subscriber was closed above */
+    kvr_stat_set(p->store.my_stats, KVR_ST_RELAY_COALESCE, 1);
     /* The catalog rule (docs/concurrency.md, the relay status row): generation first, the revision
      * after, so a worker that loads the revision and then the generation (emit_catalog) never
      * sends a catalog older than its revision. seq_cst stores and RMW, as ever. */
@@ -541,7 +565,7 @@ static void wait_for_work(pub_t *p)
 
     KVR_DASSERT(pub_is_me(p)); /* the change log's only consumer */
     if (p->pending > 0)
-        due = p->first_pending_ns + p->delay_ns;
+        due = p->first_pending_ns + pub_delay(p);
     if (queued > 0 && p->log_seen_ns + p->linger_ns < due)
         due = p->log_seen_ns + p->linger_ns;
     if (queued >= p->cfg->publication_threshold)
@@ -603,7 +627,7 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
                 apply_insert(p, ev[i].entry, kvr_chlog_gen(&ev[i]), ev[i].canon, ev[i].pool);
             else
                 apply_remove(p, ev[i].entry, kvr_chlog_gen(&ev[i]));
-            if (++p->pending >= p->cfg->publication_threshold)
+            if (++p->pending >= pub_threshold(p))
                 publish(p);
         }
     }
@@ -645,7 +669,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
         new_generation(p, "owner counting out of memory");
     }
-    if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + p->delay_ns)
+    if (p->pending > 0 && kvr_clock_ns() >= p->first_pending_ns + pub_delay(p))
         publish(p);
     pub_kvev_flush_due(p, kvr_clock_ns());
     scan_slots(p);
@@ -675,6 +699,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     p->wake_fd = fds->publisher;
     p->delay_ns = cfg->publication_delay_us * 1000;
     p->linger_ns = p->delay_ns < LINGER_NS ? p->delay_ns : LINGER_NS;
+    p->coalesce = 1;
     p->scan_due = 1;
     if (ev == NULL || kvr_seg_proc_claim_at(seg, slot, KVR_ROLE_PUBLISHER) < 0 ||
         kvr_store_open(&p->store, seg) != KVR_OK)

@@ -53,6 +53,11 @@ typedef struct {
     uint64_t log_seen_ns; /* when the log was first seen non-empty since the last consume, or 0 */
     uint64_t unwoken_ns;  /* appends may have come unannounced since (timed sleeps), or 0 */
     int busy;             /* the last turn consumed events: look again within a delay */
+    /* coalescing (docs/relay-contract.md §5.3): while subscribers fall behind, a delta waits
+     * `coalesce` times --publication-delay, however many events come (1 <= coalesce <=
+     * --publication-coalesce-max; 1: the configured boundary); publisher_subs.c moves it */
+    uint32_t coalesce;
+    uint64_t coalesce_ns; /* when it last moved */
     uint64_t scanned_ns;  /* the subscriber slots' last scan */
     int scan_due;         /* a wake-up came since: perhaps a subscriber's request */
     int wake_fd;
@@ -114,9 +119,15 @@ void pub_close_sub(pub_t *p, int i, int reason);
 void pub_reclaim_subscribers(pub_t *p);
 void pub_rebuild_refs(pub_t *p);
 /* After a publication: closes the subscribers past the queue limits (docs/relay-contract.md)
- * and records the largest lag of the others. pub_sample_lag only records it (the idle scan). */
+ * and records the largest lag of the others, from which it moves p->coalesce (up or down).
+ * pub_sample_lag only records it and lets p->coalesce come down (the slot scan). */
 void pub_check_lag(pub_t *p);
 void pub_sample_lag(pub_t *p);
 void pub_wake_live_workers(pub_t *p);
+/* publisher.c: the publication boundary in force: --publication-threshold events or
+ * --publication-delay; while p->coalesce > 1, that many delays (the events' count only
+ * bounds a delta's size) */
+uint64_t pub_threshold(const pub_t *p);
+uint64_t pub_delay(const pub_t *p);
 
 #endif

@@ -5,6 +5,7 @@
  */
 #include "proc/publisher_int.h"
 
+#include "base/clock.h"
 #include "base/dassert.h"
 #include "base/log.h"
 #include "wire/relay_validate.h"
@@ -161,12 +162,47 @@ static uint64_t queued_bytes(pub_t *p, uint32_t pool, uint64_t cursor)
     return top - b->queue_cum;
 }
 
-/* Measures every live subscriber's lag; with `cut`, closes those past the queue limits. The
- * largest lag left is a level in our stats block (kvrelay_relay_subscriber_lag_frames). */
+/*
+ * Coalescing (docs/relay-contract.md §5.3). A frame costs every subscriber about the same to
+ * read whatever it carries, so when the slowest one falls behind, fewer frames carrying more
+ * changes each are what lets it catch up: a publication that finds it more than
+ * COALESCE_UP_FRAMES behind doubles the stretch of the boundary (up to
+ * --publication-coalesce-max); a publication or scan that finds every subscriber at most one
+ * frame behind halves it again, at most once per boundary in force (so that it does not
+ * halve on the first frame read). With no live subscriber there is nobody to coalesce for.
+ *
+ * A subscriber that stopped reading keeps the stretch at its cap until its 16 frames are
+ * queued and it is cut: publication waits at most cap x --publication-delay, so the others
+ * see at most that latency for at most 17 publications.
+ */
+#define COALESCE_UP_FRAMES (KVR_RELAY_QUEUE_FRAMES / 4)
+
+static void coalesce(pub_t *p, uint64_t worst, int live, int published)
+{
+    uint64_t now = kvr_clock_ns();
+    uint32_t m = p->coalesce, max = (uint32_t)p->cfg->publication_coalesce_max;
+
+    if (!live)
+        m = 1;
+    else if (published && worst > COALESCE_UP_FRAMES && m < max)
+        m = m * 2 < max ? m * 2 : max;
+    else if (worst <= 1 && m > 1 && now >= p->coalesce_ns + pub_delay(p))
+        m /= 2;
+    if (m == p->coalesce)
+        return;
+    p->coalesce = m;
+    p->coalesce_ns = now;
+    kvr_stat_set(p->store.my_stats, KVR_ST_RELAY_COALESCE, m);
+}
+
+/* Measures every live subscriber's lag; with `cut` (after a publication), closes those past
+ * the queue limits. The largest lag left is a level in our stats block
+ * (kvrelay_relay_subscriber_lag_frames), and moves the coalescing. */
 static void lag_pass(pub_t *p, int cut)
 {
     kvr_relay_sh_t *sh = p->relay.sh;
     uint64_t worst = 0;
+    int live = 0;
 
     KVR_DASSERT(pub_owns_relay(p));
     for (int i = 0; i < KVR_RELAY_MAX_SUBS; i++) {
@@ -187,11 +223,13 @@ static void lag_pass(pub_t *p, int cut)
             pub_close_sub(p, i, KVR_RELAY_REASON_SUBSCRIBER_LAGGED);
             continue;
         }
+        live = 1;
         if (frames > worst)
             worst = frames;
     }
     /* Only we write our block; /metrics' relaxed loads may see it one pass late. */
     kvr_stat_set(p->store.my_stats, KVR_ST_RELAY_SUB_LAG, worst);
+    coalesce(p, worst, live, cut);
 }
 
 void pub_check_lag(pub_t *p)

@@ -69,7 +69,8 @@
     X(RELAY_SUB_LAG, 1, NULL, NULL)      /* publisher: frames the slowest live subscriber is behind */ \
     X(KVEV_BUF_BATCHES, 1, NULL, NULL)   /* publisher: event batches kept for replay */ \
     X(KVEV_BUF_BYTES, 1, NULL, NULL)     /* publisher: their bytes */ \
-    X(LEVEL_SPARE, 2, NULL, NULL)
+    X(RELAY_COALESCE, 1, NULL, NULL)     /* publisher: its publication boundary's stretch (1: none) */ \
+    X(LEVEL_SPARE, 1, NULL, NULL)
 
 /*
  * The relay's counters, KVR_ST_RELAY + KVR_RC_<id>: X(id, metric, labels, help), who counts in
@@ -87,7 +88,9 @@
       "Admission rejections.")                                                                  /* workers */ \
     X(LOAD_WINDOWS, "kv_dc_relay_load_updates_total", "", "Load windows emitted.")              /* workers */ \
     X(STREAMS_OPENED, NULL, "", NULL)                                                           /* workers: streams admitted */ \
-    X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */
+    X(GENERATIONS, "kvrelay_relay_generations_total", "", "Generations started by publishers.") /* publisher */ \
+    X(COALESCED, "kvrelay_relay_coalesced_deltas_total", "", \
+      "Deltas published past --publication-threshold or --publication-delay because subscribers fell behind.") /* publisher */
 
 /*
  * The KV events' counters, KVR_ST_KVEV + KVR_KC_<id>, all the publisher's: X(id, metric, labels,

@@ -604,3 +604,61 @@ Test(relay, a_replacement_publisher_takes_on_a_pool_made_while_it_was_down, .tim
     kvr_mirror_destroy(&m);
     rx_close(&x);
 }
+
+/* docs/relay-contract.md §5.3: a subscriber more than 4 frames behind stretches the publication
+ * boundary (up to --publication-coalesce-max, 64, delays); one that never reads is still cut at
+ * the 17th publication after its admission, within 17 stretched delays; the reader keeps every
+ * delta in order, and once nobody lags the stretch comes back to 1. */
+Test(relay, deltas_coalesce_while_a_subscriber_lags_and_it_is_still_cut, .timeout = 60)
+{
+    rx_t x;
+    kvr_mirror_t m;
+    int sub, lazy, round;
+    uint64_t gen, seq0, seq, m_max = 0, coalesced;
+    double t0;
+
+    rx_open(&x);
+    gen = atomic_load(&x.relay.sh->generation);
+    cr_assert_eq(kvr_mirror_init(&m, x.relay.sh->seed, x.relay.sh->bucket_count, x.relay.sh->dc_id), KVR_OK);
+    sub = kvr_relay_sub_open(&x.relay, 0, gen, 0);
+    cr_assert_eq(wait_admitted(&x, sub), KVR_SUB_LIVE);
+    read_snapshot(&x, sub, &m, gen);
+    lazy = kvr_relay_sub_open(&x.relay, 0, gen, 0);
+    cr_assert_eq(wait_admitted(&x, lazy), KVR_SUB_LIVE);
+    cr_assert_eq(kvr_store_counter(&x.st, KVR_ST_RELAY_COALESCE), 1, "nobody behind yet");
+    seq0 = atomic_load(&x.relay.sh->sub[lazy].snap_seq);
+    t0 = now_s();
+    /* rounds of 16 new hashes (a threshold's worth), each waited for until published */
+    for (round = 0; round < 40 && atomic_load(&x.relay.sh->sub[lazy].state) == KVR_SUB_LIVE; round++) {
+        seq = atomic_load(&x.relay.sh->pool[0].published_seq);
+        put_n(&x, round * 16, round * 16 + 16, 0x77);
+        cr_assert(WAIT_UNTIL(atomic_load(&x.relay.sh->pool[0].published_seq) > seq, 10000), "round %d published nothing",
+                  round);
+        cr_assert_eq(drain_frames(&x, sub, &m), 0);
+        if (kvr_store_counter(&x.st, KVR_ST_RELAY_COALESCE) > m_max)
+            m_max = kvr_store_counter(&x.st, KVR_ST_RELAY_COALESCE);
+    }
+    seq = atomic_load(&x.relay.sh->pool[0].published_seq);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[lazy].state), KVR_SUB_CLOSED, "never cut after %d rounds", round);
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[lazy].close_reason), 7 /* SUBSCRIBER_LAGGED */);
+    cr_assert_geq(seq - seq0, 17, "cut after %llu publications: the bound is 16 unread frames",
+                  (unsigned long long)(seq - seq0));
+    cr_assert_leq(seq - seq0, 20, "cut only after %llu publications", (unsigned long long)(seq - seq0));
+    cr_assert_lt(now_s() - t0, 17 * 0.064 + 3.0, "17 publications at most 64 ms apart took %.2f s", now_s() - t0);
+    cr_assert_eq(m_max, 64, "the stretch reached %llu, not --publication-coalesce-max", (unsigned long long)m_max);
+    coalesced = kvr_store_counter(&x.st, KVR_ST_RELAY + KVR_RC_COALESCED);
+    cr_assert_gt(coalesced, 0);
+    /* the reader kept up, so with the laggard gone the boundary comes back (slot scans) */
+    cr_assert(WAIT_UNTIL(kvr_store_counter(&x.st, KVR_ST_RELAY_COALESCE) == 1, 10000), "the stretch stays at %llu",
+              (unsigned long long)kvr_store_counter(&x.st, KVR_ST_RELAY_COALESCE));
+    cr_assert_eq(atomic_load(&x.relay.sh->sub[sub].state), KVR_SUB_LIVE);
+    put_n(&x, 1000, 1016, 0x77);
+    quiesce(&x);
+    cr_assert_eq(drain_frames(&x, sub, &m), 0);
+    assert_replica_exact(&x, &m);
+    cr_assert_eq(kvr_store_counter(&x.st, KVR_ST_RELAY + KVR_RC_COALESCED), coalesced, "nobody behind: no coalescing");
+    kvr_relay_sub_close(&x.relay, lazy);
+    kvr_relay_sub_close(&x.relay, sub);
+    kvr_mirror_destroy(&m);
+    rx_close(&x);
+}

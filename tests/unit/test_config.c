@@ -307,3 +307,16 @@ Test(config, kv_events_flags_and_their_limits)
     cr_assert_eq(load(&cfg, "--kv-events-interval=0"), KVR_OK, "0: every publisher turn");
     cr_assert_eq(load(&cfg, "--kv-events-interval=2s"), KVR_EINVAL, "at most a second");
 }
+
+Test(config, publication_coalesce_max_default_and_limits)
+{
+    static kvr_config_t cfg;
+
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_eq(cfg.publication_coalesce_max, 64, "docs/relay-contract.md §5.3: up to 64 delays");
+    cr_assert_eq(load(&cfg, "--publication-coalesce-max=1"), KVR_OK, "1: never coalesce");
+    cr_assert_eq(cfg.publication_coalesce_max, 1);
+    cr_assert_eq(load(&cfg, "--publication-coalesce-max=1024"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--publication-coalesce-max=0"), KVR_EINVAL, "a boundary cannot shrink to nothing");
+    cr_assert_eq(load(&cfg, "--publication-coalesce-max=1025"), KVR_EINVAL);
+}
