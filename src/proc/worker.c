@@ -10,6 +10,7 @@
 #include "io/grpc.h"
 #include "io/h1.h"
 #include "io/http.h"
+#include "proc/prefault.h"
 
 #include <malloc.h>
 #include <signal.h>
@@ -82,6 +83,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
      * (take_readiness); /readyz loads the count relaxed */
     kvr_atomic_fetch_add_seq_cst(&seg->hdr->ctl.workers_running, 1);
     kvr_info("serving HTTP%s", grpc != NULL ? " and gRPC" : "");
+    (void)kvr_prefault_start(&store.arena, cfg->arena_prefault); /* logged if it cannot */
 
     for (;;) {
         uint64_t t;
