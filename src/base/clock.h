@@ -34,8 +34,8 @@ static inline uint64_t kvr_clock_ms(void)
  * (a few ns instead of 30-50 in a VM). It is never ahead of kvr_clock_ms and at most a tick
  * (1-4 ms) behind. For activity stamps that deadlines are later measured from with
  * kvr_clock_ms: `now - stamp` never wraps, and a deadline fires at most a tick early. The
- * per-request stamps of the HTTP/1.1 path use it (docs/dataplane.md, "Page faults and the
- * store lock").
+ * per-request stamps of the HTTP/1.1 path use it (docs/dataplane.md, "Page faults, the
+ * store lock, the clock and the scheduler").
  */
 static inline uint64_t kvr_clock_coarse_ms(void)
 {
