@@ -63,11 +63,6 @@ int kvr_shlock_init(kvr_shlock_t *l)
 }
 
 /*
- * `holder` is written and read only by the mutex's holder (here, and by the next locker after
- * EOWNERDEAD), so the mutex orders every access to it: relaxed. A holder killed between the
- * mutex and its store leaves the previous value, -1 since the last unlock cleared it.
- */
-/*
  * The store lock is held for a few microseconds (an index probe, a reservation, an eviction),
  * and its other takers are the other workers, each on a core of its own when busy: a short
  * spin with trylock catches most releases, where blocking costs a futex wait and wake and two
@@ -97,6 +92,11 @@ static int lock_mutex(kvr_shlock_t *l)
     return pthread_mutex_lock(&l->mutex);
 }
 
+/*
+ * `holder` is written and read only by the mutex's holder (here, and by the next locker after
+ * EOWNERDEAD), so the mutex orders every access to it: relaxed. A holder killed between the
+ * mutex and its store leaves the previous value, -1 since the last unlock cleared it.
+ */
 int kvr_shlock_lock(kvr_shlock_t *l, int my_slot, int *dead_slot)
 {
     int rc;
