@@ -677,3 +677,17 @@ thr_t *setup_threads(void)
     }
     return ts;
 }
+
+void free_threads(thr_t *ts)
+{
+    for (int i = 0; i < O.threads; i++) {
+        thr_t *t = &ts[i];
+        for (int j = 0; j < t->nconn; j++)
+            if (t->conns[j].fd >= 0)
+                close(t->conns[j].fd);
+        close(t->ep);
+        free(t->conns);
+        free(t->rbuf);
+    }
+    free(ts);
+}

@@ -57,8 +57,10 @@ def test_puts_after_a_fill_do_not_fault(kvrelay):
         assert time.monotonic() < deadline, srv.log_tail()
         time.sleep(0.1)
     per_put = faults_per_put(srv, 1000)
-    # a 16 KiB PUT spans 4-5 pages of 4 KiB; what is left is the heap's and the stack's
-    assert per_put < 0.1, per_put
+    # a 16 KiB PUT spans 4-5 pages of 4 KiB, and without the thread it faults about once
+    # (1.1 here; the next test); what is left is the heap's and the stack's, and in a sanitizer
+    # build the shadow memory's too: 0.02 per PUT here, 0.14 under ASan
+    assert per_put < 0.25, per_put
 
 
 def test_without_prefault_puts_fault_into_pages_of_the_other_worker(kvrelay):
@@ -66,7 +68,7 @@ def test_without_prefault_puts_fault_into_pages_of_the_other_worker(kvrelay):
     fill(srv)
     assert "arena mapped" not in srv.log_text()
     per_put = faults_per_put(srv, 1000)
-    assert per_put > 0.3, per_put
+    assert per_put > 0.5, per_put
 
 
 def test_prefault_lead_is_bounded_by_the_high_water_mark(kvrelay):
