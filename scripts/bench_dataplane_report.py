@@ -719,7 +719,8 @@ def main():
     if any(fig("kvrelay", op, size) is not None for op in ("get", "put") for size in SIZES):
         w("## kvrelay's server CPU and its publisher's share\n")
         w("The publisher consumes the change log and publishes the filter's deltas (while events "
-          "come, one every --publication-delay, 1 ms by default, or every 16 events); GETs append no events, each new "
+          "come, it looks once every --publication-delay, 1 ms by default, and publishes a delta per 16 events); "
+          "GETs append no events, each new "
           "block's PUT appends two once the store is full (its insert and an eviction). Its CPU is "
           "part of the server CPU above.\n")
         w("| op | size | server CPU s/GB | publisher CPU s/GB | publisher share |")

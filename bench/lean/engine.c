@@ -206,18 +206,24 @@ static void ep_set(thr_t *t, conn_t *c, int op, uint32_t ev)
     epoll_ctl(t->ep, op, c->fd, &e);
 }
 
+/* A connect that failed (err): counted, the socket closed, retried in 100 ms. */
+static void connect_failed(thr_t *t, conn_t *c, int err)
+{
+    count_error(t, c, EK_CONNECT, "%s", strerror(err));
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->state = CS_DOWN;
+    c->retry_at = now_ns() + 100000000ull;
+    t->down++;
+}
+
 static void begin_connect(thr_t *t, conn_t *c)
 {
     c->fd = sock_open();
     c->t0 = now_ns();
     if (c->fd < 0 || (connect(c->fd, (struct sockaddr *)&O.addr, O.addrlen) != 0 && errno != EINPROGRESS)) {
-        count_error(t, c, EK_CONNECT, "%s", strerror(errno));
-        if (c->fd >= 0)
-            close(c->fd);
-        c->fd = -1;
-        c->state = CS_DOWN;
-        c->retry_at = now_ns() + 100000000ull;
-        t->down++;
+        connect_failed(t, c, errno);
         return;
     }
     c->state = CS_CONNECTING;
@@ -564,13 +570,8 @@ static void on_connected(thr_t *t, conn_t *c)
     socklen_t len = sizeof(err);
     getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err) {
-        count_error(t, c, EK_CONNECT, "%s", strerror(err));
         t->busy--;
-        close(c->fd);
-        c->fd = -1;
-        c->state = CS_DOWN;
-        c->retry_at = now_ns() + 100000000ull;
-        t->down++;
+        connect_failed(t, c, err);
         return;
     }
     t->busy--;
@@ -675,4 +676,18 @@ thr_t *setup_threads(void)
         }
     }
     return ts;
+}
+
+void free_threads(thr_t *ts)
+{
+    for (int i = 0; i < O.threads; i++) {
+        thr_t *t = &ts[i];
+        for (int j = 0; j < t->nconn; j++)
+            if (t->conns[j].fd >= 0)
+                close(t->conns[j].fd);
+        close(t->ep);
+        free(t->conns);
+        free(t->rbuf);
+    }
+    free(ts);
 }

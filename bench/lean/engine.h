@@ -105,6 +105,8 @@ double quantile_ns(const stats_t *s, double q);
 void stats_add(stats_t *to, const stats_t *from);
 uint64_t errs_of(const stats_t *s);
 thr_t *setup_threads(void);
+/* Closes every connection and frees what setup_threads made (a clean exit under LeakSanitizer). */
+void free_threads(thr_t *ts);
 void *thread_main(void *arg);
 
 #endif

@@ -359,5 +359,6 @@ int main(int argc, char **argv)
     print_summary(&m, &p, ts, el, pre_s);
     if (O.json)
         write_json(&m, &p, ts, el, pre_s, cpu_u, cpu_s, rc);
+    free_threads(ts);
     return rc;
 }

@@ -62,6 +62,7 @@ static const opt_t opts[] = {
     {"segment-path", T_STR, "", 0, 0, S(segment_path), "keep the segment in this file on tmpfs/hugetlbfs: re-attached at start (warm restart)"},
     {"segment-reset", T_BOOL, "false", 0, 1, N(segment_reset), "with --segment-path: discard the file's contents and start empty"},
     {"log-format", T_STR, "text", 0, 0, S(log_format), "text | json (one object per line)"},
+    {"arena-prefault", T_SIZE, "64M", 0, 1ull << 42, N(arena_prefault), "each worker maps the arena into its own page tables in the background, this far past the highest page used yet, so that no PUT pays a page fault (0: off; docs/dataplane.md)"},
     {"recv-lowat", T_SIZE, "256K", 0, 64ull << 20, N(recv_lowat), "PUT bodies of twice this or more: the kernel wakes their receive once this many bytes are queued, not per segment (0: off; docs/dataplane.md)"},
     {"send-zc-min", T_SIZE, "0", 0, 1ull << 42, N(send_zc_min), "GET bodies this large or larger go out with io_uring's zero-copy send (0: never; docs/dataplane.md)"},
     {"io-engine", T_STR, "auto", 0, 0, S(io_engine), "auto | uring | epoll: socket I/O through io_uring, or epoll readiness where seccomp denies io_uring (auto: io_uring when it works)"},

@@ -45,8 +45,9 @@ typedef struct {
     uint64_t max_connections;     /* per worker; 0: from RLIMIT_NOFILE */
     uint64_t peer_inflight_share; /* percent of a worker's PUT budget per peer address */
     uint64_t max_inflight_bytes;
-    uint64_t recv_lowat;  /* 0: off; else SO_RCVLOWAT while a PUT body is received */
-    uint64_t send_zc_min; /* 0: off; else GET bodies >= this use SENDMSG_ZC */
+    uint64_t arena_prefault; /* bytes mapped past the arena high-water mark per worker (0: off) */
+    uint64_t recv_lowat;     /* 0: off; else SO_RCVLOWAT while a PUT body is received */
+    uint64_t send_zc_min;    /* 0: off; else GET bodies >= this use SENDMSG_ZC */
     uint64_t h2o_max_connections;
     uint64_t h2o_max_body;
     uint64_t h2o_buffer;

@@ -104,7 +104,7 @@ void kvr_h1_conn_new(kvr_h1_t *s, int fd)
     c->rop.data = c;
     c->wop.cb = on_write;
     c->wop.data = c;
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     c->state = ST_SNIFF;
     c->next = s->conns;
     if (s->conns != NULL)
@@ -208,7 +208,7 @@ void kvr_h1_respond(h1c_t *c)
     c->resp_sent = 0;
     c->state = ST_SEND;
     c->rate_on = 0;
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     conn_write(c);
 }
 
@@ -303,7 +303,7 @@ static void response_done(h1c_t *c)
         c->res.drain = 0;
         c->post_drain = 1;
         c->state = ST_DISCARD;
-        c->last_ms = kvr_clock_ms();
+        c->last_ms = kvr_clock_coarse_ms();
         kvr_h1_begin_body(c);
         return;
     }
@@ -314,7 +314,7 @@ static void response_done(h1c_t *c)
          * a moment so that it reads our answer instead of a reset. */
         shutdown(c->fd, SHUT_WR);
         c->state = ST_LINGER;
-        c->last_ms = kvr_clock_ms();
+        c->last_ms = kvr_clock_coarse_ms();
         c->linger_until = c->last_ms + H1_LINGER_MS;
         kvr_h1_conn_read(c);
         return;
@@ -331,7 +331,7 @@ static void on_write(kvr_uring_op_t *op, int res)
         kvr_h1_conn_close(c);
         return;
     }
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     if (c->state == ST_SEND)
         c->resp_sent += (uint64_t)res;
     if (c->resp_sent > c->out_len)
@@ -383,7 +383,7 @@ void kvr_h1_start_request(h1c_t *c)
         return;
     case KVR_API_PUT_WAIT:
         h1_wait_enter(c);
-        c->last_ms = kvr_clock_ms();
+        c->last_ms = kvr_clock_coarse_ms();
         return;
     case KVR_API_PUT_RESERVED:
         c->state = ST_BODY;
@@ -443,7 +443,7 @@ void kvr_h1_begin_body(h1c_t *c)
 {
     size_t pre = h1_preread(c);
 
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     c->rate_on = 0;
     if (c->state == ST_CHUNKED) {
         /* the preread bytes are taken by kvr_h1_chunked_read; with none, a client that
@@ -605,7 +605,7 @@ static void on_read(kvr_uring_op_t *op, int res)
         kvr_h1_sniffed(c, res);
         return;
     }
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     switch (c->state) {
     case ST_HEAD:
         if (c->head_ms == 0)
@@ -646,7 +646,7 @@ static void conn_next(h1c_t *c)
     c->hused = 0;
     c->last_len = 0;
     c->state = ST_HEAD;
-    c->last_ms = kvr_clock_ms();
+    c->last_ms = kvr_clock_coarse_ms();
     c->head_ms = left > 0 ? c->last_ms : 0;
     if (c->s->draining) {
         kvr_h1_conn_close(c);

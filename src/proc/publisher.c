@@ -638,11 +638,13 @@ static void consume_log(pub_t *p, kvr_chlog_event_t *ev)
         p->unwoken_ns = kvr_clock_ns(); /* the log was empty here: what is queued came later */
 }
 
-/* One turn of the main loop. Appends wake us when the log goes from empty to one event while
- * we are not in a timed sleep (wait_for_work), or when it reaches a delta's worth
- * (kvr_chlog_set_wake_batch). Between the two we linger up to linger_ns without consuming, so
- * the log stays non-empty and the workers' appends write no eventfd: one wake-up for every few
- * PUTs instead of one per PUT. */
+/* One turn of the main loop. Appends wake us only when the log goes from empty to one event
+ * while we are not in a timed sleep (wait_for_work); then we linger up to linger_ns without
+ * consuming, so the log stays non-empty and the workers' appends write no eventfd. They do not
+ * wake us when a delta's worth has come (wake batch 0): a timed sleep ends within a delay
+ * anyway, and under load that wake-up came every 16 events, thousands of times a second at
+ * 100-150 us of CPU each on a busy small VM, a sixth of the server's CPU at 16 KiB PUTs
+ * (docs/concurrency.md, "Change log"). */
 static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
 {
     uint64_t now, queued;
@@ -727,8 +729,8 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
      * generation's bump (a worker that sent that revision without the pool sends again) */
     kvr_atomic_fetch_add_seq_cst(&p->relay.sh->catalog_revision, 1);
 
-    kvr_chlog_set_wake_batch(p->store.log, cfg->publication_threshold);
-    kvr_chlog_set_timed(p->store.log, 0); /* a dead predecessor's flag */
+    kvr_chlog_set_wake_batch(p->store.log, 0); /* see publisher_turn */
+    kvr_chlog_set_timed(p->store.log, 0);      /* a dead predecessor's flag */
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");

@@ -69,6 +69,7 @@ void kvr_arena_format(kvr_arena_t *a)
     for (unsigned c = 0; c < KVR_ARENA_CLASSES; c++)
         sh->class_head[c] = KVR_NIL;
     sh->class_bitmap = 0;
+    sh->high_water = 0;
     sh->free_pages = sh->npages;
     /* Runs are capped below 2^31 pages by KVR_PAGE_FREE; npages < 2^30 (segment.c). */
     while (p < sh->npages) {
@@ -107,6 +108,8 @@ uint32_t kvr_arena_alloc_locked(kvr_arena_t *a, uint64_t n)
         /* Tags first, then link: a crash leaves either an unlinked run (reclaimed by the
          * rebuild) or a complete chain prefix. */
         set_used_run(a, r, take);
+        if (r + take > sh->high_water) /* our own stores, under the lock; read lock-free */
+            kvr_atomic_store_relaxed(&sh->high_water, r + take);
         a->pages[r].next = KVR_NIL;
         a->pages[r].prev = KVR_NIL;
         if (last == KVR_NIL)

@@ -33,6 +33,7 @@
 #define KVR_SHM_ARENA_H
 
 #include "common.h"
+#include "base/barrier.h"
 #include "shm/shlock.h"
 
 #define KVR_ARENA_CLASSES 32
@@ -51,7 +52,7 @@ static_assert(sizeof(kvr_page_t) == 16, "page map record");
 typedef struct {
     uint32_t class_head[KVR_ARENA_CLASSES];
     uint32_t class_bitmap;
-    uint32_t pad0_;
+    uint32_t high_water; /* pages [0, high_water) have been handed out at least once */
     uint64_t npages;
     uint64_t free_pages;
 } kvr_arena_sh_t;
@@ -92,6 +93,17 @@ int kvr_arena_claim_chain(kvr_arena_t *a, uint32_t head, uint64_t expect_pages, 
 
 /* Rebuilds every free list from used_bitmap (1 = used). Caller holds the store lock. */
 void kvr_arena_rebuild_locked(kvr_arena_t *a, const uint8_t *used_bitmap);
+
+/*
+ * The arena's high-water mark: every page below it has been handed out at least once (the
+ * allocator cuts runs from their low end, so a fresh arena fills from page 0 up). Written under
+ * the store lock by kvr_arena_alloc_locked, never lowered; read without the lock by the workers'
+ * prefault threads (proc/prefault.c), for whom a stale value only delays a mapping.
+ */
+static inline uint64_t kvr_arena_high_water(const kvr_arena_t *a)
+{
+    return kvr_atomic_load_relaxed(&a->sh->high_water); /* see above: pairs with nothing */
+}
 
 /* Pointer to page p. */
 static inline uint8_t *kvr_arena_page(const kvr_arena_t *a, uint32_t p)

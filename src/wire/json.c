@@ -40,7 +40,12 @@ void kvr_json_str(kvr_json_t *j, const void *s, size_t n)
     for (size_t i = 0; i < n;) {
         uint8_t c = p[i];
         size_t l;
-        if (c == '"' || c == '\\') {
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') { /* a run of plain ASCII, in one put */
+            for (l = i + 1; l < n && p[l] >= 0x20 && p[l] < 0x7f && p[l] != '"' && p[l] != '\\'; l++)
+                ;
+            put(j, (const char *)p + i, l - i);
+            i = l;
+        } else if (c == '"' || c == '\\') {
             esc[0] = '\\';
             esc[1] = (char)c;
             put(j, esc, 2);

@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 
+from canned_server import CannedServer
 from conftest import BINARY, SLOW, _die_with_parent, free_port, module_server
 from harness import port_open, wait_until
 
@@ -391,54 +392,6 @@ def test_no_answer_is_a_timeout(tmp_path):
         ls.close()
     assert p.returncode == 1, describe(p, d)
     assert d["errors_by_kind"]["timeout"] == 4 and d["successes"] == 0, describe(p, d)
-
-
-class CannedServer:
-    """Answers every HTTP/1.1 request (heads only: GETs) with one canned byte string; with
-    close=True it closes the connection after each answer."""
-
-    def __init__(self, answer, close=False):
-        self.answer, self.close_after = answer, close
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
-
-    def _serve(self, c):
-        buf = b""
-        c.settimeout(5)
-        try:
-            while not self.stop.is_set():
-                b = c.recv(65536)
-                if not b:
-                    return
-                buf += b
-                while b"\r\n\r\n" in buf:
-                    buf = buf[buf.index(b"\r\n\r\n") + 4:]
-                    c.sendall(self.answer)
-                    if self.close_after:
-                        return
-        except OSError:
-            pass
-        finally:
-            c.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
 
 
 CANNED = [

@@ -13,13 +13,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import threading
 import uuid
 
 import pytest
 
+from canned_server import CannedServer
 from conftest import BINARY, SLOW, _die_with_parent, free_port, module_server
 from harness import port_open, wait_until
 
@@ -150,47 +149,9 @@ def test_kvrelay_other_bytes_are_corrupt(srv, tmp_path):
     assert p.returncode == 1 and d["errors_by_kind"]["miss"] == 10 == d["misses"], describe(p, d)
 
 
-class CutServer:
-    """Answers each HTTP GET head with a 200 whose body stops after 100 bytes, and closes."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            try:
-                c.settimeout(2)
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    b = c.recv(4096)
-                    if not b:
-                        break
-                    buf += b
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 16384\r\n\r\n" + b"x" * 100)
-            except OSError:
-                pass
-            finally:
-                c.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
-
-
 def test_short_answer_is_detected(tmp_path):
-    server = CutServer()
+    # a 200 whose body stops after 100 of its 16,384 bytes, then the connection closes
+    server = CannedServer(b"HTTP/1.1 200 OK\r\nContent-Length: 16384\r\n\r\n" + b"x" * 100, close=True)
     try:
         p, d = run_lean(tmp_path, "--target", f"127.0.0.1:{server.port}", "--workload", "get", "--size", "16K",
                         "--keys", 3, "--requests", 6, "--connections", 1, "--timeout", 2)

@@ -166,3 +166,26 @@ Test(arena, claim_rejects_bad_chains)
     cr_assert_not(kvr_arena_claim_chain(&t.a, 9999, 1, t.bm), "out of range");
     ta_free(&t);
 }
+
+Test(arena, high_water_rises_with_fresh_pages_and_never_falls)
+{
+    ta_t t;
+    uint32_t a, b;
+
+    ta_init(&t, 1000);
+    cr_assert_eq(kvr_arena_high_water(&t.a), 0);
+    a = kvr_arena_alloc_locked(&t.a, 10);
+    cr_assert_eq(a, 0, "a fresh arena is cut from its low end");
+    cr_assert_eq(kvr_arena_high_water(&t.a), 10);
+    b = kvr_arena_alloc_locked(&t.a, 30);
+    cr_assert_eq(kvr_arena_high_water(&t.a), 40);
+    kvr_arena_free_locked(&t.a, a);
+    kvr_arena_free_locked(&t.a, b);
+    cr_assert_eq(kvr_arena_high_water(&t.a), 40, "frees leave the mark");
+    a = kvr_arena_alloc_locked(&t.a, 5);
+    cr_assert_eq(kvr_arena_high_water(&t.a), 40, "reused pages below the mark leave it");
+    b = kvr_arena_alloc_locked(&t.a, 995);
+    cr_assert_neq(b, KVR_NIL);
+    cr_assert_eq(kvr_arena_high_water(&t.a), 1000);
+    ta_free(&t);
+}

@@ -15,6 +15,11 @@ Test(json, escapes_and_overflow)
     kvr_json_raw(&j, "}");
     cr_assert_not(j.overflow);
     cr_assert_str_eq(buf, "{\"hash\":\"a\\\"b\\\\c\\u000a\\u0001\xe2\x82\xac\\u00ff\"}");
+    /* plain runs on both sides of each escape, DEL escaped */
+    kvr_json_init(&j, buf, sizeof(buf));
+    kvr_json_str(&j, "ab cd~\x7f/x\"yz", 12);
+    cr_assert_not(j.overflow);
+    cr_assert_str_eq(buf, "\"ab cd~\\u007f/x\\\"yz\"");
     kvr_json_init(&j, buf, 8);
     kvr_json_raw(&j, "0123456789");
     cr_assert(j.overflow);
