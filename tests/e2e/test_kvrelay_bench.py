@@ -13,7 +13,6 @@ import os
 import pty
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -22,9 +21,8 @@ import uuid
 
 import pytest
 
-from canned_server import CannedServer
-from conftest import BINARY, SLOW, _die_with_parent, free_port, module_server
-from harness import port_open, wait_until
+from conftest import BINARY, SLOW, free_port, module_server
+from peers import CannedServer, start_and_wait, stop_proc
 
 BENCH = BINARY.parent / "kvrelay-bench"
 KiB = 1024
@@ -540,43 +538,18 @@ def _require(binary, package):
     return path
 
 
-def _start_and_wait(argv, port, log):
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
-    try:
-        wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port, timeout=1), 15 * SLOW,
-                   what=f"{argv[0]} to accept connections on port {port}")
-    except AssertionError:
-        pass  # reported below with the log
-    if proc.poll() is None and port_open("127.0.0.1", port, timeout=1):
-        return proc
-    _stop(proc)
-    log.seek(0)
-    pytest.fail(f"{argv[0]} did not start: {log.read()[-2000:]!r}", pytrace=False)
-
-
-def _stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory):
     path = _require("redis-server", "redis-server")
     d = tmp_path_factory.mktemp("redis")
     port = free_port()
     with open(d / "redis.log", "w+b") as log:
-        proc = _start_and_wait([path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        proc = start_and_wait([path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                 "--dir", str(d), "--protected-mode", "no"], port, log)
         try:
             yield f"127.0.0.1:{port}"
         finally:
-            _stop(proc)
+            stop_proc(proc)
 
 
 @pytest.fixture(scope="module")
@@ -588,11 +561,11 @@ def memcached(tmp_path_factory):
     if os.geteuid() == 0:
         argv += ["-u", "nobody"]  # memcached refuses to run as root
     with open(d / "memcached.log", "w+b") as log:
-        proc = _start_and_wait(argv, port, log)
+        proc = start_and_wait(argv, port, log)
         try:
             yield f"127.0.0.1:{port}"
         finally:
-            _stop(proc)
+            stop_proc(proc)
 
 
 KV_WORKLOADS = [

@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 
-from canned_server import CannedServer
 from conftest import BINARY, SLOW, _die_with_parent, free_port, module_server
-from harness import port_open, wait_until
+from harness import wait_until
+from peers import CannedServer, start_and_wait, stop_proc
 
 LEAN = BINARY.parent / "bench" / "lean_client"
 NULL = BINARY.parent / "bench" / "null_server"
@@ -200,31 +200,6 @@ def test_null_server(tmp_path):
         null.stop()
 
 
-def _start(argv, port, log):
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
-    try:
-        wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port, timeout=1), 15 * SLOW,
-                   what=f"{argv[0]} on port {port}")
-    except AssertionError:
-        pass
-    if proc.poll() is None and port_open("127.0.0.1", port, timeout=1):
-        return proc
-    _stop(proc)
-    log.seek(0)
-    pytest.fail(f"{argv[0]} did not start: {log.read()[-2000:]!r}", pytrace=False)
-
-
-def _stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def _peer(tmp_path, binary):
     path = shutil.which(binary)
     if path is None:
@@ -236,7 +211,7 @@ def _peer(tmp_path, binary):
     else:
         argv = [path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(tmp_path), "--protected-mode", "no"]
-    return _start(argv, port, open(tmp_path / f"{binary}.log", "w+b")), port
+    return start_and_wait(argv, port, open(tmp_path / f"{binary}.log", "w+b")), port
 
 
 @pytest.mark.parametrize("binary,proto", [("memcached", "memcache"), ("redis-server", "resp")])
@@ -256,4 +231,4 @@ def test_peer_store(tmp_path, binary, proto):
                         "--keys", 10, "--requests", 30)
         assert p.returncode == 1 and d["errors_by_kind"]["miss"] == 30, describe(p, d)
     finally:
-        _stop(proc)
+        stop_proc(proc)
