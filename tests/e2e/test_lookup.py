@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import quote_key
+from conftest import SLOW, quote_key, wait_until
 
 MAX_HASHES = 4096
 MAX_BODY = 4096 * 22  # 4,096 lines of at most 20 characters, each with CRLF
@@ -129,6 +129,11 @@ def _pools(srv):
     return r.json()["pools"]
 
 
+def _wait_pools(srv, n):
+    """The publisher takes a new pool on at its next turn, not within the PUT: wait for it."""
+    return wait_until(lambda: _pools(srv) >= n and _pools(srv), 10 * SLOW, what=f"{n} pools on /debug/relay")
+
+
 def test_model_pools_and_a_lookup_never_makes_a_pool(srv):
     put(srv, "m2-block", 888_001, headers={"X-KV-Model": "model-two"})
     put(srv, "m1-block", 888_002)
@@ -136,14 +141,17 @@ def test_model_pools_and_a_lookup_never_makes_a_pool(srv):
     assert lookup(srv, hashes)["held"] == [False, True], "no model: the default model's pool"
     assert lookup(srv, hashes, headers={"X-KV-Model": "model-two"})["held"] == [True, False]
     assert lookup(srv, hashes, headers={"X-KV-Model": "kvrelay"})["held"] == [False, True], "--model by name"
-    before = _pools(srv)
+    before = _wait_pools(srv, 2)  # (default, kvrelay) and (default, model-two)
+    assert before == 2
     got = lookup(srv, hashes, headers={"X-KV-Model": "never-stored"})
     assert got["held"] == [False, False] and got["prefix"] == 0
-    assert _pools(srv) == before, "a lookup made a pool"
     assert "never-stored" not in srv.log_text()
-    # the count does move when a PUT makes one: the check above can see a new pool
+    # A PUT of a new model makes the next pool: index 2 had the lookup made none (the worker
+    # logs the index when it makes a pool), and the publisher's count then reaches 3, not more.
     put(srv, "m3-block", 888_003, headers={"X-KV-Model": "model-three"})
-    assert _pools(srv) == before + 1
+    assert 'pool 2 is namespace "default", model "model-three"' in srv.log_text(), "a lookup made a pool"
+    assert _wait_pools(srv, before + 1) == before + 1, "a lookup made a pool"
+    assert "never-stored" not in srv.log_text()
     r = srv.request("POST", "/batch/lookup", body=b"1", headers={"X-KV-Model": "has space"})
     assert r.status == 400 and "X-KV-Model" in r.json()["message"], r.body
 
