@@ -727,7 +727,10 @@ void kvr_h1_start_drain(kvr_h1_t *s)
     s->draining = 1;
     if (s->accepting)
         kvr_uring_cancel(&s->ring, &s->accept_op);
-    kvr_h1_tick(s);
+    /* Idle connections close at the next tick, not here: a request that reached us before the
+     * drain may be a completion this turn has not reaped yet (and the tick keeps those whose
+     * next request still waits in the kernel). */
+    kvr_uring_flush(&s->ring);
 }
 
 uint64_t kvr_h1_connections(const kvr_h1_t *s)

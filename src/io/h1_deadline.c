@@ -9,6 +9,7 @@
 
 #include <linux/tcp.h> /* struct tcp_info with the byte counters */
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 
 /* The kernel's byte counters of the connection: received, and sent and acknowledged. */
 static int tcp_bytes(const h1c_t *c, uint64_t *in, uint64_t *out)
@@ -21,6 +22,15 @@ static int tcp_bytes(const h1c_t *c, uint64_t *in, uint64_t *out)
     *in = ti.tcpi_bytes_received;
     *out = ti.tcpi_bytes_acked;
     return 0;
+}
+
+/* Bytes of a next request already in the kernel's receive queue: the client sent it before
+ * it could see us drain, so a drain serves it rather than closing under it. */
+static int input_waiting(const h1c_t *c)
+{
+    int n = 0;
+
+    return ioctl(c->fd, FIONREAD, &n) == 0 && n > 0;
 }
 
 /* An operation that waits for a whole body or response (MSG_WAITALL) completes only at its
@@ -155,7 +165,7 @@ void kvr_h1_tick(kvr_h1_t *s)
             if (t > c->linger_until)
                 kvr_h1_conn_close(c);
         } else if (h1_idle(c)) { /* silent since accepted, or between requests */
-            if (t - c->last_ms > s->cfg->idle_timeout_ms || s->draining)
+            if (t - c->last_ms > s->cfg->idle_timeout_ms || (s->draining && !input_waiting(c)))
                 kvr_h1_conn_close(c);
         } else if (c->state == ST_HEAD && c->head_ms != 0) { /* a head is coming in */
             if (t - c->head_ms > s->cfg->header_timeout_ms)
