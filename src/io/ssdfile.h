@@ -1,0 +1,94 @@
+/*
+ * ssdfile.h — the disk tier's file: open or format it, scan it at start, append records, read
+ * them back (docs/ssd-tier.md). The layout is wire/ssdfmt.h's.
+ *
+ * The file is opened O_DIRECT where the file system takes it, and with buffered I/O where it
+ * does not (tmpfs), which kvr_ssdf_open logs. Every offset and length given to the kernel is a
+ * multiple of KVR_SSD_ALIGN, and every buffer is aligned to it, so both modes take the same
+ * calls. The calls here are synchronous (pread/pwritev): the start-up scan, the tests, and the
+ * one writer's appends use them; a worker's reads go through its ring instead
+ * (kvr_ssdf_rec_offset gives where).
+ */
+#ifndef KVR_IO_SSDFILE_H
+#define KVR_IO_SSDFILE_H
+
+#include "common.h"
+#include "wire/ssdfmt.h"
+
+#include <sys/uio.h>
+
+typedef struct {
+    int fd;
+    int direct; /* opened O_DIRECT */
+    uint64_t page_size, npages, file_id;
+} kvr_ssdf_t;
+
+/*
+ * Opens path, creating and formatting it when it is new (or all zero): fallocate of the whole
+ * size, the superblock written and synced. An existing file must carry a valid superblock with
+ * the same geometry: a file that is not a kvrelay disk file, or one made with another size or
+ * page size, is refused (logged, KVR_EINVAL), never overwritten. size is rounded down to whole
+ * pages after the superblock region; fewer than 2 pages is KVR_EINVAL. *formatted (optional)
+ * says whether it was formatted now. KVR_OK, KVR_EINVAL or KVR_ERR (logged).
+ */
+int kvr_ssdf_open(kvr_ssdf_t *f, const char *path, uint64_t size, uint64_t page_size, int *formatted);
+void kvr_ssdf_close(kvr_ssdf_t *f);
+
+/* Where page p starts in the file. */
+static inline uint64_t kvr_ssdf_page_off(const kvr_ssdf_t *f, uint64_t p)
+{
+    return KVR_SSD_SUPER_BYTES + p * f->page_size;
+}
+
+/* What a scan found: pages by state, records kept and refused. */
+typedef struct {
+    uint64_t pages_empty, pages_open, pages_sealed, pages_bad;
+    uint64_t records, record_bytes;
+    uint64_t records_torn; /* a header or body that did not check: the page's walk ends there */
+    uint64_t max_version;  /* the newest page incarnation seen (0: none) */
+    uint64_t max_seq;      /* the newest record's write sequence (0: none) */
+} kvr_ssdf_scan_t;
+
+/* Called per record kept, oldest page first is NOT promised: by page number, then offset. */
+typedef int (*kvr_ssdf_rec_cb)(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg,
+                               const kvr_ssd_rec_t *rec);
+
+/*
+ * Reads every page header and walks each page's records from its start: a sealed page up to
+ * its `used`, an open one (the page being written when the server stopped) until a header
+ * that is empty, stale or does not check, and in an open page each record's body is read and
+ * its checksum verified too (a sealed page was synced before it was sealed). A page whose
+ * header does not check counts as bad and is reused as if empty. cb returning non-zero stops
+ * the scan with that value. KVR_OK, cb's value, or KVR_ERR (an I/O error, logged).
+ */
+int kvr_ssdf_scan(kvr_ssdf_t *f, kvr_ssdf_rec_cb cb, void *ctx, kvr_ssdf_scan_t *st);
+
+/* Writes page p's header (open: sealed 0). KVR_OK or KVR_ERR (logged). */
+int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg);
+
+/*
+ * Appends a record at offset off of page p: its header, then the body given as iovecs whose
+ * bases are KVR_SSD_ALIGN-aligned and whose lengths are multiples of it except the last
+ * (padded here from a bounce buffer when needed, so pass the arena's runs as they are). The
+ * body is key then payload, rec->key_len + rec->length bytes. rec->body_sum is computed here.
+ * pwritev, IOV_MAX pieces at a time. KVR_OK, KVR_EINVAL (does not fit in the page), or KVR_ERR (an I/O
+ * error or a short write, logged).
+ */
+int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body,
+                       int nbody);
+
+/*
+ * Reads a record's body (key then payload) into buf (KVR_SSD_ALIGN-aligned, at least
+ * kvr_ssd_rec_span - KVR_SSD_ALIGN bytes) and checks its checksum against rec->body_sum.
+ * KVR_OK, KVR_EINVAL (checksum mismatch: torn or corrupted), KVR_ERR (I/O error or short read).
+ */
+int kvr_ssdf_body_read(kvr_ssdf_t *f, uint64_t p, uint64_t off, const kvr_ssd_rec_t *rec, void *buf);
+
+/* Reads and decodes the record header at offset off of page p against the page's version:
+ * KVR_SSD_* (KVR_SSD_OK with *rec), or KVR_ERR on an I/O error. */
+int kvr_ssdf_rec_read(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t off, kvr_ssd_rec_t *rec);
+
+/* fdatasync. KVR_OK or KVR_ERR (logged). */
+int kvr_ssdf_sync(kvr_ssdf_t *f);
+
+#endif
