@@ -54,7 +54,7 @@ rc=0; wait $pid || rc=$?
 tail -3 /tmp/make-run.log
 echo "make run: exited $rc after SIGTERM"
 extra=""
-for p in curl python3 libcriterion-dev redis-server memcached prometheus python3-kubernetes iperf3 linux-perf clang; do
+for p in curl python3 libcriterion-dev redis-server memcached prometheus python3-kubernetes iperf3 linux-perf clang fio; do
     dpkg-query -W -f="\${Status}" $p 2>/dev/null | grep -q "install ok installed" && extra="$extra $p"
 done
 [ -z "$extra" ] || echo "make run: installed what only tests or benchmarks use:$extra"

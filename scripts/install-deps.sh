@@ -9,7 +9,8 @@
 #   test       the unit framework, the e2e runner and the real clients and servers the tests drive,
 #              clang for the fuzz drivers (`make test`, `make test-*`, `make check-layers`,
 #              `make fuzz`)
-#   bench      the peers and tools of scripts/bench-dataplane.sh (`make bench` installs them too)
+#   bench      the peers and tools of scripts/bench-dataplane.sh, and fio for
+#              scripts/bench-ssd-ceiling.sh (`make bench` installs them too)
 #   container  podman and mmdebstrap (tests/e2e/test_podman.py, scripts/fresh-machine-check.sh)
 #   format     clang-format (`make format`, `make check-format`)
 #
@@ -28,16 +29,18 @@ libzmq3-dev libmsgpack-dev"
 # Tests: unit framework, the e2e runner and the real clients and servers it drives (grpcio, curl,
 # nghttp, promtool, redis-server and memcached for kvrelay-bench's other protocols, the Kubernetes
 # client for the manifests), the check-layers script, clang + its runtime for the fuzz drivers,
-# gnuplot (tests/e2e/test_bench_report.py draws the bench report's plots) and clang-format
+# gnuplot (tests/e2e/test_bench_report.py draws the bench report's plots), fio
+# (tests/e2e/test_bench_ssd_ceiling.py runs scripts/bench-ssd-ceiling.sh) and clang-format
 # (`make test` runs `make check-format` first).
 TEST="libcriterion-dev python3 python3-pytest python3-xxhash python3-grpcio python3-protobuf
 protobuf-compiler-grpc curl nghttp2-client prometheus openssl procps redis-server memcached
 python3-venv python3-setuptools python3-wheel python3-pip
-python3-kubernetes python3-yaml python3-zmq python3-msgpack clang libclang-rt-14-dev gnuplot-nox clang-format"
+python3-kubernetes python3-yaml python3-zmq python3-msgpack clang libclang-rt-14-dev gnuplot-nox clang-format
+fio"
 # Benchmarks: scripts/bench-dataplane.sh's peers (Redis with redis-cli, memcached), its ceilings
 # (iperf3), profiles (perf, strace), plots (gnuplot: the report's SVGs) and helpers (python3, curl
-# for kvrelay's /metrics).
-BENCH="python3 curl redis-server redis-tools memcached iperf3 linux-perf strace gnuplot-nox"
+# for kvrelay's /metrics); fio, the disk tier's ceiling (scripts/bench-ssd-ceiling.sh).
+BENCH="python3 curl redis-server redis-tools memcached iperf3 linux-perf strace gnuplot-nox fio"
 # Containers: tests/e2e/test_podman.py (the image from a minimal Debian 12 root, kube play).
 CONTAINER="podman runc catatonit mmdebstrap"
 FORMAT="clang-format"
