@@ -27,9 +27,14 @@ void kvr_h1_sniffed(h1c_t *c, int n)
 {
     size_t cmp = (size_t)n < H1_H2_PREFACE_LEN ? (size_t)n : H1_H2_PREFACE_LEN;
 
-    if (c->head_ms == 0)
-        c->head_ms = kvr_clock_ms(); /* --header-timeout runs from here */
-    if (kvr_http_tls(c->s->http)) {  /* a TLS port serves TLS only: h2o refuses the rest */
+    if (c->head_ms == 0) { /* the first bytes: --header-timeout and --io-timeout run from here */
+        c->head_ms = kvr_clock_ms();
+        /* A connection silent since its accept still has the accept's stamp: left so, a tick
+         * that came before the head's read completed cut it at once when the silence had
+         * lasted --io-timeout (CI: 0.35 s after its first byte, under load). */
+        c->last_ms = kvr_clock_coarse_ms();
+    }
+    if (kvr_http_tls(c->s->http)) { /* a TLS port serves TLS only: h2o refuses the rest */
         adopt_to_h2o(c);
         return;
     }
