@@ -16,9 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHUNK (4u << 20) /* the scan's body reads, at most this many bytes at a time */
-
-static void *aligned(size_t n)
+void *kvr_ssdf_buf(size_t n)
 {
     void *p = NULL;
 
@@ -43,6 +41,11 @@ static int full_io(int fd, int write, void *buf, size_t len, uint64_t off)
         done += (size_t)n;
     }
     return KVR_OK;
+}
+
+int kvr_ssdf_read(kvr_ssdf_t *f, void *buf, size_t len, uint64_t at)
+{
+    return full_io(f->fd, 0, buf, len, at);
 }
 
 static int open_file(kvr_ssdf_t *f, const char *path)
@@ -108,7 +111,7 @@ int kvr_ssdf_open(kvr_ssdf_t *f, const char *path, uint64_t size, uint64_t page_
         return KVR_EINVAL;
     }
     f->npages = (size - KVR_SSD_SUPER_BYTES) / page_size;
-    if ((blk = aligned(KVR_SSD_ALIGN)) == NULL)
+    if ((blk = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL)
         return KVR_ERR;
     if (open_file(f, path) != KVR_OK) {
         free(blk);
@@ -172,7 +175,7 @@ int kvr_ssdf_sync(kvr_ssdf_t *f)
 
 int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg)
 {
-    uint8_t *blk = aligned(KVR_SSD_ALIGN);
+    uint8_t *blk = kvr_ssdf_buf(KVR_SSD_ALIGN);
     int rc;
 
     if (blk == NULL)
@@ -187,7 +190,7 @@ int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg)
 
 int kvr_ssdf_rec_read(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t off, kvr_ssd_rec_t *rec)
 {
-    uint8_t *blk = aligned(KVR_SSD_ALIGN);
+    uint8_t *blk = kvr_ssdf_buf(KVR_SSD_ALIGN);
     int rc;
 
     if (blk == NULL)
@@ -236,7 +239,7 @@ int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *r
 
     if (off < KVR_SSD_ALIGN || off % KVR_SSD_ALIGN != 0 || off > f->page_size || span > f->page_size - off || nbody < 1)
         return KVR_EINVAL;
-    if ((iov = malloc(sizeof(*iov) * ((size_t)nbody + 2))) == NULL || (hdr = aligned(KVR_SSD_ALIGN)) == NULL ||
+    if ((iov = malloc(sizeof(*iov) * ((size_t)nbody + 2))) == NULL || (hdr = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL ||
         (sum = kvr_ssd_sum_new()) == NULL) {
         rc = KVR_ERR;
         goto out;
@@ -252,7 +255,7 @@ int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *r
         if (whole < take) { /* the last piece's tail, padded from a bounce buffer */
             if (got < len)
                 goto out; /* an unaligned piece before the end: not the arena's runs */
-            if ((tail = aligned(KVR_SSD_ALIGN)) == NULL) {
+            if ((tail = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL) {
                 rc = KVR_ERR;
                 goto out;
             }
@@ -287,104 +290,4 @@ int kvr_ssdf_body_read(kvr_ssdf_t *f, uint64_t p, uint64_t off, const kvr_ssd_re
         return KVR_ERR;
     }
     return kvr_ssd_sum(buf, (size_t)rec->key_len + rec->length) == rec->body_sum ? KVR_OK : KVR_EINVAL;
-}
-
-/* An open page's record: its body read in chunks and checked. KVR_OK, KVR_EINVAL, KVR_ERR. */
-static int body_check(kvr_ssdf_t *f, uint64_t p, uint64_t off, const kvr_ssd_rec_t *rec, uint8_t *chunk,
-                      kvr_ssd_sum_t *sum)
-{
-    uint64_t len = (uint64_t)rec->key_len + rec->length, at = kvr_ssdf_page_off(f, p) + off + KVR_SSD_ALIGN, done = 0;
-
-    kvr_ssd_sum_reset(sum);
-    while (done < len) {
-        uint64_t want = len - done < CHUNK ? len - done : CHUNK;
-        uint64_t io = (want + KVR_SSD_ALIGN - 1) & ~(uint64_t)(KVR_SSD_ALIGN - 1);
-        if (full_io(f->fd, 0, chunk, io, at + done) != KVR_OK)
-            return KVR_ERR;
-        kvr_ssd_sum_update(sum, chunk, want);
-        done += want;
-    }
-    return kvr_ssd_sum_digest(sum) == rec->body_sum ? KVR_OK : KVR_EINVAL;
-}
-
-/* Walks page p's records. KVR_OK, the callback's non-zero value, or KVR_ERR. */
-static int walk(kvr_ssdf_t *f, const kvr_ssd_page_t *pg, kvr_ssdf_rec_cb cb, void *ctx, kvr_ssdf_scan_t *st,
-                uint8_t *chunk, kvr_ssd_sum_t *sum, kvr_ssd_rec_t *rec)
-{
-    uint64_t off = KVR_SSD_ALIGN, end = pg->sealed ? pg->used : f->page_size;
-
-    while (off + 2 * KVR_SSD_ALIGN <= end) {
-        int rc = kvr_ssdf_rec_read(f, pg->page, pg->version, off, rec);
-        uint64_t span;
-        if (rc == KVR_ERR)
-            return KVR_ERR;
-        if (rc == KVR_SSD_EMPTY || rc == KVR_SSD_STALE)
-            break; /* the end of what this incarnation wrote */
-        span = rc == KVR_SSD_OK ? kvr_ssd_rec_span(rec->key_len, rec->length) : 0;
-        if (rc == KVR_SSD_OK && off + span > end)
-            rc = KVR_SSD_BAD_FIELD; /* past what the seal covers */
-        if (rc == KVR_SSD_OK && !pg->sealed) {
-            int b = body_check(f, pg->page, off, rec, chunk, sum);
-            if (b == KVR_ERR)
-                return KVR_ERR;
-            rc = b == KVR_OK ? KVR_SSD_OK : KVR_SSD_BAD_SUM;
-        }
-        if (rc != KVR_SSD_OK) {
-            st->records_torn++;
-            kvr_warn("ssd: page %llu offset %llu: record %s; the page's later records are not used",
-                     (unsigned long long)pg->page, (unsigned long long)off, kvr_ssd_strerror(rc));
-            break;
-        }
-        st->records++;
-        st->record_bytes += rec->length;
-        if (rec->seq > st->max_seq)
-            st->max_seq = rec->seq;
-        if ((rc = cb(ctx, pg->page, off, pg, rec)) != 0)
-            return rc;
-        off += span;
-    }
-    return KVR_OK;
-}
-
-int kvr_ssdf_scan(kvr_ssdf_t *f, kvr_ssdf_rec_cb cb, void *ctx, kvr_ssdf_scan_t *st)
-{
-    uint8_t *blk = aligned(KVR_SSD_ALIGN), *chunk = aligned(CHUNK);
-    kvr_ssd_rec_t *rec = malloc(sizeof(*rec));
-    kvr_ssd_sum_t *sum = kvr_ssd_sum_new();
-    int rc = KVR_OK;
-
-    memset(st, 0, sizeof(*st));
-    if (blk == NULL || chunk == NULL || rec == NULL || sum == NULL)
-        rc = KVR_ERR;
-    for (uint64_t p = 0; rc == KVR_OK && p < f->npages; p++) {
-        kvr_ssd_page_t pg;
-        int d;
-        if (full_io(f->fd, 0, blk, KVR_SSD_ALIGN, kvr_ssdf_page_off(f, p)) != KVR_OK) {
-            kvr_error("ssd: reading the header of page %llu: %s", (unsigned long long)p, strerror(errno));
-            rc = KVR_ERR;
-            break;
-        }
-        d = kvr_ssd_page_decode(blk, p, f->file_id, f->page_size, &pg);
-        if (d == KVR_SSD_EMPTY) {
-            st->pages_empty++;
-            continue;
-        }
-        if (d != KVR_SSD_OK) {
-            st->pages_bad++;
-            kvr_warn("ssd: page %llu: header %s; the page is reused", (unsigned long long)p, kvr_ssd_strerror(d));
-            continue;
-        }
-        if (pg.version > st->max_version)
-            st->max_version = pg.version;
-        if (pg.sealed)
-            st->pages_sealed++;
-        else
-            st->pages_open++;
-        rc = walk(f, &pg, cb, ctx, st, chunk, sum, rec);
-    }
-    free(blk);
-    free(chunk);
-    free(rec);
-    kvr_ssd_sum_free(sum);
-    return rc;
 }

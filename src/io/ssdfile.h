@@ -49,12 +49,13 @@ typedef struct {
     uint64_t max_seq;      /* the newest record's write sequence (0: none) */
 } kvr_ssdf_scan_t;
 
-/* Called per record kept, oldest page first is NOT promised: by page number, then offset. */
+/* Called per record kept: a page's records in offset order, pages interleaved (the scan walks
+ * many at once). */
 typedef int (*kvr_ssdf_rec_cb)(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg,
                                const kvr_ssd_rec_t *rec);
 
 /*
- * Reads every page header and walks each page's records from its start: a sealed page up to
+ * Reads every page header and walks each page's records from its start (ssdscan.c): a sealed page up to
  * its `used`, an open one (the page being written when the server stopped) until a header
  * that is empty, stale or does not check, and in an open page each record's body is read and
  * its checksum verified too (a sealed page was synced before it was sealed). A page whose
@@ -62,6 +63,10 @@ typedef int (*kvr_ssdf_rec_cb)(void *ctx, uint64_t page, uint64_t off, const kvr
  * the scan with that value. KVR_OK, cb's value, or KVR_ERR (an I/O error, logged).
  */
 int kvr_ssdf_scan(kvr_ssdf_t *f, kvr_ssdf_rec_cb cb, void *ctx, kvr_ssdf_scan_t *st);
+/* The same with at most `depth` reads in flight (io_uring); depth 1, or a kernel that refuses
+ * io_uring, reads one block at a time. kvr_ssdf_scan uses KVR_SSDF_SCAN_DEPTH. */
+#define KVR_SSDF_SCAN_DEPTH 32
+int kvr_ssdf_scan_depth(kvr_ssdf_t *f, unsigned depth, kvr_ssdf_rec_cb cb, void *ctx, kvr_ssdf_scan_t *st);
 
 /* Writes page p's header (open: sealed 0). KVR_OK or KVR_ERR (logged). */
 int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg);
@@ -87,6 +92,12 @@ int kvr_ssdf_body_read(kvr_ssdf_t *f, uint64_t p, uint64_t off, const kvr_ssd_re
 /* Reads and decodes the record header at offset off of page p against the page's version:
  * KVR_SSD_* (KVR_SSD_OK with *rec), or KVR_ERR on an I/O error. */
 int kvr_ssdf_rec_read(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t off, kvr_ssd_rec_t *rec);
+
+/* A KVR_SSD_ALIGN-aligned buffer of n bytes (free() it), or NULL. */
+void *kvr_ssdf_buf(size_t n);
+/* len bytes at file offset at, all of them (EINTR and short reads retried; EOF is EIO):
+ * KVR_OK, or KVR_ERR with errno. O_DIRECT: buf, len and at aligned to KVR_SSD_ALIGN. */
+int kvr_ssdf_read(kvr_ssdf_t *f, void *buf, size_t len, uint64_t at);
 
 /* fdatasync. KVR_OK or KVR_ERR (logged). */
 int kvr_ssdf_sync(kvr_ssdf_t *f);

@@ -1,0 +1,142 @@
+/*
+ * bench_ssd_scan — the disk tier's restart scan (src/io/ssdscan.c), measured. Prints
+ * "name value unit" lines.
+ *
+ * Fills a file of --file-size (default 1G) under --path (default /var/tmp) with sealed pages of
+ * 16 MiB full of records of one size, then scans it one read at a time and with
+ * KVR_SSDF_SCAN_DEPTH walkers, and projects the scan of 1 TiB of such records from the rate
+ * (the scan reads one 4 KiB header per record of a sealed page, so its time is records over
+ * rate). Record sizes: 64 KiB and 2 MiB (--sizes "64K 2M"). The file is removed at the end.
+ *
+ *   scan_<size>_depth<d>_records_per_s   records indexed per second
+ *   scan_<size>_depth<d>_1tib_s          seconds for 1 TiB of such records at that rate
+ */
+#include "base/log.h"
+#include "io/ssdfile.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define PAGE (16ull << 20)
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    uint64_t v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'K': return v << 10;
+    case 'M': return v << 20;
+    case 'G': return v << 30;
+    }
+    return v;
+}
+
+static int count(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg, const kvr_ssd_rec_t *rec)
+{
+    (void)page, (void)off, (void)pg, (void)rec;
+    ++*(uint64_t *)ctx;
+    return 0;
+}
+
+/* Fills every page with records of len payload bytes. Returns the records written, 0 on error. */
+static uint64_t fill(kvr_ssdf_t *f, uint64_t len, uint8_t *body)
+{
+    uint64_t n = 0, seq = 0;
+    char key[64];
+
+    for (uint64_t p = 0; p < f->npages; p++) {
+        uint64_t off = KVR_SSD_ALIGN, recs = 0;
+        if (kvr_ssdf_page_write(f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f->file_id}) != KVR_OK)
+            return 0;
+        for (;;) {
+            kvr_ssd_rec_t r = {.version = p + 1, .seq = ++seq, .length = len, .ns_len = 7, .ns = "default", .model_len = 7, .model = "kvrelay"};
+            int kl = snprintf(key, sizeof(key), "bench/%012llu", (unsigned long long)seq);
+            struct iovec iov = {body, (size_t)kl + len};
+            if (off + kvr_ssd_rec_span((size_t)kl, len) > f->page_size)
+                break;
+            r.key_len = (uint16_t)kl;
+            memcpy(r.key, key, (size_t)kl);
+            memcpy(body, key, (size_t)kl); /* the body starts with the key, as in the arena */
+            r.khash = XXH3_64bits(key, (size_t)kl);
+            if (kvr_ssdf_rec_write(f, p, off, &r, &iov, 1) != KVR_OK)
+                return 0;
+            off += kvr_ssd_rec_span((size_t)kl, len);
+            recs++;
+        }
+        if (kvr_ssdf_page_write(f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f->file_id, .sealed = 1, .nrecords = (uint32_t)recs, .used = off, .summary_off = off}) != KVR_OK)
+            return 0;
+        n += recs;
+    }
+    return kvr_ssdf_sync(f) == KVR_OK ? n : 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = "/var/tmp", *sizes = "64K 2M";
+    uint64_t file_size = 1ull << 30;
+    char path[512], list[128], *save = NULL;
+
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--path") == 0)
+            dir = argv[i + 1];
+        else if (strcmp(argv[i], "--file-size") == 0)
+            file_size = parse_size(argv[i + 1]);
+        else if (strcmp(argv[i], "--sizes") == 0)
+            sizes = argv[i + 1];
+        else {
+            fprintf(stderr, "usage: bench_ssd_scan [--path DIR] [--file-size SIZE] [--sizes \"64K 2M\"]\n");
+            return 2;
+        }
+    }
+    kvr_log_level = KVR_LOG_WARN;
+    snprintf(path, sizeof(path), "%s/kvrelay-bench-ssd-scan.%d", dir, (int)getpid());
+    snprintf(list, sizeof(list), "%s", sizes);
+    for (char *tok = strtok_r(list, " ", &save); tok != NULL; tok = strtok_r(NULL, " ", &save)) {
+        uint64_t len = parse_size(tok), written, got;
+        uint8_t *body = kvr_ssdf_buf(len + KVR_SSD_ALIGN);
+        kvr_ssdf_t f;
+        kvr_ssdf_scan_t st;
+        int rc = 1;
+
+        unlink(path);
+        if (body == NULL || kvr_ssdf_open(&f, path, KVR_SSD_SUPER_BYTES + file_size, PAGE, NULL) != KVR_OK) {
+            fprintf(stderr, "bench_ssd_scan: cannot make %s\n", path);
+            free(body);
+            return 1;
+        }
+        memset(body, 0x5a, len + KVR_SSD_ALIGN);
+        written = fill(&f, len, body);
+        for (unsigned depth = 1; written > 0 && depth <= KVR_SSDF_SCAN_DEPTH; depth *= KVR_SSDF_SCAN_DEPTH) {
+            double t0 = now(), dt;
+            got = 0;
+            rc = kvr_ssdf_scan_depth(&f, depth, count, &got, &st);
+            dt = now() - t0;
+            if (rc != KVR_OK || got != written) {
+                fprintf(stderr, "bench_ssd_scan: scan found %llu of %llu records (rc %d)\n", (unsigned long long)got,
+                        (unsigned long long)written, rc);
+                rc = 1;
+                break;
+            }
+            printf("scan_%s_depth%u_records_per_s %.0f records/s\n", tok, depth, (double)got / dt);
+            printf("scan_%s_depth%u_1tib_s %.1f s\n", tok, depth,
+                   (double)(1ull << 40) / (double)kvr_ssd_rec_span(20, len) / ((double)got / dt));
+        }
+        kvr_ssdf_close(&f);
+        unlink(path);
+        free(body);
+        if (written == 0 || rc != KVR_OK)
+            return 1;
+    }
+    return 0;
+}
