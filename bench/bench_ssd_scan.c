@@ -3,13 +3,13 @@
  * "name value unit" lines.
  *
  * Fills a file of --file-size (default 1G) under --path (default /var/tmp) with sealed pages of
- * 16 MiB full of records of one size, then scans it one read at a time and with
- * KVR_SSDF_SCAN_DEPTH walkers, and projects the scan of 1 TiB of such records from the rate
- * (the scan reads one 4 KiB header per record of a sealed page, so its time is records over
- * rate). Record sizes: 64 KiB and 2 MiB (--sizes "64K 2M"). The file is removed at the end.
+ * 16 MiB full of records of one size, first without summaries (the scan walks one 4 KiB header
+ * per record), then with them (one read per page), and scans each one read at a time and with
+ * KVR_SSDF_SCAN_DEPTH walkers; it projects the scan of 1 TiB of such records from the rate.
+ * Record sizes: 64 KiB and 2 MiB (--sizes "64K 2M"). The file is removed at the end.
  *
- *   scan_<size>_depth<d>_records_per_s   records indexed per second
- *   scan_<size>_depth<d>_1tib_s          seconds for 1 TiB of such records at that rate
+ *   scan_<size>_<headers|summary>_depth<d>_records_per_s   records indexed per second
+ *   scan_<size>_<headers|summary>_depth<d>_1tib_s          seconds for 1 TiB of such records
  */
 #include "base/log.h"
 #include "io/ssdfile.h"
@@ -49,36 +49,48 @@ static int count(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *p
     return 0;
 }
 
-/* Fills every page with records of len payload bytes. Returns the records written, 0 on error. */
-static uint64_t fill(kvr_ssdf_t *f, uint64_t len, uint8_t *body)
+/* Fills every page with records of len payload bytes and seals it, with its summary when
+ * summarized (else the scan walks its headers). Returns the records written, 0 on error. */
+static uint64_t fill(kvr_ssdf_t *f, uint64_t len, uint8_t *body, int summarized)
 {
+    size_t cap = (size_t)(f->page_size / (2 * KVR_SSD_ALIGN)) * KVR_SSD_SUMENT_MAX;
+    uint8_t *sum = malloc(cap);
     uint64_t n = 0, seq = 0;
     char key[64];
 
-    for (uint64_t p = 0; p < f->npages; p++) {
+    for (uint64_t p = 0; sum != NULL && p < f->npages; p++) {
+        kvr_ssd_page_t pg = {.page = p, .version = p + 1, .file_id = f->file_id};
         uint64_t off = KVR_SSD_ALIGN, recs = 0;
-        if (kvr_ssdf_page_write(f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f->file_id}) != KVR_OK)
-            return 0;
+        size_t slen = 0;
+        if (kvr_ssdf_page_write(f, &pg) != KVR_OK)
+            goto fail;
         for (;;) {
             kvr_ssd_rec_t r = {.version = p + 1, .seq = ++seq, .length = len, .ns_len = 7, .ns = "default", .model_len = 7, .model = "kvrelay"};
             int kl = snprintf(key, sizeof(key), "bench/%012llu", (unsigned long long)seq);
             struct iovec iov = {body, (size_t)kl + len};
-            if (off + kvr_ssd_rec_span((size_t)kl, len) > f->page_size)
-                break;
+            if (off + kvr_ssd_rec_span((size_t)kl, len) + slen + KVR_SSD_SUMENT_MAX > f->page_size)
+                break; /* room for the record and the summary after it */
             r.key_len = (uint16_t)kl;
             memcpy(r.key, key, (size_t)kl);
             memcpy(body, key, (size_t)kl); /* the body starts with the key, as in the arena */
             r.khash = XXH3_64bits(key, (size_t)kl);
             if (kvr_ssdf_rec_write(f, p, off, &r, &iov, 1) != KVR_OK)
-                return 0;
+                goto fail;
+            slen += kvr_ssd_sument_encode(&r, off, sum + slen);
             off += kvr_ssd_rec_span((size_t)kl, len);
             recs++;
         }
-        if (kvr_ssdf_page_write(f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f->file_id, .sealed = 1, .nrecords = (uint32_t)recs, .used = off, .summary_off = off}) != KVR_OK)
-            return 0;
+        pg.used = off;
+        pg.nrecords = (uint32_t)recs;
+        if (kvr_ssdf_page_seal(f, &pg, sum, summarized ? slen : 0) != KVR_OK)
+            goto fail;
         n += recs;
     }
-    return kvr_ssdf_sync(f) == KVR_OK ? n : 0;
+    free(sum);
+    return n;
+fail:
+    free(sum);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -116,26 +128,30 @@ int main(int argc, char **argv)
             return 1;
         }
         memset(body, 0x5a, len + KVR_SSD_ALIGN);
-        written = fill(&f, len, body);
-        for (unsigned depth = 1; written > 0 && depth <= KVR_SSDF_SCAN_DEPTH; depth *= KVR_SSDF_SCAN_DEPTH) {
-            double t0 = now(), dt;
-            got = 0;
-            rc = kvr_ssdf_scan_depth(&f, depth, count, &got, &st);
-            dt = now() - t0;
-            if (rc != KVR_OK || got != written) {
-                fprintf(stderr, "bench_ssd_scan: scan found %llu of %llu records (rc %d)\n", (unsigned long long)got,
-                        (unsigned long long)written, rc);
-                rc = 1;
-                break;
+        for (int summarized = 0; summarized < 2 && rc != 2; summarized++) {
+            const char *how = summarized ? "summary" : "headers";
+            written = fill(&f, len, body, summarized);
+            rc = written > 0 ? KVR_OK : 2;
+            for (unsigned depth = 1; rc == KVR_OK && depth <= KVR_SSDF_SCAN_DEPTH; depth *= KVR_SSDF_SCAN_DEPTH) {
+                double t0 = now(), dt;
+                got = 0;
+                rc = kvr_ssdf_scan_depth(&f, depth, count, &got, &st);
+                dt = now() - t0;
+                if (rc != KVR_OK || got != written || st.summaries != (summarized ? f.npages : 0)) {
+                    fprintf(stderr, "bench_ssd_scan: scan found %llu of %llu records, %llu summaries (rc %d)\n",
+                            (unsigned long long)got, (unsigned long long)written, (unsigned long long)st.summaries, rc);
+                    rc = 2;
+                    break;
+                }
+                printf("scan_%s_%s_depth%u_records_per_s %.0f records/s\n", tok, how, depth, (double)got / dt);
+                printf("scan_%s_%s_depth%u_1tib_s %.1f s\n", tok, how, depth,
+                       (double)(1ull << 40) / (double)kvr_ssd_rec_span(20, len) / ((double)got / dt));
             }
-            printf("scan_%s_depth%u_records_per_s %.0f records/s\n", tok, depth, (double)got / dt);
-            printf("scan_%s_depth%u_1tib_s %.1f s\n", tok, depth,
-                   (double)(1ull << 40) / (double)kvr_ssd_rec_span(20, len) / ((double)got / dt));
         }
         kvr_ssdf_close(&f);
         unlink(path);
         free(body);
-        if (written == 0 || rc != KVR_OK)
+        if (rc != KVR_OK)
             return 1;
     }
     return 0;

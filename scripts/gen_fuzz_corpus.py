@@ -124,12 +124,14 @@ def main():
     write(ssd, "super", bytes([0 | 4]) + b"KVRSSDSB" + struct.pack("<II4Q", 1, 0, 64 << 20, 16, 99, 5))
     write(ssd, "page_open", bytes([1 | 4]) + b"KVRSSDPG" + struct.pack("<4QII3Q", 3, 11, 99, 8, 0, 0, 0, 0, 0))
     write(ssd, "page_sealed", bytes([1 | 4]) + b"KVRSSDPG"
-          + struct.pack("<4QII3Q", 3, 11, 99, 8, 1, 2, 5 * 4096, 5 * 4096, 77))
+          + struct.pack("<4QII3Q", 3, 11, 99, 8, 1, 2, 5 * 4096, 200, 77))
     k = b"prefix/0001/layer-07"
     rec = (b"KVRSSDRC" + struct.pack("<7QHBB", 7, 1, xxh3(k), 0xFEED, 2 << 20, 0x11, 42, len(k), 8, 21)
            + b"tenant-a".ljust(32, b"\0") + b"meta-llama/Llama-3-8B".ljust(128, b"\0") + bytes(28) + k)
     write(ssd, "record", bytes([2 | 4]) + rec)
-    write(ssd, "summary_entry", bytes([3]) + struct.pack("<IIQQQ", 1, 514, 9, 10, 2 << 20))
+    write(ssd, "summary_entry", bytes([3]) + struct.pack("<II6QHBB", 1, 514, 9, xxh3(k), 0xFEED, 2 << 20, 0x11, 42,
+                                                          len(k), 8, 21)
+          + b"tenant-a" + b"meta-llama/Llama-3-8B" + k)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,35 @@ int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg)
     return rc;
 }
 
+int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len)
+{
+    size_t io = (len + KVR_SSD_ALIGN - 1) & ~(size_t)(KVR_SSD_ALIGN - 1);
+    uint8_t *buf;
+    int rc = KVR_OK;
+
+    if (pg->used < KVR_SSD_ALIGN || pg->used % KVR_SSD_ALIGN != 0 || pg->used > f->page_size ||
+        io > f->page_size - pg->used)
+        return KVR_EINVAL;
+    if (io > 0) {
+        if ((buf = kvr_ssdf_buf(io)) == NULL)
+            return KVR_ERR;
+        memcpy(buf, summary, len);
+        memset(buf + len, 0, io - len);
+        rc = full_io(f->fd, 1, buf, io, kvr_ssdf_page_off(f, pg->page) + pg->used);
+        free(buf);
+        if (rc != KVR_OK) {
+            kvr_error("ssd: writing the summary of page %llu: %s", (unsigned long long)pg->page, strerror(errno));
+            return KVR_ERR;
+        }
+    }
+    if (kvr_ssdf_sync(f) != KVR_OK) /* the records and the summary are down before the seal says so */
+        return KVR_ERR;
+    pg->sealed = 1;
+    pg->summary_len = len;
+    pg->summary_sum = len > 0 ? kvr_ssd_sum(summary, len) : 0;
+    return kvr_ssdf_page_write(f, pg);
+}
+
 int kvr_ssdf_rec_read(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t off, kvr_ssd_rec_t *rec)
 {
     uint8_t *blk = kvr_ssdf_buf(KVR_SSD_ALIGN);

@@ -44,9 +44,11 @@ static inline uint64_t kvr_ssdf_page_off(const kvr_ssdf_t *f, uint64_t p)
 typedef struct {
     uint64_t pages_empty, pages_open, pages_sealed, pages_bad;
     uint64_t records, record_bytes;
-    uint64_t records_torn; /* a header or body that did not check: the page's walk ends there */
-    uint64_t max_version;  /* the newest page incarnation seen (0: none) */
-    uint64_t max_seq;      /* the newest record's write sequence (0: none) */
+    uint64_t records_torn;  /* a header or body that did not check: the page's walk ends there */
+    uint64_t summaries;     /* sealed pages read from their summary */
+    uint64_t summaries_bad; /* summaries that did not check: their pages were walked instead */
+    uint64_t max_version;   /* the newest page incarnation seen (0: none) */
+    uint64_t max_seq;       /* the newest record's write sequence (0: none) */
 } kvr_ssdf_scan_t;
 
 /* Called per record kept: a page's records in offset order, pages interleaved (the scan walks
@@ -55,10 +57,12 @@ typedef int (*kvr_ssdf_rec_cb)(void *ctx, uint64_t page, uint64_t off, const kvr
                                const kvr_ssd_rec_t *rec);
 
 /*
- * Reads every page header and walks each page's records from its start (ssdscan.c): a sealed page up to
- * its `used`, an open one (the page being written when the server stopped) until a header
- * that is empty, stale or does not check, and in an open page each record's body is read and
- * its checksum verified too (a sealed page was synced before it was sealed). A page whose
+ * Reads every page header and each page's records (ssdscan.c): a sealed page's from its summary
+ * in one read (when the summary is missing or does not check, by walking its record headers up
+ * to its `used`), an open one's (the page being written when the server stopped) by walking
+ * its headers until one that is empty, stale or does not check, and in an open page each
+ * record's body is read and its checksum verified too (a sealed page was synced before it was
+ * sealed). A page whose
  * header does not check counts as bad and is reused as if empty. cb returning non-zero stops
  * the scan with that value. KVR_OK, cb's value, or KVR_ERR (an I/O error, logged).
  */
@@ -70,6 +74,14 @@ int kvr_ssdf_scan_depth(kvr_ssdf_t *f, unsigned depth, kvr_ssdf_rec_cb cb, void 
 
 /* Writes page p's header (open: sealed 0). KVR_OK or KVR_ERR (logged). */
 int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg);
+
+/*
+ * Seals a page whose records end at pg->used (pg->nrecords of them): writes the summary (len
+ * bytes of entries, kvr_ssd_sument_encode, in offset order; len 0: none) at pg->used, syncs the
+ * file, then writes the header with sealed 1 and the summary's length and checksum, which it
+ * sets in *pg. KVR_OK, KVR_EINVAL (the summary does not fit in the page), or KVR_ERR (logged).
+ */
+int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len);
 
 /*
  * Appends a record at offset off of page p: its header, then the body given as iovecs whose

@@ -90,6 +90,51 @@ static int record(scan_t *s, const kvr_ssd_page_t *pg, uint64_t off, int rc, uin
     return KVR_OK;
 }
 
+/*
+ * A sealed page's summary (len bytes at buf), checked whole before any record of it is handed
+ * over: its checksum, then every entry in offset order from the page header to `used`, as many
+ * as nrecords. KVR_OK (*ok 1: the records were handed over; 0: the summary does not check,
+ * walk the headers instead), the callback's non-zero value.
+ */
+static int summary(scan_t *s, const kvr_ssd_page_t *pg, const uint8_t *buf, int *ok)
+{
+    *ok = 0;
+    if (kvr_ssd_sum(buf, pg->summary_len) != pg->summary_sum) {
+        s->st->summaries_bad++;
+        kvr_warn("ssd: page %llu: summary checksum mismatch; walking its records", (unsigned long long)pg->page);
+        return KVR_OK;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* check all, then hand over */
+        uint64_t want = KVR_SSD_ALIGN, n = 0, off;
+        size_t at = 0, len;
+        while (at < pg->summary_len) {
+            int rc = kvr_ssd_sument_decode(buf + at, pg->summary_len - at, pg->version, s->f->page_size, &s->rec,
+                                           &off, &len);
+            if (rc != KVR_SSD_OK || off != want || n >= pg->nrecords)
+                break;
+            want += kvr_ssd_rec_span(s->rec.key_len, s->rec.length);
+            at += len;
+            n++;
+            if (pass == 1) {
+                s->st->records++;
+                s->st->record_bytes += s->rec.length;
+                if (s->rec.seq > s->st->max_seq)
+                    s->st->max_seq = s->rec.seq;
+                if ((rc = s->cb(s->ctx, pg->page, off, pg, &s->rec)) != 0)
+                    return rc;
+            }
+        }
+        if (pass == 0 && (at != pg->summary_len || n != pg->nrecords || want != pg->used)) {
+            s->st->summaries_bad++;
+            kvr_warn("ssd: page %llu: summary does not match the page; walking its records", (unsigned long long)pg->page);
+            return KVR_OK;
+        }
+    }
+    s->st->summaries++;
+    *ok = 1;
+    return KVR_OK;
+}
+
 /* Page p's header, decoded and counted: 1 when its records are to be walked now (sealed),
  * 0 when not (empty, bad, or open: queued for the end). */
 static int page_header(scan_t *s, uint64_t p, const uint8_t *blk, kvr_ssd_page_t *pg)
@@ -133,6 +178,21 @@ static int walk_sync(scan_t *s, uint64_t p, uint8_t *blk, int open_pass)
     } else if (!page_header(s, p, blk, &pg)) {
         return KVR_OK;
     }
+    if (pg.sealed && pg.summary_len > 0) {
+        size_t io = (pg.summary_len + KVR_SSD_ALIGN - 1) & ~(size_t)(KVR_SSD_ALIGN - 1);
+        uint8_t *buf = kvr_ssdf_buf(io);
+        int ok = 0;
+        if (buf == NULL)
+            return KVR_ERR;
+        rc = kvr_ssdf_read(s->f, buf, io, kvr_ssdf_page_off(s->f, p) + pg.used);
+        if (rc != KVR_OK)
+            kvr_error("ssd: reading the summary of page %llu: %s", (unsigned long long)p, strerror(errno));
+        else
+            rc = summary(s, &pg, buf, &ok);
+        free(buf);
+        if (rc != KVR_OK || ok)
+            return rc;
+    }
     while (off != 0) {
         int d = kvr_ssdf_rec_read(s->f, p, pg.version, off, &s->rec);
         if (d == KVR_ERR)
@@ -147,16 +207,31 @@ typedef struct {
     kvr_ssd_page_t pg;
     uint64_t page, off; /* off 0: reading the page header */
     uint8_t *blk;
+    uint8_t *sum; /* the summary being read (summing 1), sum_cap bytes */
+    size_t sum_cap;
+    int summing;
 } walker_t;
 
-/* Queues the walker's next read (the next page's header when its page is done). 0 when there is
- * nothing left for it. */
+/* The bytes of the walker's summary read. */
+static size_t summary_io(const walker_t *w)
+{
+    return (w->pg.summary_len + KVR_SSD_ALIGN - 1) & ~(size_t)(KVR_SSD_ALIGN - 1);
+}
+
+/* Queues the walker's next read: its page's summary, its next record header, or the next
+ * page's header when its page is done. 0 when there is nothing left for it. */
 static int walker_next(scan_t *s, struct io_uring *ring, walker_t *w)
 {
     struct io_uring_sqe *sqe;
+    void *buf = w->blk;
+    size_t len = KVR_SSD_ALIGN;
     uint64_t at;
 
-    if (w->off == 0) {
+    if (w->summing) {
+        buf = w->sum;
+        len = summary_io(w);
+        at = kvr_ssdf_page_off(s->f, w->page) + w->pg.used;
+    } else if (w->off == 0) {
         if (s->next >= s->f->npages)
             return 0;
         w->page = s->next++;
@@ -164,8 +239,8 @@ static int walker_next(scan_t *s, struct io_uring *ring, walker_t *w)
     } else {
         at = kvr_ssdf_page_off(s->f, w->page) + w->off;
     }
-    sqe = io_uring_get_sqe(ring); /* depth entries, one per walker: never full */
-    io_uring_prep_read(sqe, s->f->fd, w->blk, KVR_SSD_ALIGN, at);
+    sqe = io_uring_get_sqe(ring); /* depth entries, one read in flight per walker: never full */
+    io_uring_prep_read(sqe, s->f->fd, buf, (unsigned)len, at);
     io_uring_sqe_set_data(sqe, w);
     return 1;
 }
@@ -173,15 +248,36 @@ static int walker_next(scan_t *s, struct io_uring *ring, walker_t *w)
 /* A walker's read completed with res. KVR_OK, the callback's value, or KVR_ERR. */
 static int walker_done(scan_t *s, walker_t *w, int res)
 {
-    if (res != (int)KVR_SSD_ALIGN) {
+    size_t want = w->summing ? summary_io(w) : KVR_SSD_ALIGN;
+    int rc, ok;
+
+    if (res < 0 || (size_t)res != want) {
         errno = res < 0 ? -res : EIO;
         kvr_error("ssd: reading page %llu at offset %llu: %s", (unsigned long long)w->page,
-                  (unsigned long long)w->off, strerror(errno));
+                  (unsigned long long)(w->summing ? w->pg.used : w->off), strerror(errno));
         return KVR_ERR;
     }
+    if (w->summing) {
+        w->summing = 0;
+        rc = summary(s, &w->pg, w->sum, &ok);
+        w->off = ok ? 0 : KVR_SSD_ALIGN; /* done, or walk the headers after all */
+        return rc;
+    }
     if (w->off == 0) {
-        if (page_header(s, w->page, w->blk, &w->pg))
+        if (!page_header(s, w->page, w->blk, &w->pg))
+            return KVR_OK;
+        if (w->pg.summary_len == 0) {
             w->off = KVR_SSD_ALIGN;
+            return KVR_OK;
+        }
+        if (summary_io(w) > w->sum_cap) {
+            free(w->sum);
+            w->sum_cap = 0;
+            if ((w->sum = kvr_ssdf_buf(summary_io(w))) == NULL)
+                return KVR_ERR;
+            w->sum_cap = summary_io(w);
+        }
+        w->summing = 1;
         return KVR_OK;
     }
     return record(s, &w->pg, w->off,
@@ -239,8 +335,10 @@ static int walk_ring(scan_t *s, unsigned depth)
         }
     }
     io_uring_queue_exit(&ring);
-    for (unsigned i = 0; i < depth; i++)
+    for (unsigned i = 0; i < depth; i++) {
         free(w[i].blk);
+        free(w[i].sum);
+    }
     free(w);
     return rc;
 }

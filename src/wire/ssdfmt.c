@@ -6,11 +6,13 @@
  * and checked to be zero; the last 8 bytes are the XXH3-64 of the 4088 before them):
  *   superblock  0 "KVRSSDSB", 8 layout u32, 16 page_size, 24 npages, 32 file_id, 40 created_ns
  *   page        0 "KVRSSDPG", 8 page, 16 version, 24 file_id, 32 opened_ns, 40 sealed u32,
- *               44 nrecords u32, 48 used, 56 summary_off, 64 summary_sum
+ *               44 nrecords u32, 48 used, 56 summary_len, 64 summary_sum
  *   record      0 "KVRSSDRC", 8 version, 16 seq, 24 khash, 32 canon, 40 length, 48 body_sum,
  *               56 written_ns, 64 key_len u16, 66 ns_len u8, 67 model_len u8, 68 ns[32],
  *               100 model[128], 256 key[1024]
- *   summary entry (32 bytes): 0 off4k u32, 4 span4k u32, 8 seq, 16 khash, 24 length
+ *   summary entry (no checksum of its own: the page header has the summary's)
+ *               0 off4k u32, 4 span4k u32, 8 seq, 16 khash, 24 canon, 32 length, 40 body_sum,
+ *               48 written_ns, 56 key_len u16, 58 ns_len u8, 59 model_len u8, 60 ns, model, key
  */
 #include "wire/ssdfmt.h"
 
@@ -144,7 +146,7 @@ void kvr_ssd_page_encode(const kvr_ssd_page_t *p, uint8_t *out)
     put32(out + 40, p->sealed);
     put32(out + 44, p->nrecords);
     put64(out + 48, p->used);
-    put64(out + 56, p->summary_off);
+    put64(out + 56, p->summary_len);
     put64(out + 64, p->summary_sum);
     seal(out);
 }
@@ -162,19 +164,20 @@ int kvr_ssd_page_decode(const uint8_t *in, uint64_t page, uint64_t file_id, uint
     out->sealed = get32(in + 40);
     out->nrecords = get32(in + 44);
     out->used = get64(in + 48);
-    out->summary_off = get64(in + 56);
+    out->summary_len = get64(in + 56);
     out->summary_sum = get64(in + 64);
     if (out->page != page || out->file_id != file_id || out->version == 0 || out->sealed > 1)
         return KVR_SSD_BAD_FIELD;
     if (!out->sealed)
-        return out->nrecords == 0 && out->used == 0 && out->summary_off == 0 && out->summary_sum == 0 ? KVR_SSD_OK
+        return out->nrecords == 0 && out->used == 0 && out->summary_len == 0 && out->summary_sum == 0 ? KVR_SSD_OK
                                                                                                       : KVR_SSD_BAD_FIELD;
-    /* sealed: records from the header to `used`, then the summary, all inside the page; each
-     * record takes at least two units (its header and one of body) */
+    /* sealed: records from the header to `used`, each at least two units (its header and one of
+     * body), then the summary (when there is one): an entry per record, all inside the page */
     if (out->used < KVR_SSD_ALIGN || out->used % KVR_SSD_ALIGN != 0 || out->used > page_size ||
-        out->nrecords > (out->used - KVR_SSD_ALIGN) / (2 * KVR_SSD_ALIGN) || out->summary_off < out->used ||
-        out->summary_off % KVR_SSD_ALIGN != 0 || out->summary_off > page_size ||
-        (uint64_t)out->nrecords * KVR_SSD_SUMMARY_ENTRY > page_size - out->summary_off)
+        out->nrecords > (out->used - KVR_SSD_ALIGN) / (2 * KVR_SSD_ALIGN) || out->summary_len > page_size - out->used ||
+        (out->summary_len > 0 && (out->nrecords == 0 || out->summary_len < (uint64_t)out->nrecords * KVR_SSD_SUMENT_FIXED ||
+                                  out->summary_len > (uint64_t)out->nrecords * KVR_SSD_SUMENT_MAX)) ||
+        (out->summary_len == 0 && out->summary_sum != 0))
         return KVR_SSD_BAD_FIELD;
     return KVR_SSD_OK;
 }
@@ -245,26 +248,65 @@ int kvr_ssd_rec_decode(const uint8_t *in, uint64_t page_version, uint64_t off, u
     return out->version == page_version ? KVR_SSD_OK : KVR_SSD_STALE;
 }
 
-void kvr_ssd_sument_encode(const kvr_ssd_sument_t *e, uint8_t *out)
+size_t kvr_ssd_sument_encode(const kvr_ssd_rec_t *r, uint64_t off, uint8_t *out)
 {
-    put32(out, e->off4k);
-    put32(out + 4, e->span4k);
-    put64(out + 8, e->seq);
-    put64(out + 16, e->khash);
-    put64(out + 24, e->length);
+    uint8_t *p = out + KVR_SSD_SUMENT_FIXED;
+
+    put32(out, (uint32_t)(off / KVR_SSD_ALIGN));
+    put32(out + 4, (uint32_t)(kvr_ssd_rec_span(r->key_len, r->length) / KVR_SSD_ALIGN));
+    put64(out + 8, r->seq);
+    put64(out + 16, r->khash);
+    put64(out + 24, r->canon);
+    put64(out + 32, r->length);
+    put64(out + 40, r->body_sum);
+    put64(out + 48, r->written_ns);
+    put16(out + 56, r->key_len);
+    out[58] = r->ns_len;
+    out[59] = r->model_len;
+    memcpy(p, r->ns, r->ns_len);
+    p += r->ns_len;
+    memcpy(p, r->model, r->model_len);
+    p += r->model_len;
+    memcpy(p, r->key, r->key_len);
+    return KVR_SSD_SUMENT_FIXED + (size_t)r->ns_len + r->model_len + r->key_len;
 }
 
-int kvr_ssd_sument_decode(const uint8_t *in, uint64_t page_size, kvr_ssd_sument_t *out)
+int kvr_ssd_sument_decode(const uint8_t *in, size_t avail, uint64_t version, uint64_t page_size, kvr_ssd_rec_t *r,
+                          uint64_t *off, size_t *size)
 {
-    out->off4k = get32(in);
-    out->span4k = get32(in + 4);
-    out->seq = get64(in + 8);
-    out->khash = get64(in + 16);
-    out->length = get64(in + 24);
-    if (out->off4k < 1 || out->span4k < 2 ||
-        ((uint64_t)out->off4k + out->span4k) * KVR_SSD_ALIGN > page_size ||
-        kvr_ssd_rec_span(1, out->length) > (uint64_t)out->span4k * KVR_SSD_ALIGN)
+    uint64_t off4k, span4k;
+    size_t n;
+
+    if (avail < KVR_SSD_SUMENT_FIXED)
         return KVR_SSD_BAD_FIELD;
+    off4k = get32(in);
+    span4k = get32(in + 4);
+    r->version = version;
+    r->seq = get64(in + 8);
+    r->khash = get64(in + 16);
+    r->canon = get64(in + 24);
+    r->length = get64(in + 32);
+    r->body_sum = get64(in + 40);
+    r->written_ns = get64(in + 48);
+    r->key_len = get16(in + 56);
+    r->ns_len = in[58];
+    r->model_len = in[59];
+    n = KVR_SSD_SUMENT_FIXED + (size_t)r->ns_len + r->model_len + r->key_len;
+    if (n > avail || r->key_len == 0 || r->key_len > KVR_KEY_MAX || r->length > page_size ||
+        !name_ok(in + KVR_SSD_SUMENT_FIXED, r->ns_len, r->ns_len) ||
+        !name_ok(in + KVR_SSD_SUMENT_FIXED + r->ns_len, r->model_len, r->model_len) || r->ns_len > KVR_SSD_NS_NAME_MAX ||
+        r->model_len > KVR_SSD_MODEL_MAX || off4k < 1 || span4k * KVR_SSD_ALIGN != kvr_ssd_rec_span(r->key_len, r->length) ||
+        (off4k + span4k) * KVR_SSD_ALIGN > page_size)
+        return KVR_SSD_BAD_FIELD;
+    memcpy(r->ns, in + KVR_SSD_SUMENT_FIXED, r->ns_len);
+    r->ns[r->ns_len] = '\0';
+    memcpy(r->model, in + KVR_SSD_SUMENT_FIXED + r->ns_len, r->model_len);
+    r->model[r->model_len] = '\0';
+    memcpy(r->key, in + KVR_SSD_SUMENT_FIXED + r->ns_len + r->model_len, r->key_len);
+    if (XXH3_64bits(r->key, r->key_len) != r->khash)
+        return KVR_SSD_BAD_FIELD;
+    *off = off4k * KVR_SSD_ALIGN;
+    *size = n;
     return KVR_SSD_OK;
 }
 

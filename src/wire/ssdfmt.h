@@ -6,7 +6,10 @@
  * bytes. A page starts with a page header (KVR_SSD_ALIGN bytes) and holds records appended
  * back to back, each KVR_SSD_ALIGN-aligned: a record header (KVR_SSD_ALIGN bytes, with a copy of
  * the key), then the block's bytes exactly as the arena holds them (key, then payload), padded
- * to KVR_SSD_ALIGN. Every number is little-endian at a fixed offset.
+ * to KVR_SSD_ALIGN. Every number is little-endian at a fixed offset. A sealed page also has a
+ * summary right after its last record: one entry per record with everything its header says
+ * but the checksum, so that a restart reads a page's index in one read instead of walking its
+ * record headers one dependent read at a time.
  *
  * A record belongs to the page incarnation whose version it carries: recycling a page gives it
  * a new version, which invalidates every record left in it without touching them. Each header
@@ -19,15 +22,16 @@
 
 #include "common.h"
 
-#define KVR_SSD_ALIGN         4096u      /* O_DIRECT's unit here: headers, offsets, lengths */
-#define KVR_SSD_SUPER_BYTES   (1u << 20) /* before page 0: the superblock, then nothing */
-#define KVR_SSD_LAYOUT        1u
-#define KVR_SSD_PAGE_MIN      (1ull << 20)
-#define KVR_SSD_PAGE_MAX      (1ull << 32) /* offsets in a page are 32-bit */
-#define KVR_SSD_PAGES_MAX     (1ull << 24) /* page numbers: 2^24 pages of up to 4 GiB */
-#define KVR_SSD_NS_NAME_MAX   32u          /* as a namespace name (shm/tenants_sh.h) */
-#define KVR_SSD_MODEL_MAX     128u         /* as a model name (common.h) */
-#define KVR_SSD_SUMMARY_ENTRY 32u          /* bytes per record in a sealed page's summary */
+#define KVR_SSD_ALIGN        4096u      /* O_DIRECT's unit here: headers, offsets, lengths */
+#define KVR_SSD_SUPER_BYTES  (1u << 20) /* before page 0: the superblock, then nothing */
+#define KVR_SSD_LAYOUT       1u
+#define KVR_SSD_PAGE_MIN     (1ull << 20)
+#define KVR_SSD_PAGE_MAX     (1ull << 32) /* offsets in a page are 32-bit */
+#define KVR_SSD_PAGES_MAX    (1ull << 24) /* page numbers: 2^24 pages of up to 4 GiB */
+#define KVR_SSD_NS_NAME_MAX  32u          /* as a namespace name (shm/tenants_sh.h) */
+#define KVR_SSD_MODEL_MAX    128u         /* as a model name (common.h) */
+#define KVR_SSD_SUMENT_FIXED 60u          /* a summary entry's bytes before its names and key */
+#define KVR_SSD_SUMENT_MAX   (KVR_SSD_SUMENT_FIXED + KVR_SSD_NS_NAME_MAX + KVR_SSD_MODEL_MAX + KVR_KEY_MAX)
 
 typedef struct {
     uint32_t layout;    /* KVR_SSD_LAYOUT */
@@ -46,7 +50,7 @@ typedef struct {
     uint32_t sealed;
     uint32_t nrecords;
     uint64_t used;        /* bytes of records from the page's start, its header included */
-    uint64_t summary_off; /* where the summary is: nrecords entries of KVR_SSD_SUMMARY_ENTRY */
+    uint64_t summary_len; /* bytes of the summary, which starts at `used` (0: none written) */
     uint64_t summary_sum; /* XXH3-64 of the summary's bytes */
 } kvr_ssd_page_t;
 
@@ -65,15 +69,6 @@ typedef struct {
     char model[KVR_SSD_MODEL_MAX + 1]; /* NUL-terminated */
     uint8_t key[KVR_KEY_MAX];          /* the key's bytes (also at the body's start) */
 } kvr_ssd_rec_t;
-
-/* One record in a sealed page's summary: enough to index the block without its header. */
-typedef struct {
-    uint32_t off4k;  /* the record's offset in the page, in KVR_SSD_ALIGN units */
-    uint32_t span4k; /* its length, header included, in KVR_SSD_ALIGN units */
-    uint64_t seq;
-    uint64_t khash;
-    uint64_t length;
-} kvr_ssd_sument_t;
 
 /* Results of the decoders: what was wrong, for the counters and the one log line. */
 enum { KVR_SSD_OK = 0,
@@ -98,8 +93,8 @@ void kvr_ssd_rec_encode(const kvr_ssd_rec_t *r, uint8_t *out);
 /*
  * Decoders read exactly KVR_SSD_ALIGN bytes at in and return KVR_SSD_OK with *out filled, or
  * one of the errors above. The superblock: layout, page size and count within bounds. A page
- * header: its own index `page` and the file's id must match; a sealed page's used, nrecords
- * and summary must fit in page_size. A record header: lengths within bounds, the names
+ * header: its own index `page` and the file's id must match; a sealed page's records and the
+ * summary after them must fit in page_size. A record header: lengths within bounds, the names
  * printable without NUL, the key's hash equal to khash, the record inside the page from `off`
  * (its offset, KVR_SSD_ALIGN-aligned, past the page header), and its version equal to the
  * page's (else KVR_SSD_STALE, checked last).
@@ -109,10 +104,18 @@ int kvr_ssd_page_decode(const uint8_t *in, uint64_t page, uint64_t file_id, uint
 int kvr_ssd_rec_decode(const uint8_t *in, uint64_t page_version, uint64_t off, uint64_t page_size,
                        kvr_ssd_rec_t *out);
 
-/* The summary: entries encoded back to back (KVR_SSD_SUMMARY_ENTRY bytes each). */
-void kvr_ssd_sument_encode(const kvr_ssd_sument_t *e, uint8_t *out);
-/* KVR_SSD_OK, or KVR_SSD_BAD_FIELD when the entry does not lie inside the page past its header. */
-int kvr_ssd_sument_decode(const uint8_t *in, uint64_t page_size, kvr_ssd_sument_t *out);
+/*
+ * The summary: one entry per record of the page, in offset order, back to back. An entry is the
+ * record's offset and span in KVR_SSD_ALIGN units, then its header's fields, names and key:
+ * KVR_SSD_SUMENT_FIXED bytes plus the names' and the key's lengths. kvr_ssd_sument_encode writes
+ * the entry of r (a record at offset off of its page) and returns its size. kvr_ssd_sument_decode
+ * reads one from in (avail bytes there) with the bounds of a record header, the record inside a
+ * page of page_size and its span matching its lengths; r->version is set to version (the
+ * page's: an entry has none of its own). KVR_SSD_OK with *off and *size, or KVR_SSD_BAD_FIELD.
+ */
+size_t kvr_ssd_sument_encode(const kvr_ssd_rec_t *r, uint64_t off, uint8_t *out);
+int kvr_ssd_sument_decode(const uint8_t *in, size_t avail, uint64_t version, uint64_t page_size, kvr_ssd_rec_t *r,
+                          uint64_t *off, size_t *size);
 
 /* The XXH3-64 of a body given in pieces (the arena's runs): state in, state out. */
 typedef struct kvr_ssd_sum_s kvr_ssd_sum_t;

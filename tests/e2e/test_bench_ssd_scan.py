@@ -1,7 +1,8 @@
 """
 build/bench/bench_ssd_scan, the disk tier's restart scan benchmark, run small (a 64 MiB file of
 64 KiB records under /var/tmp): a check that it runs, scans every record it wrote at both
-depths (it exits 1 when a scan finds another count) and prints its figures; never a figure.
+depths, from the headers and from the summaries (it exits 1 when a scan finds another count, or
+did not read the summaries it wrote), and prints its figures; never a figure.
 """
 
 import re
@@ -18,7 +19,8 @@ def test_bench_ssd_scan_runs_small():
                        capture_output=True, text=True, timeout=60 * SLOW, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = dict(re.findall(r"^(scan_\S+) ([0-9.]+) ", p.stdout, re.M))
-    for depth in (1, 32):
-        assert float(lines[f"scan_64K_depth{depth}_records_per_s"]) > 0, p.stdout
-        assert float(lines[f"scan_64K_depth{depth}_1tib_s"]) > 0, p.stdout
+    for how in ("headers", "summary"):
+        for depth in (1, 32):
+            assert float(lines[f"scan_64K_{how}_depth{depth}_records_per_s"]) > 0, p.stdout
+            assert float(lines[f"scan_64K_{how}_depth{depth}_1tib_s"]) > 0, p.stdout
     assert not list(Path("/var/tmp").glob("kvrelay-bench-ssd-scan.*")), "file left behind"

@@ -164,7 +164,7 @@ Test(ssdfile, records_scan_and_recycling)
     cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id}), KVR_OK);
     used = put(&f, 1, 2, KVR_SSD_ALIGN, "b-one", 5000, 3, 3);
     cr_assert_eq(kvr_ssdf_sync(&f), KVR_OK);
-    cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = used, .summary_off = used}),
+    cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = used}),
                  KVR_OK);
     /* page 2: written as version 3, then recycled as version 4 with nothing in it yet */
     cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 2, .version = 3, .file_id = f.file_id}), KVR_OK);
@@ -208,7 +208,7 @@ Test(ssdfile, torn_records)
     put(&f, 0, 1, o3, "t3", 20000, 3, 3);
     cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id}), KVR_OK);
     used = put(&f, 1, 2, KVR_SSD_ALIGN, "s1", 9000, 4, 4);
-    cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = used, .summary_off = used}),
+    cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = 1, .version = 2, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = used}),
                  KVR_OK);
     kvr_ssdf_close(&f);
 
@@ -273,7 +273,7 @@ Test(ssdfile, ring_and_one_at_a_time_agree)
             off = put(&f, p, p + 1, off, (snprintf(key, sizeof(key), "p%llu", (unsigned long long)p), key),
                       100 + p * 9000, (uint8_t)p, p + 1);
         if (p % 3 != 2 && p != 7) /* every third page left open, and the empty one */
-            cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = off, .summary_off = off}),
+            cr_assert_eq(kvr_ssdf_page_write(&f, &(kvr_ssd_page_t){.page = p, .version = p + 1, .file_id = f.file_id, .sealed = 1, .nrecords = 1, .used = off}),
                          KVR_OK);
     }
     cr_assert_eq(kvr_ssdf_scan_depth(&f, 1, collect, &sa, &a), KVR_OK);
@@ -288,5 +288,78 @@ Test(ssdfile, ring_and_one_at_a_time_agree)
     cr_assert(a.pages_sealed == 7 && b.pages_sealed == 7);
     cr_assert(a.records == b.records && a.record_bytes == b.record_bytes && a.max_version == 12 && b.max_version == 12);
     cr_assert(a.max_seq == 12 && b.max_seq == 12);
+    kvr_ssdf_close(&f);
+}
+
+/* The summary of page p's records, read back from their headers as the writer would have kept
+ * them; *n gets the count. */
+static size_t summarize(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t used, uint8_t *out, uint32_t *n)
+{
+    static kvr_ssd_rec_t r;
+    size_t len = 0;
+
+    *n = 0;
+    for (uint64_t off = KVR_SSD_ALIGN; off < used; off += kvr_ssd_rec_span(r.key_len, r.length)) {
+        cr_assert_eq(kvr_ssdf_rec_read(f, p, version, off, &r), KVR_SSD_OK);
+        len += kvr_ssd_sument_encode(&r, off, out + len);
+        ++*n;
+    }
+    return len;
+}
+
+/* A page sealed with its summary is read from it in one read, on both scan paths; a summary
+ * that does not check makes the scan walk the page's headers instead, with the same result. */
+Test(ssdfile, sealed_pages_read_from_their_summary)
+{
+    kvr_ssdf_t f;
+    kvr_ssdf_scan_t st;
+    static seen_t seen;
+    static uint8_t sum[16 * KVR_SSD_SUMENT_MAX];
+    kvr_ssd_page_t pg = {.page = 0, .version = 3};
+    uint64_t off = KVR_SSD_ALIGN;
+    uint32_t n;
+    size_t len;
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    pg.file_id = f.file_id;
+    cr_assert_eq(kvr_ssdf_page_write(&f, &pg), KVR_OK);
+    off = put(&f, 0, 3, off, "sum-a", 1000, 1, 1);
+    off = put(&f, 0, 3, off, "sum-b/with/a/longer/key", 70000, 2, 2);
+    off = put(&f, 0, 3, off, "sum-c", 5, 3, 3);
+    len = summarize(&f, 0, 3, off, sum, &n);
+    pg.used = off;
+    pg.nrecords = n;
+    cr_assert_eq(kvr_ssdf_page_seal(&f, &pg, sum, len), KVR_OK);
+    cr_assert(pg.sealed && pg.summary_len == len && pg.summary_sum != 0);
+    for (unsigned depth = 1; depth <= 4; depth *= 4) {
+        memset(&seen, 0, sizeof(seen));
+        cr_assert_eq(kvr_ssdf_scan_depth(&f, depth, collect, &seen, &st), KVR_OK);
+        cr_assert_eq(st.summaries, 1, "depth %u", depth);
+        cr_assert(seen.n == 3 && st.records == 3 && st.record_bytes == 71005 && st.max_seq == 3);
+        cr_assert(find(&seen, "sum-a") == 0 && find(&seen, "sum-b/with/a/longer/key") == 1 && find(&seen, "sum-c") == 2);
+    }
+    kvr_ssdf_close(&f);
+
+    /* one byte of the summary flipped: its checksum fails, the headers are walked */
+    flip(KVR_SSD_SUPER_BYTES + off + 70);
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    for (unsigned depth = 1; depth <= 4; depth *= 4) {
+        memset(&seen, 0, sizeof(seen));
+        cr_assert_eq(kvr_ssdf_scan_depth(&f, depth, collect, &seen, &st), KVR_OK);
+        cr_assert(st.summaries == 0 && st.summaries_bad == 1, "depth %u", depth);
+        cr_assert(seen.n == 3 && st.records == 3);
+    }
+
+    /* a summary that checks but names the first record twice: walked too */
+    static kvr_ssd_rec_t a;
+    cr_assert_eq(kvr_ssdf_rec_read(&f, 0, 3, KVR_SSD_ALIGN, &a), KVR_SSD_OK);
+    len = kvr_ssd_sument_encode(&a, KVR_SSD_ALIGN, sum);
+    len += kvr_ssd_sument_encode(&a, KVR_SSD_ALIGN, sum + len);
+    len += kvr_ssd_sument_encode(&a, KVR_SSD_ALIGN, sum + len);
+    pg.sealed = 0;
+    cr_assert_eq(kvr_ssdf_page_seal(&f, &pg, sum, len), KVR_OK);
+    memset(&seen, 0, sizeof(seen));
+    cr_assert_eq(kvr_ssdf_scan(&f, collect, &seen, &st), KVR_OK);
+    cr_assert(st.summaries == 0 && st.summaries_bad == 1 && seen.n == 3);
     kvr_ssdf_close(&f);
 }

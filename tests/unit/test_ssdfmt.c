@@ -87,19 +87,25 @@ Test(ssdfmt, page_open_and_sealed)
     kvr_ssd_page_encode(&p, buf);
     cr_assert_eq(kvr_ssd_page_decode(buf, 3, 99, PAGE, &d), KVR_SSD_BAD_FIELD);
 
-    p = (kvr_ssd_page_t){.page = 3, .version = 11, .file_id = 99, .sealed = 1, .nrecords = 2, .used = 5 * KVR_SSD_ALIGN, .summary_off = 5 * KVR_SSD_ALIGN, .summary_sum = 77};
+    p = (kvr_ssd_page_t){.page = 3, .version = 11, .file_id = 99, .sealed = 1, .nrecords = 2, .used = 5 * KVR_SSD_ALIGN, .summary_len = 200, .summary_sum = 77};
     kvr_ssd_page_encode(&p, buf);
     cr_assert_eq(kvr_ssd_page_decode(buf, 3, 99, PAGE, &d), KVR_SSD_OK);
-    cr_assert(d.sealed && d.nrecords == 2 && d.used == 5 * KVR_SSD_ALIGN && d.summary_sum == 77);
+    cr_assert(d.sealed && d.nrecords == 2 && d.used == 5 * KVR_SSD_ALIGN && d.summary_len == 200 && d.summary_sum == 77);
+    p.summary_len = p.summary_sum = 0; /* sealed without a summary: the scan walks the headers */
+    kvr_ssd_page_encode(&p, buf);
+    cr_assert_eq(kvr_ssd_page_decode(buf, 3, 99, PAGE, &d), KVR_SSD_OK);
 
     const kvr_ssd_page_t bad[] = {
-        {.page = 3, .version = 0, .file_id = 99},                                                        /* version 0 */
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 2},                                           /* sealed not 0/1 */
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .used = 100, .summary_off = 8192},         /* unaligned used */
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .used = PAGE + 4096, .summary_off = PAGE}, /* past the page */
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 3, .used = 5 * 4096, .summary_off = 5 * 4096},
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * 4096, .summary_off = 2 * 4096},
-        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * 4096, .summary_off = PAGE},
+        {.page = 3, .version = 0, .file_id = 99},                                               /* version 0 */
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 2},                                  /* sealed not 0/1 */
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .used = 100},                     /* unaligned used */
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .used = PAGE + 4096},             /* past the page */
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 3, .used = 5 * 4096}, /* 3 records in 4 units */
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 1, .used = PAGE - 4096, .summary_len = 8192},
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 2, .used = 5 * 4096, .summary_len = 119},
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * 4096, .summary_len = KVR_SSD_SUMENT_MAX + 1},
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 0, .used = 4096, .summary_len = 60},
+        {.page = 3, .version = 1, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * 4096, .summary_sum = 5},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvr_ssd_page_encode(&bad[i], buf);
@@ -190,7 +196,7 @@ Test(ssdfmt, every_flipped_byte_is_refused)
 {
     static kvr_ssd_rec_t d;
     kvr_ssd_rec_t r = rec("blk-1", 32u << 20);
-    kvr_ssd_page_t p = {.page = 1, .version = 7, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * KVR_SSD_ALIGN, .summary_off = 3 * KVR_SSD_ALIGN};
+    kvr_ssd_page_t p = {.page = 1, .version = 7, .file_id = 99, .sealed = 1, .nrecords = 1, .used = 3 * KVR_SSD_ALIGN, .summary_len = 100, .summary_sum = 3};
     kvr_ssd_page_t dp;
     static uint8_t good[KVR_SSD_ALIGN];
 
@@ -210,21 +216,46 @@ Test(ssdfmt, every_flipped_byte_is_refused)
 
 Test(ssdfmt, summary_entries)
 {
-    uint8_t e[KVR_SSD_SUMMARY_ENTRY];
-    kvr_ssd_sument_t s = {.off4k = 1, .span4k = 514, .seq = 9, .khash = 10, .length = 2u << 20}, d;
+    static uint8_t e[2 * KVR_SSD_SUMENT_MAX];
+    static kvr_ssd_rec_t d;
+    kvr_ssd_rec_t r = rec("prefix/0001/layer-07", 2u << 20), r2 = rec("k2", 10);
+    uint64_t off;
+    size_t n, n1, n2;
 
-    kvr_ssd_sument_encode(&s, e);
-    cr_assert_eq(kvr_ssd_sument_decode(e, PAGE, &d), KVR_SSD_OK);
-    cr_assert(d.off4k == 1 && d.span4k == 514 && d.seq == 9 && d.khash == 10 && d.length == 2u << 20);
-    s.off4k = 0;
-    kvr_ssd_sument_encode(&s, e);
-    cr_assert_eq(kvr_ssd_sument_decode(e, PAGE, &d), KVR_SSD_BAD_FIELD, "over the page header");
-    s = (kvr_ssd_sument_t){.off4k = (uint32_t)(PAGE / KVR_SSD_ALIGN) - 1, .span4k = 2, .length = 1};
-    kvr_ssd_sument_encode(&s, e);
-    cr_assert_eq(kvr_ssd_sument_decode(e, PAGE, &d), KVR_SSD_BAD_FIELD, "past the page");
-    s = (kvr_ssd_sument_t){.off4k = 1, .span4k = 2, .length = 8192};
-    kvr_ssd_sument_encode(&s, e);
-    cr_assert_eq(kvr_ssd_sument_decode(e, PAGE, &d), KVR_SSD_BAD_FIELD, "a payload longer than its span");
+    n1 = kvr_ssd_sument_encode(&r, KVR_SSD_ALIGN, e);
+    cr_assert_eq(n1, KVR_SSD_SUMENT_FIXED + 8 + 21 + 20);
+    n2 = kvr_ssd_sument_encode(&r2, KVR_SSD_ALIGN + kvr_ssd_rec_span(r.key_len, r.length), e + n1);
+    cr_assert_eq(kvr_ssd_sument_decode(e, n1 + n2, 9, PAGE, &d, &off, &n), KVR_SSD_OK);
+    cr_assert(n == n1 && off == KVR_SSD_ALIGN && d.version == 9, "an entry takes its page's version");
+    cr_assert(d.seq == r.seq && d.khash == r.khash && d.canon == r.canon && d.length == r.length &&
+              d.body_sum == r.body_sum && d.written_ns == r.written_ns && d.key_len == r.key_len);
+    cr_assert_str_eq(d.ns, "tenant-a");
+    cr_assert_str_eq(d.model, "meta-llama/Llama-3-8B");
+    cr_assert(memcmp(d.key, r.key, r.key_len) == 0);
+    cr_assert_eq(kvr_ssd_sument_decode(e + n1, n2, 9, PAGE, &d, &off, &n), KVR_SSD_OK);
+    cr_assert(n == n2 && off == KVR_SSD_ALIGN + 514 * KVR_SSD_ALIGN && d.key_len == 2);
+
+    cr_assert_eq(kvr_ssd_sument_decode(e, n1 - 1, 9, PAGE, &d, &off, &n), KVR_SSD_BAD_FIELD, "cut short");
+    cr_assert_eq(kvr_ssd_sument_decode(e, 10, 9, PAGE, &d, &off, &n), KVR_SSD_BAD_FIELD, "shorter than its fixed part");
+    cr_assert_eq(kvr_ssd_sument_decode(e, n1, 9, 2u << 20, &d, &off, &n), KVR_SSD_BAD_FIELD, "past a smaller page");
+    struct {
+        size_t at;
+        uint8_t v;
+        const char *what;
+    } bad[] = {
+        {0, 0, "over the page header"},
+        {4, 7, "a span its lengths do not make"},
+        {16, 1, "the key does not hash to khash"},
+        {56, 0, "key_len 0"},
+        {58, 0, "ns_len 0"},
+        {60, ' ', "a space in ns"},
+        {68, 0x01, "a control byte in model"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvr_ssd_sument_encode(&r, KVR_SSD_ALIGN, e);
+        e[bad[i].at] = bad[i].v;
+        cr_assert_eq(kvr_ssd_sument_decode(e, n1, 9, PAGE, &d, &off, &n), KVR_SSD_BAD_FIELD, "%s", bad[i].what);
+    }
 }
 
 Test(ssdfmt, body_checksum_in_pieces)
