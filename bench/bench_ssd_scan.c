@@ -12,7 +12,7 @@
  *   scan_<size>_<headers|summary>_depth<d>_1tib_s          seconds for 1 TiB of such records
  */
 #include "base/log.h"
-#include "io/ssdfile.h"
+#include "io/ssdscan.h"
 
 #include <stdio.h>
 #include <stdlib.h>

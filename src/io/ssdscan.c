@@ -10,7 +10,7 @@
  * every body read and checked. Where io_uring is refused, or depth is 1, every page is walked
  * one read at a time.
  */
-#include "io/ssdfile.h"
+#include "io/ssdscan.h"
 
 #include "base/log.h"
 

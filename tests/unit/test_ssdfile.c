@@ -1,7 +1,7 @@
 /* The disk tier's file (io/ssdfile.c) on a real file under /var/tmp: format and reopen, files
  * that are refused and left as they are, records written from pieces and read back, a page's
  * recycling making its old records stale, and torn records found by the scan. */
-#include "io/ssdfile.h"
+#include "io/ssdscan.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
