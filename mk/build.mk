@@ -145,7 +145,8 @@ check-layers:
 	@scripts/check-layers.py --circles src && echo "check-layers: src/ no module circle"
 	@scripts/check-size.py src tools bench && echo "check-size: no file over 800 lines, no function over 120 without its reason"
 	@scripts/test-check-layers.sh src
-test: all $(UNIT_BIN) $(MP_BIN)
+# tests/e2e/test_bench_ssd_scan.py runs the scan benchmark small: build it with the tests.
+test: all $(UNIT_BIN) $(MP_BIN) $(BUILD)/bench/bench_ssd_scan
 	@$(MAKE) --no-print-directory check-format
 	@$(MAKE) --no-print-directory check-layers
 	@$(MAKE) --no-print-directory test-unit
