@@ -1,0 +1,293 @@
+/* The disk tier's pages and write head (io/ssdpages.c) on a real file under /var/tmp: appends
+ * fill pages in order and seal them with summaries a scan reads back, recycling takes the
+ * oldest page and tells the indexer first, a restart continues versions and sequences and seals
+ * the page that was open, records too large are refused without a write, and live counts follow
+ * forget. */
+#include "io/ssdpages.h"
+#include "io/ssdscan.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define PAGE  (1ull << 20)
+#define PAGES 4
+#define SIZE  (KVR_SSD_SUPER_BYTES + PAGES * PAGE)
+
+static char dir[64], path[128];
+
+static void setup(void)
+{
+    strcpy(dir, "/var/tmp/kvr-ssdp-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/ssd", dir);
+}
+
+static void teardown(void)
+{
+    unlink(path);
+    rmdir(dir);
+}
+
+TestSuite(ssdpages, .init = setup, .fini = teardown);
+
+/* What the drop callback was told, in order. */
+typedef struct {
+    int n;
+    uint64_t page[64], version[64];
+} drops_t;
+
+static void on_drop(void *ctx, uint64_t page, uint64_t version)
+{
+    drops_t *d = ctx;
+    cr_assert_lt(d->n, 64);
+    d->page[d->n] = page;
+    d->version[d->n++] = version;
+}
+
+/* Appends key with a payload of len bytes (byte i: seed + i*3) from one aligned piece. */
+static int add(kvr_ssdp_t *p, const char *key, uint64_t len, uint8_t seed, kvr_ssdp_loc_t *loc)
+{
+    size_t klen = strlen(key), total = klen + len;
+    uint8_t *b = NULL;
+    kvr_ssd_rec_t r;
+    int rc;
+
+    cr_assert_eq(posix_memalign((void **)&b, KVR_SSD_ALIGN, total + KVR_SSD_ALIGN), 0);
+    memcpy(b, key, klen);
+    for (uint64_t i = 0; i < len; i++)
+        b[klen + i] = (uint8_t)(seed + i * 3);
+    memset(&r, 0, sizeof(r));
+    r.key_len = (uint16_t)klen;
+    memcpy(r.key, key, klen);
+    r.khash = XXH3_64bits(key, klen);
+    r.canon = r.khash ^ 1;
+    r.length = len;
+    r.ns_len = 7;
+    memcpy(r.ns, "default", 7);
+    r.model_len = 5;
+    memcpy(r.model, "model", 5);
+    rc = kvr_ssdp_append(p, &r, &(struct iovec){b, total}, 1, loc);
+    free(b);
+    return rc;
+}
+
+/* A scan's records: key, page, version, offset, sequence. */
+typedef struct {
+    int n;
+    char key[256][24];
+    uint64_t page[256], version[256], off[256], seq[256];
+    kvr_ssdp_t *feed; /* when set, each record is fed to the table too */
+} seen_t;
+
+static int collect(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg, const kvr_ssd_rec_t *rec)
+{
+    seen_t *s = ctx;
+    cr_assert_lt(s->n, 256);
+    memcpy(s->key[s->n], rec->key, rec->key_len);
+    s->key[s->n][rec->key_len] = '\0';
+    s->page[s->n] = page;
+    s->version[s->n] = pg->version;
+    s->off[s->n] = off;
+    s->seq[s->n++] = rec->seq;
+    if (s->feed != NULL)
+        kvr_ssdp_scan_rec(s->feed, page, off, pg, rec);
+    return 0;
+}
+
+static int count(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg, const kvr_ssd_rec_t *rec)
+{
+    (void)page, (void)off, (void)pg, (void)rec;
+    (*(uint64_t *)ctx)++;
+    return 0;
+}
+
+static int find(const seen_t *s, const char *key)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->key[i], key) == 0)
+            return i;
+    return -1;
+}
+
+/* Reads the record at loc back and checks its payload. */
+static void check_body(kvr_ssdf_t *f, const kvr_ssdp_loc_t *loc, const char *key, uint64_t len, uint8_t seed)
+{
+    kvr_ssd_rec_t r;
+    uint8_t *buf = NULL;
+
+    cr_assert_eq(kvr_ssdf_rec_read(f, loc->page, loc->version, loc->off, &r), KVR_SSD_OK, "%s", key);
+    cr_assert_eq(r.length, len);
+    cr_assert_eq(posix_memalign((void **)&buf, KVR_SSD_ALIGN, loc->span), 0);
+    cr_assert_eq(kvr_ssdf_body_read(f, loc->page, loc->off, &r, buf), KVR_OK, "%s", key);
+    cr_assert_eq(memcmp(buf, key, strlen(key)), 0);
+    for (uint64_t i = 0; i < len; i++)
+        cr_assert_eq(buf[strlen(key) + i], (uint8_t)(seed + i * 3), "%s byte %llu", key, (unsigned long long)i);
+    free(buf);
+}
+
+Test(ssdpages, fill_seal_recycle_oldest_first)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    drops_t d = {0};
+    kvr_ssdp_loc_t loc[40];
+    uint64_t span = kvr_ssd_rec_span(6, 200000); /* 50 pages of 4 KiB: 5 records per page */
+    char key[16];
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, on_drop, &d), KVR_OK);
+    cr_assert_eq(kvr_ssdp_free_pages(&p), PAGES);
+    for (int i = 0; i < 20; i++) { /* 4 pages' worth: no recycling yet */
+        snprintf(key, sizeof(key), "k%05d", i);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)i, &loc[i]), KVR_OK);
+        cr_assert_eq(loc[i].page, (uint64_t)i / 5, "pages fill in order");
+        cr_assert_eq(loc[i].version, (uint64_t)i / 5 + 1);
+        cr_assert_eq(loc[i].span, span);
+    }
+    cr_assert_eq(d.n, 0);
+    cr_assert_eq(p.st.sealed, 3);
+    cr_assert_eq(kvr_ssdp_victim(&p), 0, "page 0 is the oldest sealed page");
+    kvr_ssdp_forget(&p, 0, 1, span); /* live counts do not change the order: age does */
+    cr_assert_eq(p.pg[0].live_records, 4);
+    cr_assert_eq(kvr_ssdp_victim(&p), 0);
+
+    for (int i = 20; i < 30; i++) { /* two more pages' worth: pages 0 and 1 are recycled, in that order */
+        snprintf(key, sizeof(key), "k%05d", i);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)i, &loc[i]), KVR_OK);
+    }
+    cr_assert_eq(d.n, 2);
+    cr_assert(d.page[0] == 0 && d.version[0] == 1, "page 0 of version 1 went first");
+    cr_assert(d.page[1] == 1 && d.version[1] == 2);
+    cr_assert_eq(p.st.recycled_live, 4 + 5, "records still indexed when their page went");
+    cr_assert_eq(loc[20].page, 0);
+    cr_assert_eq(loc[20].version, 5);
+    cr_assert_eq(loc[25].page, 1);
+    cr_assert_eq(loc[25].version, 6);
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK); /* a clean stop */
+    for (int i = 10; i < 30; i++) {
+        snprintf(key, sizeof(key), "k%05d", i);
+        check_body(&f, &loc[i], key, 200000, (uint8_t)i);
+    }
+    /* an old pointer into a recycled page is stale, never another block */
+    kvr_ssd_rec_t r;
+    cr_assert_eq(kvr_ssdf_rec_read(&f, loc[0].page, loc[0].version, loc[0].off, &r), KVR_SSD_STALE);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+
+    /* every page sealed with a summary: the scan reads them all from their summaries */
+    seen_t s = {0};
+    kvr_ssdf_scan_t st;
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, collect, &s, &st), KVR_OK);
+    cr_assert_eq(st.pages_sealed, 4);
+    cr_assert_eq(st.summaries, 4);
+    cr_assert_eq(st.summaries_bad, 0);
+    cr_assert_eq(st.records, 20);
+    cr_assert_eq(st.max_version, 6);
+    cr_assert_eq(st.max_seq, 30);
+    for (int i = 10; i < 30; i++) {
+        snprintf(key, sizeof(key), "k%05d", i);
+        int j = find(&s, key);
+        cr_assert_geq(j, 0, "%s found", key);
+        cr_assert(s.page[j] == loc[i].page && s.off[j] == loc[i].off && s.version[j] == loc[i].version);
+        cr_assert_eq(s.seq[j], (uint64_t)i + 1);
+    }
+    kvr_ssdf_close(&f);
+}
+
+Test(ssdpages, restart_continues_and_seals_the_open_page)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc[8], more;
+    char key[16];
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    for (int i = 0; i < 8; i++) { /* page 0 sealed (5), page 1 open with 3: then a "SIGKILL" */
+        snprintf(key, sizeof(key), "r%05d", i);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)(i + 100), &loc[i]), KVR_OK);
+    }
+    cr_assert_eq(kvr_ssdp_sync(&p), KVR_OK);
+    kvr_ssdp_free(&p); /* no seal: what a killed writer leaves */
+    kvr_ssdf_close(&f);
+
+    seen_t s = {0};
+    kvr_ssdf_scan_t st;
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    s.feed = &p;
+    cr_assert_eq(kvr_ssdf_scan(&f, collect, &s, &st), KVR_OK);
+    cr_assert_eq(st.records, 8);
+    cr_assert_eq(st.pages_open, 1);
+    cr_assert_eq(kvr_ssdp_scan_done(&p, &st), KVR_OK);
+    cr_assert_eq(p.pg[1].state, KVR_SSDP_SEALED, "the page open at the stop is sealed");
+    cr_assert_eq(p.pg[1].used, loc[7].off + loc[7].span);
+    cr_assert_eq(p.pg[0].live_records, 5);
+    cr_assert_eq(p.pg[1].live_records, 3);
+    cr_assert_eq(kvr_ssdp_free_pages(&p), 2);
+    cr_assert_eq(add(&p, "after", 1000, 7, &more), KVR_OK);
+    cr_assert_eq(more.page, 2, "appends start a fresh page");
+    cr_assert_eq(more.version, 3, "versions continue");
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+
+    seen_t s2 = {0};
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, collect, &s2, &st), KVR_OK);
+    cr_assert_eq(st.pages_open, 0);
+    cr_assert_eq(st.pages_sealed, 3);
+    cr_assert_eq(st.summaries, 2, "pages 0 and 2 have summaries; page 1 was sealed without one");
+    cr_assert_eq(st.records, 9);
+    int j = find(&s2, "after");
+    cr_assert_geq(j, 0);
+    cr_assert_eq(s2.seq[j], 9, "sequences continue");
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof(key), "r%05d", i);
+        check_body(&f, &loc[i], key, 200000, (uint8_t)(i + 100));
+    }
+    kvr_ssdf_close(&f);
+}
+
+Test(ssdpages, too_large_refused_and_summary_room_kept)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc;
+    char key[300];
+    int n = 0;
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    cr_assert_eq(add(&p, "big", PAGE / 2, 1, &loc), KVR_EINVAL, "more than half a page");
+    cr_assert_eq(p.open, KVR_SSDP_NONE, "nothing opened, nothing written");
+    cr_assert_eq(p.st.appended, 0);
+
+    /* Long keys and tiny payloads: 2 blocks of 4 KiB per record, each summary entry ~270 B.
+     * Pages seal before the summary runs out of room, and every seal succeeds. */
+    while (p.st.sealed < 3 && n < 1000) {
+        memset(key, 'a' + n % 26, 200);
+        snprintf(key + 200, sizeof(key) - 200, "%06d", n);
+        cr_assert_eq(add(&p, key, 100, (uint8_t)n, &loc), KVR_OK);
+        n++;
+    }
+    cr_assert_eq(p.st.sealed, 3);
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+
+    uint64_t got = 0;
+    kvr_ssdf_scan_t st;
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, count, &got, &st), KVR_OK);
+    cr_assert_eq(st.summaries, 4);
+    cr_assert_eq(st.summaries_bad, 0);
+    cr_assert_eq(st.records, (uint64_t)n);
+    cr_assert_eq(got, (uint64_t)n);
+    kvr_ssdf_close(&f);
+}
