@@ -1,0 +1,281 @@
+/*
+ * dindex.c — the disk index (see dindex.h; docs/concurrency.md, "The disk index").
+ *
+ * The writer's sections follow the RAM index's seqlock (shm/index.c): odd `seq` with a release
+ * fence before the first store, even `seq` with a release store after the last. Readers load
+ * `seq` with acquire, read fields relaxed, take an acquire fence and re-check `seq`. Walks are
+ * bounded by nslots steps, so a reader racing a relink never loops.
+ */
+#include "shm/dindex.h"
+
+#include "base/atomics.h"
+#include "base/barrier.h"
+
+#include <xxhash.h>
+
+#define LOOKUP_TRIES 64
+
+static uint64_t pow2_at_least(uint64_t n)
+{
+    uint64_t p = 1;
+
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
+uint64_t kvr_dindex_bytes(uint64_t nslots)
+{
+    return sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t) +
+           KVR_ALIGN_UP(pow2_at_least(nslots) * sizeof(uint32_t), (uint64_t)KVR_CACHELINE);
+}
+
+void kvr_dindex_map(kvr_dindex_t *dx, void *base, uint64_t nslots)
+{
+    uint8_t *p = base;
+
+    dx->sh = (kvr_dindex_sh_t *)p;
+    dx->slot = (kvr_dslot_t *)(p + sizeof(kvr_dindex_sh_t));
+    dx->buckets = (_Atomic uint32_t *)(p + sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t));
+    dx->nslots = nslots;
+    dx->nbuckets = pow2_at_least(nslots);
+}
+
+static void seq_begin(kvr_dindex_t *dx)
+{
+    kvr_atomic_store_relaxed(&dx->sh->seq, kvr_atomic_load_relaxed(&dx->sh->seq) + 1);
+    kvr_atomic_fence_release(); /* the odd value before the stores of the section */
+}
+
+static void seq_end(kvr_dindex_t *dx)
+{
+    kvr_atomic_store_release(&dx->sh->seq, kvr_atomic_load_relaxed(&dx->sh->seq) + 1);
+}
+
+void kvr_dindex_format(kvr_dindex_t *dx)
+{
+    uint64_t n = dx->nslots, q = kvr_atomic_load_relaxed(&dx->sh->seq);
+
+    /* A writer that died inside a section (or a region never used) may have left seq odd:
+     * make it even, so the section below is odd while it runs, as every section is. */
+    kvr_atomic_store_relaxed(&dx->sh->seq, q + (q & 1));
+    seq_begin(dx);
+    dx->sh->nslots = n; /* for a reader of the segment (debugging): the handles carry their own */
+    dx->sh->nbuckets = dx->nbuckets;
+    for (uint64_t b = 0; b < dx->nbuckets; b++)
+        kvr_atomic_store_relaxed(&dx->buckets[b], KVR_NIL);
+    for (uint64_t i = 0; i < n; i++) {
+        kvr_dslot_t *s = &dx->slot[i];
+        uint32_t gen = KVR_DSLOT_GEN(kvr_atomic_load_relaxed(&s->sw)) + 1;
+        kvr_atomic_store_relaxed(&s->sw, gen << 2 | KVR_DSLOT_FREE);
+        kvr_atomic_store_relaxed(&s->chain_next, i + 1 < n ? (uint32_t)(i + 1) : KVR_NIL);
+    }
+    dx->sh->free_head = n > 0 ? 0 : KVR_NIL;
+    dx->sh->live = dx->sh->live_bytes = 0;
+    seq_end(dx);
+}
+
+void kvr_dindex_hash(uint64_t seed, const void *key, size_t klen, uint64_t *h1, uint64_t *h2)
+{
+    XXH128_hash_t h = XXH3_128bits_withSeed(key, klen, seed);
+
+    *h1 = h.low64;
+    *h2 = h.high64;
+}
+
+static uint64_t bucket_of(const kvr_dindex_t *dx, uint64_t h1)
+{
+    return h1 & (dx->nbuckets - 1);
+}
+
+/* The writer's own walk (no other process relinks, so plain reads). */
+static uint32_t find_mine(const kvr_dindex_t *dx, const kvr_dslot_t *v)
+{
+    uint32_t i = kvr_atomic_load_relaxed(&dx->buckets[bucket_of(dx, v->h1)]);
+
+    while (i != KVR_NIL) {
+        const kvr_dslot_t *s = &dx->slot[i];
+        if (s->h1 == v->h1 && s->h2 == v->h2 && s->ns == v->ns && s->key_len == v->key_len &&
+            KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&s->sw)) != KVR_DSLOT_FREE)
+            return i;
+        i = s->chain_next;
+    }
+    return KVR_NIL;
+}
+
+/* Copies the place and the key's identity of v into slot s (inside a section). */
+static void fill(kvr_dslot_t *s, const kvr_dslot_t *v)
+{
+    kvr_atomic_store_relaxed(&s->h1, v->h1);
+    kvr_atomic_store_relaxed(&s->h2, v->h2);
+    kvr_atomic_store_relaxed(&s->canon, v->canon);
+    kvr_atomic_store_relaxed(&s->length, v->length);
+    kvr_atomic_store_relaxed(&s->version, v->version);
+    kvr_atomic_store_relaxed(&s->page, v->page);
+    kvr_atomic_store_relaxed(&s->off4k, v->off4k);
+    kvr_atomic_store_relaxed(&s->key_len, v->key_len);
+    kvr_atomic_store_relaxed(&s->ns, v->ns);
+    kvr_atomic_store_relaxed(&s->pool, v->pool);
+}
+
+/* A new generation with state st: seq_cst, so a worker's CAS on the old generation fails. */
+static void set_state(kvr_dslot_t *s, uint32_t st)
+{
+    uint32_t w = kvr_atomic_load_relaxed(&s->sw);
+
+    /* An exchange, not a store: a worker may be killing the old generation at this moment;
+     * either its CAS came first (the old word was DEAD) or it fails on the new generation. */
+    kvr_atomic_exchange_seq_cst(&s->sw, (KVR_DSLOT_GEN(w) + 1) << 2 | st);
+}
+
+int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old)
+{
+    uint32_t i = find_mine(dx, v);
+    uint64_t b;
+
+    if (i != KVR_NIL) {
+        kvr_dslot_t *s = &dx->slot[i];
+        /* The writer's own fields, read plain; not sw, which a worker may CAS meanwhile. */
+        *old = (kvr_dslot_t){.h1 = s->h1, .h2 = s->h2, .canon = s->canon, .length = s->length, .version = s->version, .page = s->page, .off4k = s->off4k, .chain_next = s->chain_next, .key_len = s->key_len, .ns = s->ns, .pool = s->pool};
+        seq_begin(dx);
+        fill(s, v);
+        set_state(s, KVR_DSLOT_LIVE);
+        seq_end(dx);
+        dx->sh->live_bytes = dx->sh->live_bytes - old->length + v->length;
+        *id = i;
+        return KVR_OK;
+    }
+    old->page = KVR_NIL;
+    if ((i = dx->sh->free_head) == KVR_NIL)
+        return KVR_ENOSPACE;
+    b = bucket_of(dx, v->h1);
+    seq_begin(dx);
+    dx->sh->free_head = dx->slot[i].chain_next;
+    fill(&dx->slot[i], v);
+    kvr_atomic_store_relaxed(&dx->slot[i].chain_next, kvr_atomic_load_relaxed(&dx->buckets[b]));
+    set_state(&dx->slot[i], KVR_DSLOT_LIVE);
+    kvr_atomic_store_relaxed(&dx->buckets[b], i);
+    seq_end(dx);
+    dx->sh->live++;
+    dx->sh->live_bytes += v->length;
+    *id = i;
+    return KVR_OK;
+}
+
+void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
+{
+    kvr_dslot_t *s = &dx->slot[id];
+    _Atomic uint32_t *link = &dx->buckets[bucket_of(dx, s->h1)];
+    uint32_t i;
+
+    while ((i = kvr_atomic_load_relaxed(link)) != KVR_NIL && i != id)
+        link = (_Atomic uint32_t *)&dx->slot[i].chain_next;
+    if (i != id)
+        return; /* not linked: free already */
+    seq_begin(dx);
+    kvr_atomic_store_relaxed(link, s->chain_next);
+    set_state(s, KVR_DSLOT_FREE);
+    kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
+    seq_end(dx);
+    dx->sh->free_head = id;
+    dx->sh->live--;
+    dx->sh->live_bytes -= s->length;
+}
+
+uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
+{
+    uint64_t n = dx->nslots;
+
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t i = (*cursor + k) % n;
+        if (KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&dx->slot[i].sw)) == KVR_DSLOT_DEAD) {
+            *cursor = (i + 1) % n;
+            return (uint32_t)i;
+        }
+    }
+    return KVR_NIL;
+}
+
+/* One lock-free try: 1 found (*out, *id, *sw), 0 absent, KVR_AGAIN when the section moved. */
+static int lookup_once(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len,
+                       kvr_dslot_t *out, uint32_t *id, uint32_t *sw)
+{
+    /* Pairs with seq_end's release store: the chains of the last section are visible. */
+    uint64_t s1 = kvr_atomic_load_acquire(&dx->sh->seq), steps = 0, n = dx->nslots;
+    uint32_t i, w = 0;
+    int found = 0;
+
+    if (s1 & 1)
+        return KVR_AGAIN;
+    i = kvr_atomic_load_relaxed(&dx->buckets[bucket_of(dx, h1)]);
+    while (i != KVR_NIL && i < n && steps++ < n) {
+        const kvr_dslot_t *s = &dx->slot[i];
+        if (kvr_atomic_load_relaxed(&s->h1) == h1 && kvr_atomic_load_relaxed(&s->h2) == h2 &&
+            kvr_atomic_load_relaxed(&s->ns) == ns && kvr_atomic_load_relaxed(&s->key_len) == key_len) {
+            w = kvr_atomic_load_relaxed(&s->sw);
+            out->h1 = h1;
+            out->h2 = h2;
+            out->ns = ns;
+            out->key_len = key_len;
+            out->canon = kvr_atomic_load_relaxed(&s->canon);
+            out->length = kvr_atomic_load_relaxed(&s->length);
+            out->version = kvr_atomic_load_relaxed(&s->version);
+            out->page = kvr_atomic_load_relaxed(&s->page);
+            out->off4k = kvr_atomic_load_relaxed(&s->off4k);
+            out->pool = kvr_atomic_load_relaxed(&s->pool);
+            found = KVR_DSLOT_STATE(w) == KVR_DSLOT_LIVE;
+            break;
+        }
+        i = kvr_atomic_load_relaxed(&s->chain_next);
+    }
+    /* Orders the loads above before the re-check: pairs with seq_begin's release fence. */
+    kvr_atomic_fence_acquire();
+    if (kvr_atomic_load_relaxed(&dx->sh->seq) != s1)
+        return KVR_AGAIN;
+    out->sw = w;
+    *id = i;
+    *sw = w;
+    return found;
+}
+
+int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len,
+                      kvr_dslot_t *out, uint32_t *id)
+{
+    uint32_t sw;
+
+    for (int t = 0; t < LOOKUP_TRIES; t++) {
+        int rc = lookup_once(dx, ns, h1, h2, key_len, out, id, &sw);
+        if (rc != KVR_AGAIN)
+            return rc;
+        kvr_cpu_relax();
+    }
+    return KVR_AGAIN;
+}
+
+int kvr_dindex_kill(kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len)
+{
+    kvr_dslot_t got;
+    uint32_t id, sw;
+
+    for (int t = 0; t < LOOKUP_TRIES; t++) {
+        int rc = lookup_once(dx, ns, h1, h2, key_len, &got, &id, &sw);
+        if (rc == KVR_AGAIN) {
+            kvr_cpu_relax();
+            continue;
+        }
+        if (rc == 0)
+            return 0;
+        if (kvr_dindex_kill_seen(dx, id, sw))
+            return 1;
+    }
+    return KVR_AGAIN;
+}
+
+int kvr_dindex_kill_seen(kvr_dindex_t *dx, uint32_t id, uint32_t sw)
+{
+    uint32_t want = sw;
+
+    /* The generation in the word makes a slot the writer freed or reused since the look fail. */
+    return KVR_DSLOT_STATE(sw) == KVR_DSLOT_LIVE && id < dx->nslots &&
+           kvr_atomic_cas_seq_cst(&dx->slot[id].sw, &want, (sw & ~3u) | KVR_DSLOT_DEAD);
+}
