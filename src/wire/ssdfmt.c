@@ -9,10 +9,11 @@
  *               44 nrecords u32, 48 used, 56 summary_len, 64 summary_sum
  *   record      0 "KVRSSDRC", 8 version, 16 seq, 24 khash, 32 canon, 40 length, 48 body_sum,
  *               56 written_ns, 64 key_len u16, 66 ns_len u8, 67 model_len u8, 68 ns[32],
- *               100 model[128], 256 key[1024]
+ *               100 model[128], 228 flags u32, 256 key[1024]
  *   summary entry (no checksum of its own: the page header has the summary's)
  *               0 off4k u32, 4 span4k u32, 8 seq, 16 khash, 24 canon, 32 length, 40 body_sum,
- *               48 written_ns, 56 key_len u16, 58 ns_len u8, 59 model_len u8, 60 ns, model, key
+ *               48 written_ns, 56 key_len u16, 58 ns_len u8, 59 model_len u8, 60 flags u32,
+ *               64 ns, model, key
  */
 #include "wire/ssdfmt.h"
 
@@ -23,6 +24,7 @@
 #define SUM_AT    (KVR_SSD_ALIGN - 8)
 #define REC_NS    68
 #define REC_MODEL 100
+#define REC_FLAGS 228
 #define REC_KEY   256
 #define REC_END   (REC_KEY + KVR_KEY_MAX)
 #define SUPER_END 48
@@ -30,7 +32,8 @@
 
 static_assert(REC_END <= SUM_AT, "a record header holds its key");
 static_assert(REC_MODEL - REC_NS == KVR_SSD_NS_NAME_MAX, "record layout");
-static_assert(REC_MODEL + KVR_SSD_MODEL_MAX <= REC_KEY, "record layout");
+static_assert(REC_MODEL + KVR_SSD_MODEL_MAX == REC_FLAGS, "record layout");
+static_assert(REC_FLAGS + 4 <= REC_KEY, "record layout");
 
 static const uint8_t MAGIC_SUPER[8] = {'K', 'V', 'R', 'S', 'S', 'D', 'S', 'B'};
 static const uint8_t MAGIC_PAGE[8] = {'K', 'V', 'R', 'S', 'S', 'D', 'P', 'G'};
@@ -193,6 +196,12 @@ static int name_ok(const uint8_t *p, size_t len, size_t field)
     return zero(p + len, field - len);
 }
 
+/* Only known flags, and a tombstone carries no payload. */
+static int flags_ok(const kvr_ssd_rec_t *r)
+{
+    return (r->flags & ~(uint32_t)KVR_SSD_REC_TOMBSTONE) == 0 && (!(r->flags & KVR_SSD_REC_TOMBSTONE) || r->length == 0);
+}
+
 void kvr_ssd_rec_encode(const kvr_ssd_rec_t *r, uint8_t *out)
 {
     memset(out, 0, KVR_SSD_ALIGN);
@@ -209,13 +218,14 @@ void kvr_ssd_rec_encode(const kvr_ssd_rec_t *r, uint8_t *out)
     out[67] = r->model_len;
     memcpy(out + REC_NS, r->ns, r->ns_len <= KVR_SSD_NS_NAME_MAX ? r->ns_len : KVR_SSD_NS_NAME_MAX);
     memcpy(out + REC_MODEL, r->model, r->model_len <= KVR_SSD_MODEL_MAX ? r->model_len : KVR_SSD_MODEL_MAX);
+    put32(out + REC_FLAGS, r->flags);
     memcpy(out + REC_KEY, r->key, r->key_len <= KVR_KEY_MAX ? r->key_len : KVR_KEY_MAX);
     seal(out);
 }
 
 int kvr_ssd_rec_decode(const uint8_t *in, uint64_t page_version, uint64_t off, uint64_t page_size, kvr_ssd_rec_t *out)
 {
-    static const uint8_t gaps[] = {REC_MODEL + KVR_SSD_MODEL_MAX, REC_KEY - REC_MODEL - KVR_SSD_MODEL_MAX};
+    static const uint8_t gaps[] = {REC_FLAGS + 4, REC_KEY - REC_FLAGS - 4};
     int rc = check_header(in, MAGIC_REC, REC_END, gaps, sizeof(gaps));
     uint64_t span;
 
@@ -231,7 +241,9 @@ int kvr_ssd_rec_decode(const uint8_t *in, uint64_t page_version, uint64_t off, u
     out->key_len = get16(in + 64);
     out->ns_len = in[66];
     out->model_len = in[67];
-    if (out->key_len == 0 || out->key_len > KVR_KEY_MAX || !zero(in + REC_KEY + out->key_len, KVR_KEY_MAX - out->key_len) ||
+    out->flags = get32(in + REC_FLAGS);
+    if (!flags_ok(out) || out->key_len == 0 || out->key_len > KVR_KEY_MAX ||
+        !zero(in + REC_KEY + out->key_len, KVR_KEY_MAX - out->key_len) ||
         !name_ok(in + REC_NS, out->ns_len, KVR_SSD_NS_NAME_MAX) ||
         !name_ok(in + REC_MODEL, out->model_len, KVR_SSD_MODEL_MAX) || out->length > page_size)
         return KVR_SSD_BAD_FIELD;
@@ -263,6 +275,7 @@ size_t kvr_ssd_sument_encode(const kvr_ssd_rec_t *r, uint64_t off, uint8_t *out)
     put16(out + 56, r->key_len);
     out[58] = r->ns_len;
     out[59] = r->model_len;
+    put32(out + 60, r->flags);
     memcpy(p, r->ns, r->ns_len);
     p += r->ns_len;
     memcpy(p, r->model, r->model_len);
@@ -291,8 +304,9 @@ int kvr_ssd_sument_decode(const uint8_t *in, size_t avail, uint64_t version, uin
     r->key_len = get16(in + 56);
     r->ns_len = in[58];
     r->model_len = in[59];
+    r->flags = get32(in + 60);
     n = KVR_SSD_SUMENT_FIXED + (size_t)r->ns_len + r->model_len + r->key_len;
-    if (n > avail || r->key_len == 0 || r->key_len > KVR_KEY_MAX || r->length > page_size ||
+    if (n > avail || !flags_ok(r) || r->key_len == 0 || r->key_len > KVR_KEY_MAX || r->length > page_size ||
         !name_ok(in + KVR_SSD_SUMENT_FIXED, r->ns_len, r->ns_len) ||
         !name_ok(in + KVR_SSD_SUMENT_FIXED + r->ns_len, r->model_len, r->model_len) || r->ns_len > KVR_SSD_NS_NAME_MAX ||
         r->model_len > KVR_SSD_MODEL_MAX || off4k < 1 || span4k * KVR_SSD_ALIGN != kvr_ssd_rec_span(r->key_len, r->length) ||

@@ -30,8 +30,11 @@
 #define KVR_SSD_PAGES_MAX    (1ull << 24) /* page numbers: 2^24 pages of up to 4 GiB */
 #define KVR_SSD_NS_NAME_MAX  32u          /* as a namespace name (shm/tenants_sh.h) */
 #define KVR_SSD_MODEL_MAX    128u         /* as a model name (common.h) */
-#define KVR_SSD_SUMENT_FIXED 60u          /* a summary entry's bytes before its names and key */
-#define KVR_SSD_SUMENT_MAX   (KVR_SSD_SUMENT_FIXED + KVR_SSD_NS_NAME_MAX + KVR_SSD_MODEL_MAX + KVR_KEY_MAX)
+#define KVR_SSD_SUMENT_FIXED 64u          /* a summary entry's bytes before its names and key */
+/* Record flags. A tombstone says its key was deleted at its sequence: it has no payload, and a
+ * restart drops every record of that key written before it. */
+#define KVR_SSD_REC_TOMBSTONE 1u
+#define KVR_SSD_SUMENT_MAX    (KVR_SSD_SUMENT_FIXED + KVR_SSD_NS_NAME_MAX + KVR_SSD_MODEL_MAX + KVR_KEY_MAX)
 
 typedef struct {
     uint32_t layout;    /* KVR_SSD_LAYOUT */
@@ -65,6 +68,7 @@ typedef struct {
     uint16_t key_len;                  /* 1..KVR_KEY_MAX */
     uint8_t ns_len;                    /* 1..KVR_SSD_NS_NAME_MAX */
     uint8_t model_len;                 /* 1..KVR_SSD_MODEL_MAX */
+    uint32_t flags;                    /* KVR_SSD_REC_*: only known bits */
     char ns[KVR_SSD_NS_NAME_MAX + 1];  /* NUL-terminated */
     char model[KVR_SSD_MODEL_MAX + 1]; /* NUL-terminated */
     uint8_t key[KVR_KEY_MAX];          /* the key's bytes (also at the body's start) */

@@ -139,6 +139,18 @@ Test(ssdfmt, record_round_trip)
     cr_assert_eq(kvr_ssd_rec_decode(buf, 7, KVR_SSD_ALIGN, PAGE, &d), KVR_SSD_OK);
     cr_assert_eq(d.key_len, KVR_KEY_MAX);
     cr_assert_eq(strlen(d.model), KVR_SSD_MODEL_MAX);
+    cr_assert_eq(d.flags, 0);
+
+    /* a tombstone: no payload; with one it is refused */
+    r = rec("deleted/key", 0);
+    r.flags = KVR_SSD_REC_TOMBSTONE;
+    kvr_ssd_rec_encode(&r, buf);
+    cr_assert_eq(kvr_ssd_rec_decode(buf, 7, KVR_SSD_ALIGN, PAGE, &d), KVR_SSD_OK);
+    cr_assert_eq(d.flags, KVR_SSD_REC_TOMBSTONE);
+    cr_assert_eq(kvr_ssd_rec_span(d.key_len, d.length), 2 * KVR_SSD_ALIGN);
+    r.length = 1;
+    kvr_ssd_rec_encode(&r, buf);
+    cr_assert_eq(kvr_ssd_rec_decode(buf, 7, KVR_SSD_ALIGN, PAGE, &d), KVR_SSD_BAD_FIELD, "a tombstone with a payload");
 }
 
 Test(ssdfmt, record_bounds)
@@ -179,7 +191,9 @@ Test(ssdfmt, record_bounds)
         {67, 129, "model_len past 128"},
         {68, ' ', "a space in ns"},
         {100, 0x07, "a control byte in model"},
-        {240, 1, "the gap after model"},
+        {228, 2, "an unknown flag"},
+        {231, 0x80, "an unknown flag, high bit"},
+        {240, 1, "the gap after the flags"},
         {256 + 1, 'x', "past the key"},
         {1300, 1, "past the key field"},
     };
@@ -248,8 +262,9 @@ Test(ssdfmt, summary_entries)
         {16, 1, "the key does not hash to khash"},
         {56, 0, "key_len 0"},
         {58, 0, "ns_len 0"},
-        {60, ' ', "a space in ns"},
-        {68, 0x01, "a control byte in model"},
+        {60, 2, "an unknown flag"},
+        {64, ' ', "a space in ns"},
+        {72, 0x01, "a control byte in model"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         kvr_ssd_sument_encode(&r, KVR_SSD_ALIGN, e);
