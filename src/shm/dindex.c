@@ -182,6 +182,33 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
     dx->sh->live_bytes -= s->length;
 }
 
+uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
+{
+    uint64_t n = 0;
+
+    for (uint64_t i = 0; i < dx->nslots; i++) {
+        const kvr_dslot_t *s = &dx->slot[i];
+        if (KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&s->sw)) != KVR_DSLOT_FREE && s->page == page &&
+            s->version == version) {
+            kvr_dindex_remove(dx, (uint32_t)i);
+            n++;
+        }
+    }
+    return n;
+}
+
+void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
+{
+    const kvr_dslot_t *s = &dx->slot[id];
+
+    *out = (kvr_dslot_t){.h1 = s->h1, .h2 = s->h2, .canon = s->canon, .length = s->length, .version = s->version, .page = s->page, .off4k = s->off4k, .chain_next = s->chain_next, .sw = kvr_atomic_load_relaxed(&s->sw), .key_len = s->key_len, .ns = s->ns, .pool = s->pool};
+}
+
+uint64_t kvr_dindex_live(const kvr_dindex_t *dx)
+{
+    return kvr_atomic_load_relaxed(&dx->sh->live);
+}
+
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
 {
     uint64_t n = dx->nslots;

@@ -82,6 +82,13 @@ void kvr_dindex_hash(uint64_t seed, const void *key, size_t klen, uint64_t *h1, 
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old);
 /* Writer: frees slot id (its block left the disk). */
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
+/* Writer: frees every slot that points into page `page` of incarnation `version` (the page is
+ * being recycled); returns how many. */
+uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version);
+/* Writer: a copy of slot id's fields (its state word read atomically). */
+void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);
+/* Slots in use (LIVE or DEAD): a gauge, exact for the writer. */
+uint64_t kvr_dindex_live(const kvr_dindex_t *dx);
 /* Writer: the next DEAD slot from *cursor on (wrapping once), or KVR_NIL; *cursor moves past it. */
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
 

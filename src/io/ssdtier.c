@@ -1,0 +1,300 @@
+/*
+ * ssdtier.c — the disk tier's engine (see ssdtier.h; docs/ssd-tier.md).
+ *
+ * The restore runs the scan once. Pages come interleaved, so records of one key may arrive in
+ * any order: the index keeps the highest write sequence per slot (in `seq_of`, private to the
+ * restore) and tombstones are set aside and applied when the scan is done. Every record the
+ * index does not keep is "forgotten" in the page table, so the pages' live counts are exact.
+ */
+#include "io/ssdtier.h"
+
+#include "base/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+typedef struct {
+    uint64_t h1, h2, seq;
+    uint16_t ns, key_len;
+} tomb_t;
+
+typedef struct {
+    kvr_ssdt_t *t;
+    uint64_t *seq_of; /* per slot: the write sequence of the record it holds */
+    tomb_t *tomb;
+    size_t ntomb, tomb_cap;
+} restore_t;
+
+static uint64_t slot_span(const kvr_dslot_t *s)
+{
+    return kvr_ssd_rec_span(s->key_len, s->length);
+}
+
+/* The page table's drop callback: page p of version v is being recycled. */
+static void on_recycle(void *ctx, uint64_t page, uint64_t version)
+{
+    kvr_ssdt_t *t = ctx;
+
+    t->st.recycled_slots += kvr_dindex_drop_page(t->dx, (uint32_t)page, version);
+}
+
+static int keep_tomb(restore_t *r, uint64_t h1, uint64_t h2, uint16_t ns, const kvr_ssd_rec_t *rec)
+{
+    if (r->ntomb == r->tomb_cap) {
+        size_t cap = r->tomb_cap ? r->tomb_cap * 2 : 256;
+        tomb_t *n = realloc(r->tomb, cap * sizeof(*n));
+        if (n == NULL)
+            return KVR_ERR;
+        r->tomb = n;
+        r->tomb_cap = cap;
+    }
+    r->tomb[r->ntomb++] = (tomb_t){h1, h2, rec->seq, ns, rec->key_len};
+    return KVR_OK;
+}
+
+/* The scan's callback: one record kept by the scan. */
+static int restore_rec(void *ctx, uint64_t page, uint64_t off, const kvr_ssd_page_t *pg, const kvr_ssd_rec_t *rec)
+{
+    restore_t *r = ctx;
+    kvr_ssdt_t *t = r->t;
+    uint64_t span = kvr_ssd_rec_span(rec->key_len, rec->length), seed;
+    kvr_dslot_t v, old, cur;
+    uint32_t id;
+    uint16_t ns;
+    uint8_t pool;
+
+    kvr_ssdp_scan_rec(&t->p, page, off, pg, rec); /* counted live until forgotten below */
+    if (t->resolve(t->resolve_ctx, rec, &ns, &seed, &pool) != KVR_OK) {
+        kvr_ssdp_forget(&t->p, page, pg->version, span);
+        t->st.restore_unknown_ns++;
+        return 0;
+    }
+    memset(&v, 0, sizeof(v));
+    kvr_dindex_hash(seed, rec->key, rec->key_len, &v.h1, &v.h2);
+    if (rec->flags & KVR_SSD_REC_TOMBSTONE) {
+        kvr_ssdp_forget(&t->p, page, pg->version, span); /* a tombstone holds nothing live */
+        return keep_tomb(r, v.h1, v.h2, ns, rec) == KVR_OK ? 0 : KVR_ERR;
+    }
+    if (kvr_dindex_lookup(t->dx, ns, v.h1, v.h2, rec->key_len, &cur, &id) == 1 && r->seq_of[id] > rec->seq) {
+        kvr_ssdp_forget(&t->p, page, pg->version, span); /* a later write of the key is indexed */
+        t->st.restore_superseded++;
+        return 0;
+    }
+    v.ns = ns;
+    v.key_len = rec->key_len;
+    v.length = rec->length;
+    v.canon = rec->canon;
+    v.pool = pool;
+    v.page = (uint32_t)page;
+    v.off4k = (uint32_t)(off / KVR_SSD_ALIGN);
+    v.version = pg->version;
+    if (kvr_dindex_put(t->dx, &v, &id, &old) != KVR_OK) {
+        kvr_ssdp_forget(&t->p, page, pg->version, span);
+        t->st.restore_index_full++;
+        return 0;
+    }
+    if (old.page != KVR_NIL) {
+        kvr_ssdp_forget(&t->p, old.page, old.version, slot_span(&old));
+        t->st.restore_superseded++;
+    }
+    r->seq_of[id] = rec->seq;
+    return 0;
+}
+
+/* Tombstones, once every record is in: each drops what was written of its key before it. */
+static void apply_tombs(restore_t *r)
+{
+    kvr_ssdt_t *t = r->t;
+
+    for (size_t i = 0; i < r->ntomb; i++) {
+        const tomb_t *b = &r->tomb[i];
+        kvr_dslot_t cur;
+        uint32_t id;
+        if (kvr_dindex_lookup(t->dx, b->ns, b->h1, b->h2, b->key_len, &cur, &id) == 1 && r->seq_of[id] < b->seq) {
+            kvr_ssdp_forget(&t->p, cur.page, cur.version, slot_span(&cur));
+            kvr_dindex_remove(t->dx, id);
+            t->st.restore_tombstoned++;
+        }
+    }
+}
+
+int kvr_ssdt_open(kvr_ssdt_t *t, const char *path, uint64_t size, uint64_t page_size, kvr_dindex_t *dx,
+                  kvr_ssdt_resolve_fn resolve, void *ctx)
+{
+    restore_t r = {.t = t};
+    int rc;
+
+    memset(t, 0, sizeof(*t));
+    t->dx = dx;
+    t->resolve = resolve;
+    t->resolve_ctx = ctx;
+    if ((rc = kvr_ssdf_open(&t->f, path, size, page_size, NULL)) != KVR_OK)
+        return rc;
+    if (kvr_ssdp_init(&t->p, &t->f, on_recycle, t) != KVR_OK || (r.seq_of = calloc(dx->nslots, sizeof(uint64_t))) == NULL) {
+        kvr_ssdp_free(&t->p);
+        kvr_ssdf_close(&t->f);
+        return KVR_ERR;
+    }
+    kvr_dindex_format(dx);
+    rc = kvr_ssdf_scan(&t->f, restore_rec, &r, &t->scan);
+    if (rc == KVR_OK) {
+        apply_tombs(&r);
+        rc = kvr_ssdp_scan_done(&t->p, &t->scan);
+    }
+    free(r.seq_of);
+    free(r.tomb);
+    if (rc != KVR_OK) {
+        kvr_ssdp_free(&t->p);
+        kvr_ssdf_close(&t->f);
+        return KVR_ERR;
+    }
+    t->st.restored = kvr_dindex_live(dx);
+    kvr_info("ssd: %s: %llu blocks restored (%llu superseded, %llu deleted, %llu of namespaces gone, %llu without "
+             "an index slot); %llu pages free of %llu",
+             path, (unsigned long long)t->st.restored, (unsigned long long)t->st.restore_superseded,
+             (unsigned long long)t->st.restore_tombstoned, (unsigned long long)t->st.restore_unknown_ns,
+             (unsigned long long)t->st.restore_index_full, (unsigned long long)kvr_ssdp_free_pages(&t->p),
+             (unsigned long long)t->f.npages);
+    return KVR_OK;
+}
+
+void kvr_ssdt_close(kvr_ssdt_t *t)
+{
+    kvr_ssdp_seal(&t->p);
+    kvr_ssdp_free(&t->p);
+    kvr_ssdf_close(&t->f);
+}
+
+/* The record header of block b (version, seq and body_sum are the page table's to set). */
+static int fill_rec(kvr_ssd_rec_t *rec, const kvr_ssdt_blk_t *b)
+{
+    size_t nl = strlen(b->ns_name), ml = strlen(b->model);
+
+    if (b->key_len == 0 || b->key_len > KVR_KEY_MAX || nl == 0 || nl > KVR_SSD_NS_NAME_MAX || ml == 0 ||
+        ml > KVR_SSD_MODEL_MAX)
+        return KVR_EINVAL;
+    memset(rec, 0, sizeof(*rec));
+    rec->key_len = b->key_len;
+    memcpy(rec->key, b->key, b->key_len);
+    rec->khash = XXH3_64bits(b->key, b->key_len);
+    rec->canon = b->canon;
+    rec->length = b->length;
+    rec->ns_len = (uint8_t)nl;
+    memcpy(rec->ns, b->ns_name, nl);
+    rec->model_len = (uint8_t)ml;
+    memcpy(rec->model, b->model, ml);
+    return KVR_OK;
+}
+
+int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody)
+{
+    kvr_ssd_rec_t rec;
+    kvr_ssdp_loc_t loc;
+    kvr_dslot_t v, old;
+    uint32_t id;
+    int rc;
+
+    if ((rc = fill_rec(&rec, b)) != KVR_OK)
+        return rc;
+    if ((rc = kvr_ssdp_append(&t->p, &rec, body, nbody, &loc)) != KVR_OK)
+        return rc;
+    memset(&v, 0, sizeof(v));
+    kvr_dindex_hash(b->seed, b->key, b->key_len, &v.h1, &v.h2);
+    v.ns = b->ns;
+    v.key_len = b->key_len;
+    v.length = b->length;
+    v.canon = b->canon;
+    v.pool = b->pool;
+    v.page = (uint32_t)loc.page;
+    v.off4k = (uint32_t)(loc.off / KVR_SSD_ALIGN);
+    v.version = loc.version;
+    if (kvr_dindex_put(t->dx, &v, &id, &old) != KVR_OK) {
+        kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span);
+        t->st.demote_index_full++;
+        return KVR_ENOSPACE;
+    }
+    if (old.page != KVR_NIL)
+        kvr_ssdp_forget(&t->p, old.page, old.version, slot_span(&old));
+    t->st.demoted++;
+    t->st.demoted_bytes += b->length;
+    return KVR_OK;
+}
+
+/* The tombstone of slot s's key: its record's header says the key, names and canon. */
+static int write_tomb(kvr_ssdt_t *t, const kvr_dslot_t *s)
+{
+    kvr_ssd_rec_t rec, tomb;
+    kvr_ssdp_loc_t loc;
+    uint8_t *key;
+    int rc = kvr_ssdf_rec_read(&t->f, s->page, s->version, (uint64_t)s->off4k * KVR_SSD_ALIGN, &rec);
+
+    if (rc == KVR_ERR)
+        return KVR_ERR;
+    if (rc != KVR_SSD_OK)
+        return KVR_OK; /* recycled or unreadable: nothing on disk says the key any more */
+    tomb = rec;
+    tomb.flags = KVR_SSD_REC_TOMBSTONE;
+    tomb.length = 0;
+    tomb.written_ns = 0;
+    if ((key = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL)
+        return KVR_ERR;
+    memcpy(key, rec.key, rec.key_len);
+    rc = kvr_ssdp_append(&t->p, &tomb, &(struct iovec){key, rec.key_len}, 1, &loc);
+    free(key);
+    if (rc != KVR_OK)
+        return KVR_ERR;
+    kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span); /* it keeps no page alive */
+    t->st.tombstones++;
+    return KVR_OK;
+}
+
+int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max)
+{
+    unsigned n = 0;
+    uint32_t id;
+
+    while (n < max && (id = kvr_dindex_next_dead(t->dx, &t->reap_cursor)) != KVR_NIL) {
+        kvr_dslot_t s, now;
+        kvr_dindex_get(t->dx, id, &s);
+        if (write_tomb(t, &s) != KVR_OK)
+            return KVR_ERR;
+        /* The tombstone's append may have recycled the slot's own page (and freed the slot). */
+        kvr_dindex_get(t->dx, id, &now);
+        if (KVR_DSLOT_STATE(now.sw) == KVR_DSLOT_DEAD && now.page == s.page && now.version == s.version) {
+            kvr_ssdp_forget(&t->p, s.page, s.version, slot_span(&s));
+            kvr_dindex_remove(t->dx, id);
+        }
+        n++;
+    }
+    return (int)n;
+}
+
+int kvr_ssdt_read(kvr_ssdt_t *t, const kvr_dslot_t *s, const void *key, size_t klen, void *buf)
+{
+    kvr_ssd_rec_t rec;
+    uint64_t off = (uint64_t)s->off4k * KVR_SSD_ALIGN;
+    int rc = kvr_ssdf_rec_read(&t->f, s->page, s->version, off, &rec);
+
+    if (rc == KVR_ERR)
+        return KVR_ERR;
+    if (rc == KVR_SSD_STALE || (rc == KVR_SSD_OK && (rec.key_len != klen || memcmp(rec.key, key, klen) != 0 ||
+                                                     (rec.flags & KVR_SSD_REC_TOMBSTONE) || rec.length != s->length))) {
+        t->st.read_bad++;
+        return KVR_ENOTFOUND;
+    }
+    if (rc == KVR_SSD_OK)
+        rc = kvr_ssdf_body_read(&t->f, s->page, off, &rec, buf);
+    else
+        rc = KVR_EINVAL;
+    if (rc == KVR_EINVAL) {
+        if (t->st.read_bad++ == 0)
+            kvr_warn("ssd: page %u offset %llu: the record is torn or corrupted; answered as a miss (logged once, "
+                     "counted)",
+                     s->page, (unsigned long long)off);
+        return KVR_EINVAL;
+    }
+    if (rc == KVR_OK)
+        t->st.read_ok++;
+    return rc;
+}

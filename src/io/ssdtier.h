@@ -1,0 +1,86 @@
+/*
+ * ssdtier.h — the disk tier's engine, as its one writer drives it: the file, its pages and the
+ * disk index together (docs/ssd-tier.md). Opening restores the index from the file; demoting
+ * appends a block and indexes it; reaping turns workers' deletes into tombstones; recycling a
+ * page drops its slots; reading checks a record against its slot and its checksum.
+ *
+ * Everything here runs in the disk writer, synchronously. Workers only look the index up and
+ * read records (kvr_ssdt_read's checks are theirs to repeat on their own ring).
+ */
+#ifndef KVR_IO_SSDTIER_H
+#define KVR_IO_SSDTIER_H
+
+#include "io/ssdpages.h"
+#include "shm/dindex.h"
+
+/* Where a record's namespace is now (the tenants table may have changed since it was written):
+ * KVR_OK with its id, seed and the pool of (namespace, model), or KVR_ENOTFOUND when the
+ * namespace is gone or the pool cannot be made (the record is not restored). */
+typedef int (*kvr_ssdt_resolve_fn)(void *ctx, const kvr_ssd_rec_t *rec, uint16_t *ns, uint64_t *seed, uint8_t *pool);
+
+typedef struct {
+    uint64_t restored;           /* records indexed by the last open */
+    uint64_t restore_superseded; /* older records of a key written again later */
+    uint64_t restore_tombstoned; /* records of keys deleted later */
+    uint64_t restore_unknown_ns; /* records of namespaces that are gone */
+    uint64_t restore_index_full; /* records the index had no slot for */
+    uint64_t demoted, demoted_bytes;
+    uint64_t demote_index_full; /* written, but the index had no slot: not kept */
+    uint64_t tombstones;        /* deletes written down */
+    uint64_t recycled_slots;    /* slots dropped with their page */
+    uint64_t read_ok, read_bad; /* kvr_ssdt_read: served, refused (stale, other key, checksum) */
+} kvr_ssdt_stats_t;
+
+typedef struct {
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_dindex_t *dx;
+    kvr_ssdt_resolve_fn resolve;
+    void *resolve_ctx;
+    uint64_t reap_cursor;
+    kvr_ssdt_stats_t st;
+    kvr_ssdf_scan_t scan; /* what the last open's scan found */
+} kvr_ssdt_t;
+
+/* A block to demote: its identity in the store and the names its record carries. */
+typedef struct {
+    uint16_t ns;
+    uint8_t pool;
+    uint64_t seed; /* the namespace's */
+    const void *key;
+    uint16_t key_len;
+    uint64_t length, canon;
+    const char *ns_name, *model;
+} kvr_ssdt_blk_t;
+
+/*
+ * Opens (or formats) the file and restores dx from it: dx is formatted, then every record the
+ * scan keeps is indexed, the latest write of a key winning and a key's tombstone dropping what
+ * was written of it before. KVR_OK, KVR_EINVAL (the file is refused, logged), KVR_ERR.
+ */
+int kvr_ssdt_open(kvr_ssdt_t *t, const char *path, uint64_t size, uint64_t page_size, kvr_dindex_t *dx,
+                  kvr_ssdt_resolve_fn resolve, void *ctx);
+/* Seals the open page (a clean stop) and closes the file. */
+void kvr_ssdt_close(kvr_ssdt_t *t);
+
+/*
+ * Appends a block (body: key then payload, in KVR_SSD_ALIGN-aligned pieces as the arena holds
+ * them) and indexes it; a record of the same key written before is no longer indexed. KVR_OK,
+ * KVR_EINVAL (larger than half a page: never admitted), KVR_ENOSPACE (every index slot in use:
+ * the record is written but not kept), KVR_ERR (an I/O error, logged).
+ */
+int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody);
+
+/* Turns up to max slots that workers killed (DELETE) into tombstones and frees them. The
+ * number reaped, or KVR_ERR on an I/O error (the slot stays DEAD and is tried again). */
+int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max);
+
+/*
+ * Reads the block a slot points at into buf (KVR_SSD_ALIGN-aligned, kvr_ssd_rec_span bytes of
+ * it): the record's header must carry the slot's page version and exactly `key`, and its body
+ * its checksum. KVR_OK (buf holds key then payload), KVR_ENOTFOUND (the page was recycled or
+ * the key is another's: a miss), KVR_EINVAL (torn or corrupted: a miss, logged), KVR_ERR.
+ */
+int kvr_ssdt_read(kvr_ssdt_t *t, const kvr_dslot_t *s, const void *key, size_t klen, void *buf);
+
+#endif
