@@ -129,8 +129,15 @@ def main():
     rec = (b"KVRSSDRC" + struct.pack("<7QHBB", 7, 1, xxh3(k), 0xFEED, 2 << 20, 0x11, 42, len(k), 8, 21)
            + b"tenant-a".ljust(32, b"\0") + b"meta-llama/Llama-3-8B".ljust(128, b"\0") + bytes(28) + k)
     write(ssd, "record", bytes([2 | 4]) + rec)
-    write(ssd, "summary_entry", bytes([3]) + struct.pack("<II6QHBB", 1, 514, 9, xxh3(k), 0xFEED, 2 << 20, 0x11, 42,
-                                                          len(k), 8, 21)
+    tomb = (b"KVRSSDRC" + struct.pack("<7QHBB", 7, 2, xxh3(k), 0xFEED, 0, 0x11, 43, len(k), 8, 21)
+            + b"tenant-a".ljust(32, b"\0") + b"meta-llama/Llama-3-8B".ljust(128, b"\0")
+            + struct.pack("<I", 1) + bytes(24) + k)
+    write(ssd, "record_tombstone", bytes([2 | 4]) + tomb)
+    write(ssd, "summary_entry", bytes([3]) + struct.pack("<II6QHBBI", 1, 514, 9, xxh3(k), 0xFEED, 2 << 20, 0x11, 42,
+                                                          len(k), 8, 21, 0)
+          + b"tenant-a" + b"meta-llama/Llama-3-8B" + k)
+    write(ssd, "summary_tombstone", bytes([3]) + struct.pack("<II6QHBBI", 1, 2, 10, xxh3(k), 0xFEED, 0, 0x11, 43,
+                                                              len(k), 8, 21, 1)
           + b"tenant-a" + b"meta-llama/Llama-3-8B" + k)
 
 
