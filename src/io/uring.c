@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* epoll engine bounds */
@@ -22,7 +23,8 @@ enum { OP_ACCEPT = 1,
        OP_RECV,
        OP_SEND,
        OP_RECVMSG,
-       OP_SENDMSG };
+       OP_SENDMSG,
+       OP_PREADV };
 enum { ST_IDLE = 0,
        ST_QUEUED,
        ST_WAITING,
@@ -313,6 +315,12 @@ static int ep_try(kvr_uring_op_t *op)
             n = send(op->fd, op->buf, op->len, op->flags | MSG_DONTWAIT | MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);
         return n >= 0 ? (int)n : -errno;
+    case OP_PREADV: /* a file: no readiness to wait for, the call blocks (buf: the iovecs,
+                     * len: their count, iov_off: the file offset) */
+        do
+            n = preadv(op->fd, op->buf, (int)op->len, (off_t)op->iov_off);
+        while (n < 0 && errno == EINTR);
+        return n >= 0 ? (int)(n > INT32_MAX ? INT32_MAX : n) : -errno;
     default: /* OP_RECVMSG, OP_SENDMSG */
         break;
     }
@@ -667,6 +675,23 @@ int kvr_uring_sendmsg_zc(kvr_uring_t *u, int fd, const struct msghdr *msg, int f
     if ((sqe = get_sqe(u)) == NULL)
         return -EBUSY;
     io_uring_prep_sendmsg_zc(sqe, fd, msg, MSG_NOSIGNAL | (unsigned)flags);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+int kvr_uring_preadv(kvr_uring_t *u, int fd, const struct iovec *iov, int iovcnt, uint64_t off, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe;
+    int rc;
+
+    if (u->engine == KVR_IO_EPOLL) {
+        if ((rc = ep_submit(u, op, OP_PREADV, fd, (void *)iov, (size_t)iovcnt, NULL, 0)) == KVR_OK)
+            op->iov_off = (size_t)off; /* after ep_submit, which clears it */
+        return rc;
+    }
+    if ((sqe = get_sqe(u)) == NULL)
+        return -EBUSY;
+    io_uring_prep_readv(sqe, fd, iov, (unsigned)iovcnt, off);
     io_uring_sqe_set_data(sqe, op);
     return KVR_OK;
 }

@@ -104,6 +104,11 @@ int kvr_uring_sendmsg(kvr_uring_t *u, int fd, const struct msghdr *msg, int flag
  * longer uses the pages: the buffers (a pinned block) must stay put until then. On the epoll
  * engine, a plain sendmsg. */
 int kvr_uring_sendmsg_zc(kvr_uring_t *u, int fd, const struct msghdr *msg, int flags, kvr_uring_op_t *op);
+/* Reads a file at offset off into iovecs (which must stay valid until the completion): the
+ * disk tier's reads. io_uring reads in the kernel, asynchronously; the epoll engine has no
+ * readiness for a file and calls preadv at the flush, which blocks this worker for the read.
+ * A short read completes with the bytes read: the caller decides. */
+int kvr_uring_preadv(kvr_uring_t *u, int fd, const struct iovec *iov, int iovcnt, uint64_t off, kvr_uring_op_t *op);
 /* Cancels the submission carrying op: it completes with -ECANCELED unless it completed
  * already (its completion still arrives either way). */
 int kvr_uring_cancel(kvr_uring_t *u, kvr_uring_op_t *op);
