@@ -46,6 +46,8 @@ static void bind_handles(kvr_store_t *st, kvr_seg_t *seg)
     st->ix.arena = &st->arena;
     st->ix.lock = &st->sh->lock;
     st->log = kvr_seg_at(seg, h->off_log);
+    if (h->ssd_slots != 0)
+        kvr_dindex_map(&st->dx, kvr_seg_at(seg, h->off_dindex), h->ssd_slots);
     st->pins_all = kvr_seg_at(seg, h->off_pins);
     st->pin_slots = h->pin_slots;
     st->page_size = h->page_size;
@@ -77,6 +79,8 @@ int kvr_store_format(kvr_seg_t *seg, int no_evict)
     kvr_index_format(&st.ix);
     kvr_arena_format(&st.arena);
     kvr_chlog_format(st.log, h->log_capacity);
+    if (st.dx.sh != NULL)
+        kvr_dindex_format(&st.dx);
     pins = st.pins_all;
     for (uint64_t i = 0; i < (uint64_t)KVR_MAX_PROCS * h->pin_slots; i++) {
         pins[i].entry = KVR_NIL;
@@ -108,6 +112,8 @@ int kvr_store_attach(kvr_seg_t *seg, int no_evict)
     }
     for (int s = 0; s < KVR_MAX_PROCS; s++)
         kvr_store_retire_stats(&st, s);
+    if (st.dx.sh != NULL) /* the disk writer restores it from the file (io/ssdtier.c) */
+        kvr_dindex_format(&st.dx);
     if (store_lock(&st) != KVR_OK)
         return KVR_ERR;
     kvr_store_pools_attach_locked(&st);

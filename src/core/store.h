@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "shm/changelog.h"
+#include "shm/dindex.h"
 #include "shm/segment.h"
 #include "shm/store_sh.h"
 
@@ -75,6 +76,7 @@ struct kvr_store_s {
     kvr_index_t ix;
     kvr_arena_t arena;
     kvr_chlog_sh_t *log;
+    kvr_dindex_t dx; /* the disk tier's index (dx.sh NULL: no disk tier in this segment) */
     kvr_pin_t *pins_all;
     uint32_t pin_slots;
     uint32_t page_size;

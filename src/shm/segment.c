@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "shm/arena.h"
 #include "shm/changelog.h"
+#include "shm/dindex.h"
 #include "shm/index.h"
 #include "shm/relay_sh.h"
 #include "shm/segment_lock.h"
@@ -104,6 +105,13 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     off = KVR_ALIGN_UP(off, 4096);
     h->off_tenants = off;
     off += KVR_ALIGN_UP(sizeof(kvr_tenants_sh_t), 4096);
+    if (cfg.ssd_slots != 0) {
+        if (cfg.ssd_slots >= KVR_NIL)
+            return KVR_EINVAL;
+        h->ssd_slots = cfg.ssd_slots;
+        h->off_dindex = off;
+        off += KVR_ALIGN_UP(kvr_dindex_bytes(h->ssd_slots), 4096);
+    }
     if (cfg.ckf_buckets != 0) {
         if (cfg.ckf_buckets < 2 || cfg.ckf_buckets > (1u << 24) || (cfg.ckf_buckets & (cfg.ckf_buckets - 1)))
             return KVR_EINVAL;
@@ -179,6 +187,8 @@ uint64_t kvr_seg_struct_sig(void)
         sizeof(kvr_relay_sh_t),
         sizeof(kvr_stats_block_t),
         sizeof(kvr_tenants_sh_t),
+        sizeof(kvr_dindex_sh_t),
+        sizeof(kvr_dslot_t),
         sizeof(kvr_ns_sh_t),
         sizeof(kvr_tok_sh_t),
         KVR_NS_MAX,
@@ -275,6 +285,7 @@ static int check_header(const char *path, const kvr_seg_hdr_t *h, uint64_t file_
     diff_field(d, sizeof(d), "pin slots", h->pin_slots, want->pin_slots);
     diff_field(d, sizeof(d), "relay filter buckets (--expected-unique-blocks)", h->ckf_buckets, want->ckf_buckets);
     diff_field(d, sizeof(d), "relay pools (--max-pools)", h->relay_pools, want->relay_pools);
+    diff_field(d, sizeof(d), "disk index slots", h->ssd_slots, want->ssd_slots);
     if (d[0] == '\0' && memcmp(&h->off_procs, &want->off_procs,
                                offsetof(kvr_seg_hdr_t, struct_sig) - offsetof(kvr_seg_hdr_t, off_procs)) != 0)
         snprintf(d, sizeof(d), "region offsets differ with equal sizes");

@@ -48,8 +48,9 @@
  * an entry's pool id, a pool id in change-log events, the relay's per-pool state and filters,
  * hdr->relay_pools). 5: the canonical-hash chains of the index (an entry's canon_next, taken from
  * its inline key tail: KVR_KEY_TAIL 15 -> 11; the canon buckets at hdr->off_cbuckets), and stats
- * blocks of 4 KiB (the KV events' counters, shm/stats.h). */
-#define KVR_SEG_LAYOUT_VERSION 5u
+ * blocks of 4 KiB (the KV events' counters, shm/stats.h). 6: the disk tier's index (hdr->ssd_slots,
+ * hdr->off_dindex, shm/dindex.h). */
+#define KVR_SEG_LAYOUT_VERSION 6u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */
@@ -74,6 +75,7 @@ typedef struct {
     const char *path;      /* warm restart: keep the segment in this file (NULL: a memfd) */
     int reset;             /* with path: discard an existing file's contents */
     uint32_t lock_wait_ms; /* with path: how long to wait for a lock no live kvrelay holds (0: not at all) */
+    uint64_t ssd_slots;    /* the disk index's slots (shm/dindex.h); 0: no disk tier, no region */
 } kvr_seg_config_t;
 
 /* Process slot states. */
@@ -173,16 +175,18 @@ typedef struct {
     uint64_t off_snap;    /* KVR_RELAY_SNAPSHOTS copies of one filter (any pool's) */
     uint64_t off_ring;    /* the delta frame ring */
     uint64_t off_tenants; /* kvr_tenants_sh_t: namespace registry and token table */
+    uint64_t ssd_slots;   /* the disk index's slots (0: no disk tier) */
+    uint64_t off_dindex;  /* the disk index (shm/dindex.h), when ssd_slots > 0 */
     uint64_t ckf_buckets;
     uint64_t struct_sig; /* sizes of the shared structures (kvr_seg_struct_sig) */
     uint64_t hdr_check;  /* XXH3 of the immutable header fields; written by kvr_seg_seal */
     kvr_ctl_sh_t ctl;
-    uint8_t pad_[4096 - 29 * 8 - sizeof(kvr_ctl_sh_t)];
+    uint8_t pad_[4096 - 31 * 8 - sizeof(kvr_ctl_sh_t)];
 } kvr_seg_hdr_t;
 static_assert(sizeof(kvr_seg_hdr_t) == 4096, "header is one page");
 static_assert(offsetof(kvr_seg_hdr_t, run) == 24, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, max_blocks) == 48, "header layout (tests/e2e poke it)");
-static_assert(offsetof(kvr_seg_hdr_t, ctl) == 29 * 8, "header layout");
+static_assert(offsetof(kvr_seg_hdr_t, ctl) == 31 * 8, "header layout");
 static_assert(offsetof(kvr_seg_hdr_t, off_procs) == 80, "header layout");
 
 /* A process's handle on the segment (process-local, never in shared memory). */

@@ -175,6 +175,9 @@ Test(segment_file, geometry_mismatch_and_in_use_are_refused, .fini = rm_path)
     c = cfg_of(8 << 20, 0);
     c.ckf_buckets = 128;
     cr_assert_eq(create_in_child(c), 1, "another filter size is refused");
+    c = cfg_of(8 << 20, 0);
+    c.ssd_slots = 1000;
+    cr_assert_eq(create_in_child(c), 1, "a disk index the file does not have is refused");
     cr_assert_eq(create_in_child(cfg_of(8 << 20, 0)), 0, "the same geometry attaches");
     /* --segment-reset: the file is emptied and formatted again. */
     c = cfg_of(16 << 20, 1);
@@ -186,6 +189,52 @@ Test(segment_file, geometry_mismatch_and_in_use_are_refused, .fini = rm_path)
     kvr_seg_destroy(&seg);
     cr_assert_eq(create_in_child(cfg_of(16 << 20, 0)), 0);
     unlink(path);
+}
+
+/* A segment with a disk tier: the store maps the disk index, the format empties it, and a
+ * warm re-attach empties it again (its disk writer restores it from the file). */
+Test(segment_file, the_disk_index_is_mapped_and_emptied_at_attach, .fini = rm_path)
+{
+    kvr_seg_t seg;
+    kvr_store_t st;
+    kvr_seg_config_t c = cfg_of(8 << 20, 0);
+    kvr_dslot_t v = {.h1 = 11, .h2 = 22, .key_len = 5, .length = 100, .page = 1, .version = 3}, old, got;
+    uint32_t id;
+
+    mkpath("dindex");
+    c.ssd_slots = 500;
+    kvr_log_level = KVR_LOG_OFF;
+    cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
+    cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
+    kvr_seg_seal(&seg);
+    cr_assert_geq(kvr_seg_proc_claim(&seg, 0), 0);
+    cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
+    cr_assert_not_null(st.dx.sh);
+    cr_assert_eq(st.dx.nslots, 500);
+    cr_assert_eq(kvr_dindex_lookup(&st.dx, 0, 11, 22, 5, &got, &id), 0, "formatted empty");
+    cr_assert_eq(kvr_dindex_put(&st.dx, &v, &id, &old), KVR_OK);
+    cr_assert_eq(kvr_dindex_lookup(&st.dx, 0, 11, 22, 5, &got, &id), 1);
+    kvr_seg_destroy(&seg);
+
+    cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
+    cr_assert_eq(seg.attached, 1);
+    cr_assert_eq(kvr_store_attach(&seg, 0), KVR_OK);
+    kvr_seg_seal(&seg);
+    cr_assert_geq(kvr_seg_proc_claim(&seg, 0), 0);
+    cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
+    cr_assert_eq(kvr_dindex_lookup(&st.dx, 0, 11, 22, 5, &got, &id), 0, "emptied at the re-attach");
+    cr_assert_eq(kvr_dindex_live(&st.dx), 0);
+    kvr_seg_destroy(&seg);
+
+    c.ssd_slots = 0; /* a segment without a disk tier maps none */
+    c.reset = 1;
+    cr_assert_eq(kvr_seg_create(&seg, &c), KVR_OK);
+    cr_assert_eq(kvr_store_format(&seg, 0), KVR_OK);
+    kvr_seg_seal(&seg);
+    cr_assert_geq(kvr_seg_proc_claim(&seg, 0), 0);
+    cr_assert_eq(kvr_store_open(&st, &seg), KVR_OK);
+    cr_assert_null(st.dx.sh);
+    kvr_seg_destroy(&seg);
 }
 
 static void poke(off_t off, const void *b, size_t n)
@@ -451,6 +500,22 @@ Test(segment, layout_is_aligned_and_sized_on_top_of_memory)
     cr_assert_eq(h.max_blocks, h.npages / 2);
     cr_assert_eq(h.off_entries % 64, 0);
     cr_assert_eq(h.off_log % 64, 0);
+    cr_assert_eq(h.ssd_slots, 0);
+    cr_assert_eq(h.off_dindex, 0, "no disk tier, no region");
+
+    /* the disk index's region: aligned, sized, before the arena */
+    kvr_seg_hdr_t d;
+    cfg.ssd_slots = 100000;
+    cr_assert_eq(kvr_seg_layout(&cfg, &d), KVR_OK);
+    cr_assert_eq(d.ssd_slots, 100000);
+    cr_assert_eq(d.off_dindex % 4096, 0);
+    cr_assert_geq(d.off_dindex, d.off_tenants + sizeof(kvr_tenants_sh_t));
+    cr_assert_leq(d.off_dindex + kvr_dindex_bytes(100000), d.off_arena);
+    cr_assert_geq(d.total_size - h.total_size + KVR_HUGE_PAGE, kvr_dindex_bytes(100000), "the segment grew by it");
+    cfg.ssd_slots = KVR_NIL;
+    cr_assert_eq(kvr_seg_layout(&cfg, &d), KVR_EINVAL, "slot numbers are 32-bit");
+    cfg.ssd_slots = 0;
+
     cfg.page_size = 3000;
     cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_EINVAL);
     cfg.page_size = 4096;
