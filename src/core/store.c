@@ -361,6 +361,24 @@ static size_t block_iov(kvr_store_t *st, const kvr_entry_t *e, uint64_t off, uin
     return cnt;
 }
 
+/* A pinned block's whole chain, key then payload, as iovecs (the disk tier's record body). */
+size_t kvr_store_ref_chain_iov(kvr_store_t *st, const kvr_block_ref_t *ref, struct iovec *iov, size_t max)
+{
+    const kvr_entry_t *e = &st->ix.ent[ref->entry];
+    span_walk_t w = {e->first_page, 0, e->key_len + ref->length};
+    size_t cnt = 0;
+    uint8_t *p;
+    uint64_t k;
+
+    KVR_DASSERT(store_mine(st) && pin_count_mine(st, ref->entry) > 0);
+    while (cnt < max && span_next(st, &w, &p, &k)) {
+        iov[cnt].iov_base = p;
+        iov[cnt].iov_len = k;
+        cnt++;
+    }
+    return w.left == 0 ? cnt : 0;
+}
+
 /* The calling process owns txn's reservation: only it writes the chain (see span_walk). */
 KVR_DASSERT_FN static int txn_mine(const kvr_store_t *st, const kvr_put_txn_t *txn)
 {
@@ -404,6 +422,7 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, uint32_t pool, const void 
         sh->logical_bytes += len;
         sh->ns_agg[ns].refs++;
         sh->ns_agg[ns].logical_bytes += len;
+        e->meta |= KVR_ENT_READ; /* asked for again: admitted to the disk tier */
         kvr_index_touch_locked(&st->ix, i);
         store_unlock(st);
         kvr_stat_add(st->my_stats, KVR_ST_PUT_DEDUP, 1);
@@ -568,6 +587,24 @@ static int lock_and_find(kvr_store_t *st, uint16_t ns, const void *key, size_t k
     return KVR_OK;
 }
 
+static_assert(KVR_MAX_PROCS <= 64, "an entry's owner slot is 6 bits of its meta (shm/index.h)");
+
+int kvr_store_pin_locked(kvr_store_t *st, uint32_t i, kvr_block_ref_t *ref)
+{
+    kvr_entry_t *e = &st->ix.ent[i];
+
+    KVR_DASSERT(store_locked(st) && e->state == KVR_ENT_LIVE);
+    if (pin_add_locked(st, i) != KVR_OK)
+        return KVR_EBUSY;
+    if (e->pins++ == 0)
+        st->sh->pinned_entries++;
+    ref->entry = i;
+    ref->gen = e->gen;
+    ref->length = e->length;
+    ref->canon = e->canon;
+    return KVR_OK;
+}
+
 int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref)
 {
     uint32_t i;
@@ -580,20 +617,15 @@ int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kv
     }
     if (rc != KVR_OK)
         return rc;
-    if (pin_add_locked(st, i) != KVR_OK) {
+    if (kvr_store_pin_locked(st, i, ref) != KVR_OK) {
         store_unlock(st);
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "store: pin table full (%u slots)", st->pin_slots);
         return KVR_EBUSY;
     }
     e = &st->ix.ent[i];
     FAULT_POINT(KVR_FAULT_PINNED);
-    if (e->pins++ == 0)
-        st->sh->pinned_entries++;
+    e->meta |= KVR_ENT_READ; /* the disk tier's admission: read since it was stored */
     kvr_index_touch_locked(&st->ix, i);
-    ref->entry = i;
-    ref->gen = e->gen;
-    ref->length = e->length;
-    ref->canon = e->canon;
     store_unlock(st);
     kvr_stat_add(st->my_stats, KVR_ST_GET_HIT, 1);
     ns_stat_add(st, ns, KVR_NSST_GET_HITS, 1);
@@ -615,7 +647,7 @@ int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, vo
     return copy_block(st, &st->ix.ent[ref->entry], off, dst, n, 0) == 0 ? KVR_OK : KVR_ERR;
 }
 
-static void unpin_locked(kvr_store_t *st, uint32_t entry)
+void kvr_store_unpin_locked(kvr_store_t *st, uint32_t entry)
 {
     kvr_entry_t *e = &st->ix.ent[entry];
 
@@ -636,7 +668,7 @@ void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref)
     KVR_DASSERT(store_mine(st));
     if (store_lock(st) != KVR_OK)
         return;
-    unpin_locked(st, ref->entry);
+    kvr_store_unpin_locked(st, ref->entry);
     store_unlock(st);
     ref->entry = KVR_NIL;
 }
@@ -647,7 +679,7 @@ void kvr_store_unpin_flush(kvr_store_t *st)
     if (st->unpin_n == 0 || store_lock(st) != KVR_OK)
         return;
     for (unsigned k = 0; k < st->unpin_n; k++)
-        unpin_locked(st, st->unpin_q[k]);
+        kvr_store_unpin_locked(st, st->unpin_q[k]);
     st->unpin_n = 0;
     store_unlock(st);
 }

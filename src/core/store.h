@@ -150,6 +150,38 @@ size_t kvr_store_ref_iov(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t o
 /* Copies n payload bytes from offset off of a pinned block. Returns KVR_OK or KVR_EINVAL. */
 int kvr_store_read(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, void *dst, uint64_t n);
 
+/* A pinned block's chain, key then payload, as iovecs over the arena (page-aligned runs, the
+ * last one cut at the block's end): the disk tier's record body. The count, or 0 when more than
+ * max would be needed. */
+size_t kvr_store_ref_chain_iov(kvr_store_t *st, const kvr_block_ref_t *ref, struct iovec *iov, size_t max);
+
+/*
+ * The disk writer's side (store_demote.c; docs/ssd-tier.md, "Demotion and admission").
+ *
+ * kvr_store_demote_pick pins up to cap blocks nearest eviction, for the writer to copy to disk:
+ * from the least recently used end of each namespace's LRU list, within its first `window`
+ * bytes, the LIVE blocks read since they were stored (admission) that skip() does not refuse
+ * (the writer's own record of what it wrote). Returns how many it pinned into out.
+ * kvr_store_demote_commit then calls put(ctx) under the store lock only if the block is still
+ * the same LIVE block (not deleted, evicted or replaced meanwhile), so that a DELETE, which
+ * kills the disk copy after it removes the RAM one, never misses a copy put after its check;
+ * it returns put's result, or KVR_ENOTFOUND without calling it. Either way the pin is released.
+ * kvr_store_demote_release releases a pick that is not committed.
+ */
+typedef struct {
+    kvr_block_ref_t ref; /* pinned */
+    uint16_t ns;
+    uint16_t key_len;
+    uint8_t pool;
+} kvr_demote_t;
+typedef int (*kvr_demote_skip_fn)(void *ctx, uint32_t entry, uint32_t gen);
+unsigned kvr_store_demote_pick(kvr_store_t *st, uint64_t window, kvr_demote_t *out, unsigned cap,
+                               kvr_demote_skip_fn skip, void *ctx);
+int kvr_store_demote_commit(kvr_store_t *st, kvr_demote_t *d, int (*put)(void *ctx), void *ctx);
+void kvr_store_demote_release(kvr_store_t *st, kvr_demote_t *d);
+/* The namespace seed of ns (the disk index hashes keys with it). */
+uint64_t kvr_store_ns_seed(const kvr_store_t *st, uint16_t ns);
+
 /* Releases a pin taken by kvr_store_get. */
 void kvr_store_unpin(kvr_store_t *st, kvr_block_ref_t *ref);
 

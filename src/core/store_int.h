@@ -97,6 +97,11 @@ void kvr_store_remove_block_locked(kvr_store_t *st, uint32_t i);
  * (store_evict.c). Locked. */
 int kvr_store_make_room_locked(kvr_store_t *st, uint16_t ns, uint64_t len, uint64_t pages);
 
+/* Pins LIVE entry i for this process and describes it in *ref: KVR_OK, or KVR_EBUSY (the pin
+ * table is full). kvr_store_unpin_locked undoes it. Locked. */
+int kvr_store_pin_locked(kvr_store_t *st, uint32_t i, kvr_block_ref_t *ref);
+void kvr_store_unpin_locked(kvr_store_t *st, uint32_t entry);
+
 /* A namespace counter of this process (store_sh.h: its owner alone writes its row). */
 static inline void ns_stat_add(kvr_store_t *st, uint16_t ns, unsigned i, uint64_t v)
 {

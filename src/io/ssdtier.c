@@ -187,18 +187,21 @@ static int fill_rec(kvr_ssd_rec_t *rec, const kvr_ssdt_blk_t *b)
     return KVR_OK;
 }
 
-int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody)
+int kvr_ssdt_write(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc)
 {
     kvr_ssd_rec_t rec;
-    kvr_ssdp_loc_t loc;
-    kvr_dslot_t v, old;
-    uint32_t id;
     int rc;
 
     if ((rc = fill_rec(&rec, b)) != KVR_OK)
         return rc;
-    if ((rc = kvr_ssdp_append(&t->p, &rec, body, nbody, &loc)) != KVR_OK)
-        return rc;
+    return kvr_ssdp_append(&t->p, &rec, body, nbody, loc);
+}
+
+int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t *loc)
+{
+    kvr_dslot_t v, old;
+    uint32_t id;
+
     memset(&v, 0, sizeof(v));
     kvr_dindex_hash(b->seed, b->key, b->key_len, &v.h1, &v.h2);
     v.ns = b->ns;
@@ -206,11 +209,11 @@ int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *
     v.length = b->length;
     v.canon = b->canon;
     v.pool = b->pool;
-    v.page = (uint32_t)loc.page;
-    v.off4k = (uint32_t)(loc.off / KVR_SSD_ALIGN);
-    v.version = loc.version;
+    v.page = (uint32_t)loc->page;
+    v.off4k = (uint32_t)(loc->off / KVR_SSD_ALIGN);
+    v.version = loc->version;
     if (kvr_dindex_put(t->dx, &v, &id, &old) != KVR_OK) {
-        kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span);
+        kvr_ssdp_forget(&t->p, loc->page, loc->version, loc->span);
         t->st.demote_index_full++;
         return KVR_ENOSPACE;
     }
@@ -219,6 +222,19 @@ int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *
     t->st.demoted++;
     t->st.demoted_bytes += b->length;
     return KVR_OK;
+}
+
+void kvr_ssdt_unwrite(kvr_ssdt_t *t, const kvr_ssdp_loc_t *loc)
+{
+    kvr_ssdp_forget(&t->p, loc->page, loc->version, loc->span);
+}
+
+int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody)
+{
+    kvr_ssdp_loc_t loc;
+    int rc = kvr_ssdt_write(t, b, body, nbody, &loc);
+
+    return rc == KVR_OK ? kvr_ssdt_index(t, b, &loc) : rc;
 }
 
 /* The tombstone of slot s's key: its record's header says the key, names and canon. */

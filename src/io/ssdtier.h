@@ -70,6 +70,13 @@ void kvr_ssdt_close(kvr_ssdt_t *t);
  * the record is written but not kept), KVR_ERR (an I/O error, logged).
  */
 int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody);
+/* The same in two steps, for a writer that must decide under the store lock whether the block
+ * is still the one it copied: kvr_ssdt_write appends (the record counts as live from here),
+ * then kvr_ssdt_index indexes it (KVR_OK or KVR_ENOSPACE, as above) or kvr_ssdt_unwrite gives
+ * it up (the block was deleted or replaced meanwhile: the record is left to its page). */
+int kvr_ssdt_write(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc);
+int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t *loc);
+void kvr_ssdt_unwrite(kvr_ssdt_t *t, const kvr_ssdp_loc_t *loc);
 
 /* Turns up to max slots that workers killed (DELETE) into tombstones and frees them. The
  * number reaped, or KVR_ERR on an I/O error (the slot stays DEAD and is tried again). */

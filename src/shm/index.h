@@ -52,8 +52,9 @@ enum { KVR_ENT_FREE = 0,
        KVR_ENT_LIVE = 2,
        KVR_ENT_ZOMBIE = 3,
        KVR_ENT_DYING = 4 };
-#define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 7 bits: owner proc slot */
-#define KVR_ENT_OWNER(e)  ((e)->meta & 0x7fu)
+#define KVR_ENT_ANNOUNCED 0x80u /* in kvr_entry_t.meta; low 6 bits: owner proc slot */
+#define KVR_ENT_READ      0x40u /* in meta: read (GET, or PUT again) since stored: the disk tier admits it */
+#define KVR_ENT_OWNER(e)  ((e)->meta & 0x3fu)
 
 #define KVR_KEY_HEAD 46 /* key bytes kept inline on the entry's first cache line */
 #define KVR_KEY_TAIL 11 /* and on its second: keys up to 57 bytes never touch the arena */
@@ -69,7 +70,7 @@ typedef struct {
     uint32_t chain_next; /* next entry on the bucket chain (or the free list) */
     uint16_t key_len;
     uint8_t state;
-    uint8_t meta; /* owner slot | KVR_ENT_ANNOUNCED */
+    uint8_t meta; /* owner slot | KVR_ENT_READ | KVR_ENT_ANNOUNCED */
     uint16_t ns;  /* the namespace the key belongs to: part of its identity */
     uint8_t key_head[KVR_KEY_HEAD];
 
