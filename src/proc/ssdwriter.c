@@ -1,0 +1,207 @@
+/*
+ * ssdwriter.c — the disk writer thread (see ssdwriter.h; docs/ssd-tier.md).
+ */
+#include "proc/ssdwriter.h"
+
+#include "base/barrier.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "core/tenants_table.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvr_ssdw_s {
+    kvr_ssdw_config_t cfg;
+    kvr_seg_t *seg;
+    kvr_store_t st;
+    kvr_ssdt_t tier;
+    kvr_tenants_view_t tv;
+    uint32_t *wrote; /* per RAM entry: its generation + 1 when its copy is on disk (0: none) */
+    struct iovec *iov;
+    size_t iov_max;
+    kvr_demote_t *picks;
+    pthread_t th;
+    pthread_mutex_t mu; /* guards `out`, the stats as of the last round */
+    kvr_ssdw_stats_t now, out;
+    int stop, state; /* atomics */
+};
+
+/* A restored record's namespace and pool now: the pool table first, else the tenants table's
+ * namespace of that name (a pool is made for it). */
+static int resolve(void *ctx, const kvr_ssd_rec_t *rec, uint16_t *ns, uint64_t *seed, uint8_t *pool)
+{
+    kvr_ssdw_t *w = ctx;
+    uint32_t n = kvr_store_pool_count(&w->st);
+    kvr_pool_info_t pi;
+    int id;
+
+    for (uint32_t i = 0; i < n; i++)
+        if (kvr_store_pool_info(&w->st, i, &pi) == KVR_OK && strcmp(pi.ns_name, rec->ns) == 0 &&
+            strcmp(pi.model, rec->model) == 0) {
+            *ns = pi.ns;
+            *pool = (uint8_t)i;
+            *seed = kvr_store_ns_seed(&w->st, pi.ns);
+            return KVR_OK;
+        }
+    kvr_tenants_view_refresh(&w->tv);
+    if ((id = kvr_tenants_ns_find(&w->tv, rec->ns)) < 0)
+        return KVR_ENOTFOUND;
+    int p = kvr_store_pool(&w->st, (uint16_t)id, rec->ns, rec->model, rec->model_len, KVR_POOLS_MAX);
+    if (p < 0)
+        return KVR_ENOTFOUND;
+    *ns = (uint16_t)id;
+    *pool = (uint8_t)p;
+    *seed = kvr_store_ns_seed(&w->st, (uint16_t)id);
+    return KVR_OK;
+}
+
+static int written(void *ctx, uint32_t entry, uint32_t gen)
+{
+    const kvr_ssdw_t *w = ctx;
+    return w->wrote[entry] == gen + 1;
+}
+
+typedef struct {
+    kvr_ssdw_t *w;
+    kvr_ssdt_blk_t b;
+    kvr_ssdp_loc_t loc;
+} commit_t;
+
+static int do_index(void *ctx)
+{
+    commit_t *c = ctx;
+    return kvr_ssdt_index(&c->w->tier, &c->b, &c->loc);
+}
+
+/* One pinned block: its copy on disk and indexed, or released. */
+static void write_pick(kvr_ssdw_t *w, kvr_demote_t *d)
+{
+    size_t n = kvr_store_ref_chain_iov(&w->st, &d->ref, w->iov, w->iov_max);
+    kvr_pool_info_t pi;
+    commit_t c = {.w = w};
+    kvr_dslot_t s;
+    uint32_t id;
+    int rc;
+
+    if (n == 0 || kvr_store_pool_info(&w->st, d->pool, &pi) != KVR_OK) {
+        kvr_store_demote_release(&w->st, d);
+        return;
+    }
+    c.b = (kvr_ssdt_blk_t){.ns = d->ns, .pool = d->pool, .seed = kvr_store_ns_seed(&w->st, d->ns), .key = w->iov[0].iov_base, .key_len = d->key_len, .length = d->ref.length, .canon = d->ref.canon, .ns_name = pi.ns_name, .model = pi.model};
+    kvr_dindex_hash(c.b.seed, c.b.key, c.b.key_len, &s.h1, &s.h2);
+    if (kvr_dindex_lookup(&w->st.dx, d->ns, s.h1, s.h2, d->key_len, &s, &id) == 1 && s.length == d->ref.length) {
+        w->wrote[d->ref.entry] = d->ref.gen + 1; /* restored from the file: already there */
+        w->now.already_on_disk++;
+        kvr_store_demote_release(&w->st, d);
+        return;
+    }
+    if ((rc = kvr_ssdt_write(&w->tier, &c.b, w->iov, (int)n, &c.loc)) != KVR_OK) {
+        w->now.write_errors++;
+        kvr_store_demote_release(&w->st, d);
+        return;
+    }
+    rc = kvr_store_demote_commit(&w->st, d, do_index, &c);
+    if (rc == KVR_OK)
+        w->wrote[d->ref.entry] = d->ref.gen + 1;
+    else {
+        kvr_ssdt_unwrite(&w->tier, &c.loc);
+        w->now.stale += rc == KVR_ENOTFOUND;
+    }
+}
+
+static void pause_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void *run(void *arg)
+{
+    kvr_ssdw_t *w = arg;
+    uint64_t last_sync;
+
+    if (kvr_ssdt_open(&w->tier, w->cfg.path, w->cfg.size, w->cfg.page_size, &w->st.dx, resolve, w) != KVR_OK) {
+        kvr_atomic_store_release(&w->state, -1);
+        return NULL;
+    }
+    kvr_atomic_store_release(&w->state, 1);
+    last_sync = kvr_clock_ms();
+    while (!kvr_atomic_load_acquire(&w->stop)) {
+        int reaped = kvr_ssdt_reap(&w->tier, 256);
+        unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, w);
+        for (unsigned i = 0; i < n; i++)
+            write_pick(w, &w->picks[i]);
+        if (kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
+            kvr_ssdp_sync(&w->tier.p);
+            last_sync = kvr_clock_ms();
+        }
+        w->now.rounds++;
+        w->now.picked += n;
+        w->now.tier = w->tier.st;
+        pthread_mutex_lock(&w->mu);
+        w->out = w->now;
+        pthread_mutex_unlock(&w->mu);
+        if (n == 0 && reaped <= 0)
+            pause_ms(w->cfg.interval_ms);
+    }
+    kvr_ssdt_close(&w->tier);
+    return NULL;
+}
+
+kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
+{
+    kvr_ssdw_t *w = calloc(1, sizeof(*w));
+
+    if (w == NULL)
+        return NULL;
+    w->cfg = *cfg;
+    w->seg = seg;
+    if (w->cfg.batch == 0)
+        w->cfg.batch = 16;
+    if (kvr_store_open(&w->st, seg) != KVR_OK || w->st.dx.sh == NULL) {
+        kvr_error("ssd: the segment has no disk index");
+        free(w);
+        return NULL;
+    }
+    kvr_tenants_view_init(&w->tv, seg);
+    w->iov_max = kvr_store_block_max(&w->st) / seg->hdr->page_size + 2;
+    w->iov = calloc(w->iov_max, sizeof(*w->iov));
+    w->wrote = calloc(seg->hdr->max_blocks, sizeof(*w->wrote));
+    w->picks = calloc(w->cfg.batch, sizeof(*w->picks));
+    pthread_mutex_init(&w->mu, NULL);
+    if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || pthread_create(&w->th, NULL, run, w) != 0) {
+        kvr_error("ssd: the disk writer cannot start");
+        free(w->iov);
+        free(w->wrote);
+        free(w->picks);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+int kvr_ssdw_state(const kvr_ssdw_t *w)
+{
+    return kvr_atomic_load_acquire(&w->state);
+}
+
+void kvr_ssdw_stop(kvr_ssdw_t *w)
+{
+    kvr_atomic_store_release(&w->stop, 1);
+    pthread_join(w->th, NULL);
+    pthread_mutex_destroy(&w->mu);
+    free(w->iov);
+    free(w->wrote);
+    free(w->picks);
+    free(w);
+}
+
+void kvr_ssdw_stats(kvr_ssdw_t *w, kvr_ssdw_stats_t *out)
+{
+    pthread_mutex_lock(&w->mu);
+    *out = w->out;
+    pthread_mutex_unlock(&w->mu);
+}
