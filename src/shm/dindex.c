@@ -71,7 +71,8 @@ void kvr_dindex_format(kvr_dindex_t *dx)
         kvr_atomic_store_relaxed(&s->chain_next, i + 1 < n ? (uint32_t)(i + 1) : KVR_NIL);
     }
     dx->sh->free_head = n > 0 ? 0 : KVR_NIL;
-    dx->sh->live = dx->sh->live_bytes = 0;
+    kvr_atomic_store_relaxed(&dx->sh->live, 0);
+    kvr_atomic_store_relaxed(&dx->sh->live_bytes, 0);
     seq_end(dx);
 }
 
@@ -128,6 +129,14 @@ static void set_state(kvr_dslot_t *s, uint32_t st)
     kvr_atomic_exchange_seq_cst(&s->sw, (KVR_DSLOT_GEN(w) + 1) << 2 | st);
 }
 
+/* The writer's gauges, read by workers (/kv/stats): relaxed stores of its own last values
+ * (modular adds: a decrease is the two's complement). */
+static void gauges(kvr_dindex_t *dx, uint64_t dlive, uint64_t dbytes)
+{
+    kvr_atomic_store_relaxed(&dx->sh->live, kvr_atomic_load_relaxed(&dx->sh->live) + dlive);
+    kvr_atomic_store_relaxed(&dx->sh->live_bytes, kvr_atomic_load_relaxed(&dx->sh->live_bytes) + dbytes);
+}
+
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old)
 {
     uint32_t i = find_mine(dx, v);
@@ -141,7 +150,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
         fill(s, v);
         set_state(s, KVR_DSLOT_LIVE);
         seq_end(dx);
-        dx->sh->live_bytes = dx->sh->live_bytes - old->length + v->length;
+        gauges(dx, 0, v->length - old->length);
         *id = i;
         return KVR_OK;
     }
@@ -156,8 +165,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
     set_state(&dx->slot[i], KVR_DSLOT_LIVE);
     kvr_atomic_store_relaxed(&dx->buckets[b], i);
     seq_end(dx);
-    dx->sh->live++;
-    dx->sh->live_bytes += v->length;
+    gauges(dx, 1, v->length);
     *id = i;
     return KVR_OK;
 }
@@ -178,8 +186,7 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
     kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
     seq_end(dx);
     dx->sh->free_head = id;
-    dx->sh->live--;
-    dx->sh->live_bytes -= s->length;
+    gauges(dx, (uint64_t)-1, (uint64_t)0 - s->length);
 }
 
 uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
@@ -207,6 +214,11 @@ void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
 uint64_t kvr_dindex_live(const kvr_dindex_t *dx)
 {
     return kvr_atomic_load_relaxed(&dx->sh->live);
+}
+
+uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx)
+{
+    return kvr_atomic_load_relaxed(&dx->sh->live_bytes);
 }
 
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)

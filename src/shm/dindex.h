@@ -89,6 +89,7 @@ uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
 void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);
 /* Slots in use (LIVE or DEAD): a gauge, exact for the writer. */
 uint64_t kvr_dindex_live(const kvr_dindex_t *dx);
+uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx);
 /* Writer: the next DEAD slot from *cursor on (wrapping once), or KVR_NIL; *cursor moves past it. */
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
 
