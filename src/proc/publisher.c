@@ -27,6 +27,7 @@
  */
 #include "proc/publisher.h"
 #include "proc/publisher_int.h"
+#include "proc/ssdwriter.h"
 
 #include "wire/ckf.h"
 #include "base/barrier.h"
@@ -719,6 +720,19 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         kvr_error("publisher: the KV events cannot start (above); exiting");
         _exit(70);
     }
+    if (cfg->ssd_path[0] != '\0') {
+        kvr_ssdw_config_t sc = {.path = cfg->ssd_path, .size = cfg->ssd_size, .page_size = cfg->ssd_page_size, .window = cfg->ssd_window, .batch = 16, .interval_ms = 10, .sync_ms = 1000};
+        if ((p->ssd = kvr_ssdw_start(&sc, seg)) == NULL)
+            _exit(70);
+        /* Ready only once the disk index is restored: until then every disk block would be a
+         * miss. The watchdog sees a heartbeat meanwhile; a restore that fails is logged, and
+         * the server goes on without the tier's old blocks (the index stays empty). */
+        while (kvr_ssdw_state(p->ssd) == 0 && !pub_term) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            kvr_seg_heartbeat(seg);
+            nanosleep(&ts, NULL);
+        }
+    }
     new_generation(p, "start");
     /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
      * kvr_seg_worker_load's (role was written before, at the claim) */
@@ -734,5 +748,7 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");
+    if (p->ssd != NULL)
+        kvr_ssdw_stop(p->ssd); /* seals the open page: a clean stop */
     exit(0);
 }

@@ -67,8 +67,9 @@ typedef struct {
     uint32_t refs[KVR_RELAY_SNAPSHOTS];
     /* the KV events (publisher_events.c), NULL when off */
     struct pub_kvev *kvev;
-    int replay_due; /* replay requests may be waiting: do not sleep */
-    int rebuilding; /* new_generation's rescan: owners change, no events (the state follows) */
+    int replay_due;         /* replay requests may be waiting: do not sleep */
+    int rebuilding;         /* new_generation's rescan: owners change, no events (the state follows) */
+    struct kvr_ssdw_s *ssd; /* the disk writer thread (proc/ssdwriter.c), NULL without --ssd-path */
 } pub_t;
 
 /*

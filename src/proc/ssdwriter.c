@@ -147,6 +147,7 @@ static void *run(void *arg)
         if (n == 0 && reaped <= 0)
             pause_ms(w->cfg.interval_ms);
     }
+    kvr_ssdt_reap(&w->tier, UINT32_MAX); /* a clean stop writes down every delete */
     kvr_ssdt_close(&w->tier);
     return NULL;
 }
