@@ -189,7 +189,8 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
     gauges(dx, (uint64_t)-1, (uint64_t)0 - s->length);
 }
 
-uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
+uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
+                              void *ctx)
 {
     uint64_t n = 0;
 
@@ -198,6 +199,8 @@ uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
         if (KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&s->sw)) != KVR_DSLOT_FREE && s->page == page &&
             s->version == version) {
             kvr_dindex_remove(dx, (uint32_t)i);
+            if (cb != NULL)
+                cb(ctx, (uint32_t)i);
             n++;
         }
     }
@@ -287,6 +290,39 @@ int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t
         if (rc != KVR_AGAIN)
             return rc;
         kvr_cpu_relax();
+    }
+    return KVR_AGAIN;
+}
+
+int kvr_dindex_peek(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
+{
+    const kvr_dslot_t *s;
+
+    if (id >= dx->nslots)
+        return 0;
+    s = &dx->slot[id];
+    for (int t = 0; t < LOOKUP_TRIES; t++) {
+        uint64_t s1 = kvr_atomic_load_acquire(&dx->sh->seq);
+        uint32_t w;
+        if (s1 & 1) {
+            kvr_cpu_relax();
+            continue;
+        }
+        w = kvr_atomic_load_relaxed(&s->sw);
+        out->h1 = kvr_atomic_load_relaxed(&s->h1);
+        out->h2 = kvr_atomic_load_relaxed(&s->h2);
+        out->canon = kvr_atomic_load_relaxed(&s->canon);
+        out->length = kvr_atomic_load_relaxed(&s->length);
+        out->version = kvr_atomic_load_relaxed(&s->version);
+        out->page = kvr_atomic_load_relaxed(&s->page);
+        out->off4k = kvr_atomic_load_relaxed(&s->off4k);
+        out->key_len = kvr_atomic_load_relaxed(&s->key_len);
+        out->ns = kvr_atomic_load_relaxed(&s->ns);
+        out->pool = kvr_atomic_load_relaxed(&s->pool);
+        out->sw = w;
+        kvr_atomic_fence_acquire(); /* pairs with seq_begin's release fence */
+        if (kvr_atomic_load_relaxed(&dx->sh->seq) == s1)
+            return KVR_DSLOT_STATE(w) == KVR_DSLOT_LIVE;
     }
     return KVR_AGAIN;
 }
