@@ -10,6 +10,8 @@ The disk tier (issue 26; docs/ssd-tier.md), end to end on the real supervisor wi
   - HEAD, /exists and DELETE answer for disk blocks, and a delete holds across a restart;
   - a byte flipped in a record on the file: that block is a miss (404), logged, its neighbours
     are served;
+  - a block on disk only stays in the relay's filter (/debug/filter), and leaves it when it is
+    deleted;
   - a file that is not a disk tier file is refused at start, untouched.
 
 Every loop is bounded in count and time; servers are stopped by PID.
@@ -20,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from array import array
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import SLOW, Server, kv_path, run_binary  # noqa: E402
 from harness import wait_until  # noqa: E402
+from relay.kvrelay_consumer import filter_contains  # noqa: E402
 
 MiB = 1 << 20
 ARENA = "32M"
@@ -91,9 +95,13 @@ def get(conn, key):
     return r.status, r.read()
 
 
+def seqhash(i):
+    return 0x5EED0000 + i
+
+
 def put_and_read(srv, conn, i):
     key = f"ssd/{i:05d}"
-    conn.request("PUT", kv_path(key), body=block(i))
+    conn.request("PUT", kv_path(key), body=block(i), headers={"X-KV-Sequence-Hash": str(seqhash(i))})
     r = conn.getresponse()
     r.read()
     assert r.status in (200, 201), (key, r.status)
@@ -199,6 +207,26 @@ def test_a_flipped_byte_is_a_miss_and_its_neighbours_are_served(start, ssd_dir):
     assert b.get("ssd/00004").body == block(4)
     assert b.get("ssd/00006").body == block(6)
     wait_until(lambda: "torn or not this key's" in b.log_text(), 5 * SLOW, what="the corruption logged")
+
+
+def in_filter(srv, i):
+    r = srv.request("GET", "/debug/filter", timeout=30)
+    assert r.status == 200, r
+    words = array("Q")
+    words.frombytes(r.body)
+    return filter_contains(words, seqhash(i))
+
+
+def test_a_block_on_disk_only_stays_visible_to_routers(start, ssd_dir):
+    a = start(ssd_dir / "tier")
+    fill(a, 64)
+    key = "ssd/00002"  # evicted from RAM long ago: on disk only
+    assert a.stats()["evictions"] >= 32
+    wait_until(lambda: all(in_filter(a, i) for i in range(64)), 5 * SLOW,
+               what="every block, RAM or disk, in the relay's filter")
+    assert a.delete(key).status == 200
+    wait_until(lambda: not in_filter(a, 2), 5 * SLOW, what="the deleted block out of the filter")
+    assert in_filter(a, 3)
 
 
 def refused(*args):
