@@ -61,6 +61,11 @@ static const opt_t opts[] = {
     {"port-file", T_STR, "", 0, 0, S(port_file), "write the bound ports (http=..., grpc=...) to this file"},
     {"segment-path", T_STR, "", 0, 0, S(segment_path), "keep the segment in this file on tmpfs/hugetlbfs: re-attached at start (warm restart)"},
     {"segment-reset", T_BOOL, "false", 0, 1, N(segment_reset), "with --segment-path: discard the file's contents and start empty"},
+    {"ssd-path", T_STR, "", 0, 0, S(ssd_path), "the disk tier's file on an NVMe file system (made with --ssd-size when new): blocks evicted from the arena that were read at least once are kept there and survive restarts; off when empty (docs/ssd-tier.md)"},
+    {"ssd-size", T_SIZE, "0", 0, 1ull << 52, N(ssd_size), "with --ssd-path: the file's size (preallocated); required"},
+    {"ssd-page-size", T_SIZE, "256M", 1 << 20, 4ull << 30, N(ssd_page_size), "with --ssd-path: the disk tier's unit of allocation and eviction; blocks larger than half of it are not kept on disk"},
+    {"ssd-slots", T_UINT, "0", 0, 1u << 31, N(ssd_slots), "with --ssd-path: blocks the disk index can hold, 64 bytes of segment each (0: --ssd-size / 64 KiB, at least 1024)"},
+    {"ssd-window", T_SIZE, "0", 0, 1ull << 52, N(ssd_window), "with --ssd-path: how much of each namespace's least recently used end the disk writer keeps copied, so that eviction finds copies (0: a quarter of --memory)"},
     {"log-format", T_STR, "text", 0, 0, S(log_format), "text | json (one object per line)"},
     {"arena-prefault", T_SIZE, "64M", 0, 1ull << 42, N(arena_prefault), "each worker maps the arena into its own page tables in the background, this far past the highest page used yet, so that no PUT pays a page fault (0: off; docs/dataplane.md)"},
     {"recv-lowat", T_SIZE, "256K", 0, 64ull << 20, N(recv_lowat), "PUT bodies of twice this or more: the kernel wakes their receive once this many bytes are queued, not per segment (0: off; docs/dataplane.md)"},
@@ -323,6 +328,31 @@ static int validate_kv_events(kvr_config_t *cfg, FILE *err)
     return KVR_OK;
 }
 
+/* The disk tier's flags: all or nothing, and sizes it can use. */
+static int validate_ssd(kvr_config_t *cfg, FILE *err)
+{
+    if (cfg->ssd_path[0] == '\0') {
+        if (cfg->ssd_size != 0) {
+            fprintf(err, "kvrelay: --ssd-size needs --ssd-path\n");
+            return KVR_EINVAL;
+        }
+        return KVR_OK;
+    }
+    if (cfg->ssd_path[0] != '/') {
+        fprintf(err, "kvrelay: --ssd-path must be an absolute path, got '%s'\n", cfg->ssd_path);
+        return KVR_EINVAL;
+    }
+    if (cfg->ssd_page_size % 4096 != 0 || cfg->ssd_size < (1ull << 20) + 2 * cfg->ssd_page_size) {
+        fprintf(err, "kvrelay: --ssd-size must hold 1 MiB and two pages of --ssd-page-size (a multiple of 4 KiB)\n");
+        return KVR_EINVAL;
+    }
+    if (cfg->ssd_slots == 0)
+        cfg->ssd_slots = cfg->ssd_size / (64 << 10) > 1024 ? cfg->ssd_size / (64 << 10) : 1024;
+    if (cfg->ssd_window == 0)
+        cfg->ssd_window = cfg->memory / 4;
+    return KVR_OK;
+}
+
 static int validate(kvr_config_t *cfg, FILE *err)
 {
     char host[256];
@@ -366,6 +396,8 @@ static int validate(kvr_config_t *cfg, FILE *err)
         fprintf(err, "kvrelay: --segment-path must be an absolute path, got '%s'\n", cfg->segment_path);
         return KVR_EINVAL;
     }
+    if (validate_ssd(cfg, err) != KVR_OK)
+        return KVR_EINVAL;
     if (strcmp(cfg->hash_format, "standard") && strcmp(cfg->hash_format, "eagle")) {
         fprintf(err, "kvrelay: --hash-format must be standard or eagle\n");
         return KVR_EINVAL;

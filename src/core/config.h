@@ -56,6 +56,11 @@ typedef struct {
     char port_file[KVR_CFG_STR_MAX];
     char segment_path[KVR_CFG_STR_MAX]; /* warm restart: the segment lives in this file */
     int segment_reset;                  /* discard an existing segment file */
+    char ssd_path[KVR_CFG_STR_MAX];     /* the disk tier's file (docs/ssd-tier.md); "" none */
+    uint64_t ssd_size;                  /* its size in bytes */
+    uint64_t ssd_page_size;             /* its pages */
+    uint64_t ssd_slots;                 /* disk index slots (0: ssd_size / 64 KiB) */
+    uint64_t ssd_window;                /* bytes from each LRU tail kept copied (0: a quarter of memory) */
     char log_format[16];                /* text | json */
     char io_engine[16];                 /* auto | uring | epoll (docs/dataplane.md) */
     /* relay (docs/relay-contract.md) */

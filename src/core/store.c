@@ -480,6 +480,25 @@ size_t kvr_store_txn_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off
     return block_iov(st, &st->ix.ent[txn->entry], off, off < txn->length ? txn->length - off : 0, iov, max);
 }
 
+size_t kvr_store_txn_chain_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t from, struct iovec *iov,
+                               size_t max)
+{
+    const kvr_entry_t *e = &st->ix.ent[txn->entry];
+    uint64_t all = e->key_len + txn->length;
+    span_walk_t w = {e->first_page, from, from < all ? all - from : 0};
+    size_t cnt = 0;
+    uint8_t *p;
+    uint64_t k;
+
+    KVR_DASSERT(txn_mine(st, txn));
+    while (cnt < max && span_next(st, &w, &p, &k)) {
+        iov[cnt].iov_base = p;
+        iov[cnt].iov_len = k;
+        cnt++;
+    }
+    return cnt;
+}
+
 int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
 {
     kvr_store_sh_t *sh = st->sh;

@@ -137,6 +137,10 @@ int kvr_store_put_write(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off,
 /* Fills iov with the payload spans of a reservation from offset off; returns the count. */
 size_t kvr_store_txn_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t off, struct iovec *iov,
                          size_t max);
+/* The same over the whole chain, key then payload, from byte `from` of it (the disk tier reads
+ * a record's body, which is laid out so, straight into a reservation). */
+size_t kvr_store_txn_chain_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64_t from, struct iovec *iov,
+                               size_t max);
 int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn);
 void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn);
 

@@ -27,6 +27,7 @@ int kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_stor
     a->inflight_cap = (cfg->max_inflight_bytes ? cfg->max_inflight_bytes : cfg->memory / 4) /
                       (cfg->workers ? cfg->workers : 1);
     a->peer_cap = a->inflight_cap / 100 * cfg->peer_inflight_share;
+    a->ssd_fd = -1;
     return kvr_api_auth_init(a);
 }
 
@@ -158,6 +159,8 @@ static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *ke
 {
     int rc = kvr_store_get(a->store, res->ns, key, klen, &res->ref);
 
+    if (rc == KVR_ENOTFOUND && kvr_api_disk_get(a, res, key, klen))
+        return;
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
@@ -185,7 +188,7 @@ static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *k
 
     res->body = KVR_API_BODY_INLINE;
     res->head_only = 1;
-    if (!kvr_store_exists(a->store, res->ns, key, klen, &len)) {
+    if (!kvr_store_exists(a->store, res->ns, key, klen, &len) && !kvr_api_disk_has(a, res->ns, key, klen, &len)) {
         kvr_api_set_status(res, 404);
         res->length = 0;
         return;
@@ -368,6 +371,10 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
     uint32_t left = 0;
     int rc = kvr_store_release(a->store, res->ns, key, klen, &left);
 
+    /* the disk copy goes with the last reference, after the RAM copy (api_int.h) */
+    if ((rc == KVR_OK && left == 0 && kvr_api_disk_kill(a, res->ns, key, klen)) ||
+        (rc == KVR_ENOTFOUND && kvr_api_disk_kill(a, res->ns, key, klen)))
+        rc = KVR_OK;
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
@@ -387,7 +394,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
     kvr_json_t j;
-    int e = kvr_store_exists(a->store, res->ns, key, klen, NULL);
+    int e = kvr_store_exists(a->store, res->ns, key, klen, NULL) || kvr_api_disk_has(a, res->ns, key, klen, NULL);
 
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);
@@ -474,6 +481,8 @@ static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
         kvr_json_str(&j, name != NULL ? name : "", name != NULL ? strlen(name) : 0);
     }
     api_json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
+    if (!scoped)
+        kvr_api_disk_stats(a, &j);
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }
@@ -765,6 +774,8 @@ void kvr_api_done(kvr_api_t *a, kvr_api_res_t *res, unsigned method, uint64_t st
 
     if (res->put != KVR_API_PUT_NONE)
         kvr_api_put_end(a, res, 0);
+    if (res->dk != NULL)
+        kvr_api_disk_abort(a, res);
     if (res->pinned) {
         kvr_store_unpin_later(a->store, &res->ref); /* the worker's loop flushes */
         res->pinned = 0;

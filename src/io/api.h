@@ -66,7 +66,13 @@ typedef struct {
     uint64_t inflight_cap;       /* this worker's share of --max-inflight-bytes */
     uint64_t peer_cap;           /* what one peer address may hold of it (--peer-inflight-share) */
     uint32_t batch_pins;         /* pins held by this worker's batch GET responses */
+    int ssd_fd;                  /* the disk tier's file, read-only (api_disk.c); -1: not open */
+    unsigned disk_reads;         /* GETs of this worker reading from the disk tier now */
+    int disk_warned;             /* a bad record was logged (once per worker) */
 } kvr_api_t;
+
+/* GETs of one worker reading from the disk tier at once; more wait their turn as a 503. */
+#define KVR_API_DISK_READS_MAX 64
 
 /* What a transport knows of a request once its head is parsed. */
 typedef struct {
@@ -122,6 +128,8 @@ typedef struct {
      * request runs in namespace ns; admin opens /debug and /metrics when tenants are on */
     uint16_t ns;
     uint8_t admin;
+    /* GET from the disk tier (api_disk.c): set while the block is read into its reservation */
+    struct kvr_api_disk_s *dk;
     /* PUT */
     unsigned put; /* KVR_API_PUT_* */
     kvr_put_txn_t txn;
@@ -132,6 +140,20 @@ typedef struct {
     size_t inline_len;
     char inline_buf[KVR_API_INLINE_MAX];
 } kvr_api_res_t;
+
+/*
+ * A GET whose key is not in RAM but in the disk tier (api_disk.c; docs/ssd-tier.md, "Reads and
+ * promotion"). kvr_api_handle leaves res->dk set and res->status 0: the transport reads the
+ * record with kvr_api_disk_iov (iovecs for the rest of it, and the file offset) until
+ * kvr_api_disk_step says it is whole, which decides the response (the block promoted to RAM and
+ * pinned: 200; anything wrong: a miss, 404). kvr_api_disk_abort gives the reservation back when
+ * the connection goes (never while a read into it is in flight); kvr_api_done calls it too.
+ * kvr_api_disk_sync does all of it with blocking reads (the h2o transport).
+ */
+int kvr_api_disk_iov(kvr_api_t *a, kvr_api_res_t *res, struct iovec *iov, int max, uint64_t *off);
+int kvr_api_disk_step(kvr_api_t *a, kvr_api_res_t *res, int n);
+void kvr_api_disk_abort(kvr_api_t *a, kvr_api_res_t *res);
+void kvr_api_disk_sync(kvr_api_t *a, kvr_api_res_t *res);
 
 /* KVR_OK, or KVR_ERR when out of memory. */
 int kvr_api_init(kvr_api_t *a, const kvr_config_t *cfg, kvr_seg_t *seg, kvr_store_t *store, kvr_relay_t *relay);

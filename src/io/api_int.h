@@ -51,4 +51,17 @@ static inline void api_json_field(kvr_json_t *j, const char *name, uint64_t v, i
     kvr_json_u64(j, v);
 }
 
+/* GET of a key that missed in RAM: 1 when the disk tier holds it and a read is set up (res->dk;
+ * or an error answered, such as 503 when too many reads are in flight), 0 when it does not. */
+int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen);
+
+/* The disk tier's answers without touching the disk: whether it holds (ns, key) (*len: the
+ * payload's length), and a DELETE's kill of its copy (1 when there was one). A DELETE removes
+ * the RAM copy first and kills the disk copy after (docs/concurrency.md, "The disk index"). */
+int kvr_api_disk_has(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint64_t *len);
+int kvr_api_disk_kill(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen);
+
+/* /kv/stats' disk tier fields (disk_blocks, disk_bytes), when the tier is on. */
+void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j);
+
 #endif

@@ -362,6 +362,8 @@ void kvr_h1_start_request(h1c_t *c)
             return;
         }
         kvr_api_handle(c->s->api, &c->rq, res);
+        if (res->dk != NULL) /* rare (a GET with a body): read at once, blocking this worker */
+            kvr_api_disk_sync(c->s->api, res);
         c->state = ST_DISCARD; /* answered once the unused body has been consumed */
         kvr_h1_begin_body(c);
         return;
@@ -369,6 +371,10 @@ void kvr_h1_start_request(h1c_t *c)
     c->rq.peer_held = h1_peer_held(c);
     kvr_api_handle(c->s->api, &c->rq, res);
     h1_peer_take(c);
+    if (res->dk != NULL) {
+        kvr_h1_disk_start(c);
+        return;
+    }
     switch (res->put) {
     case KVR_API_BODY_WANTED:
         if (c->s->chunked_conns >= KVR_H1_CHUNKED_CONNS || (c->cbuf = malloc(c->body_len + 1)) == NULL) {
@@ -585,6 +591,10 @@ static void on_read(kvr_uring_op_t *op, int res)
     h1_idle_leave(c);
     if (c->closing) {
         kvr_h1_conn_close(c);
+        return;
+    }
+    if (c->state == ST_DISK) { /* the op read a block from the disk tier, not the socket */
+        kvr_h1_disk_done(c, res);
         return;
     }
     if (c->cut) { /* cancelled by the tick: a deadline passed (kvr_h1_tick) */

@@ -13,6 +13,7 @@
  *   h1_wait.c      admitting the PUTs that wait for the in-flight budget
  *   h1_peer.c      the table of client addresses (--peer-inflight-share)
  *   h1_deadline.c  the tick: every state's deadline and --min-body-rate
+ *   h1_disk.c      a GET whose block is read from the disk tier
  *
  * What runs on every read or request is inline below: the idle list, the wait queue, a
  * peer's share of the budget.
@@ -48,6 +49,7 @@ enum {
     ST_CHUNKED, /* collecting a chunked body */
     ST_COLLECT, /* collecting a batch request's body (Content-Length, at most 1 MiB) */
     ST_WAIT,    /* PUT waiting for the in-flight budget, nothing read */
+    ST_DISK,    /* GET reading its block from the disk tier into a reservation (h1_disk.c) */
     ST_SEND,    /* sending the response */
     ST_LINGER,  /* answered and closing: our side shut, the peer's remaining bytes discarded */
 };
@@ -323,5 +325,11 @@ void kvr_h1_wake_waiters(kvr_h1_t *s);
 void kvr_h1_peer_attach(h1c_t *c);
 void kvr_h1_peer_detach(h1c_t *c);
 void kvr_h1_peer_sweep(kvr_h1_t *s, uint64_t t);
+
+/* h1_disk.c: a GET the request layer sends to the disk tier (res.dk set): the record is read
+ * on the worker's ring (the connection's read op: rbusy), then the response goes out. The tick's
+ * --io-timeout applies to each read. */
+void kvr_h1_disk_start(h1c_t *c);
+void kvr_h1_disk_done(h1c_t *c, int res);
 
 #endif

@@ -188,6 +188,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     rq.head_bytes = head_bytes(req);
     rq.buffered = 1;
     kvr_api_handle(h->api, &rq, &r->res);
+    if (r->res.dk != NULL) /* from the disk tier: read at once (this worker's h2o loop waits for it) */
+        kvr_api_disk_sync(h->api, &r->res);
     if (r->res.put == KVR_API_BODY_WANTED) {
         kvr_api_batch(h->api, &rq, req->entity.base != NULL ? req->entity.base : "", req->entity.len, &r->res);
     } else if (r->res.put != KVR_API_PUT_NONE) {

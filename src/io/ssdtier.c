@@ -36,7 +36,7 @@ static void on_recycle(void *ctx, uint64_t page, uint64_t version)
 {
     kvr_ssdt_t *t = ctx;
 
-    t->st.recycled_slots += kvr_dindex_drop_page(t->dx, (uint32_t)page, version);
+    t->st.recycled_slots += kvr_dindex_drop_page(t->dx, (uint32_t)page, version, t->on_slot, t->on_slot_ctx);
 }
 
 static int keep_tomb(restore_t *r, uint64_t h1, uint64_t h2, uint16_t ns, const kvr_ssd_rec_t *rec)
@@ -219,6 +219,8 @@ int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t 
     }
     if (old.page != KVR_NIL)
         kvr_ssdp_forget(&t->p, old.page, old.version, slot_span(&old));
+    if (t->on_slot != NULL)
+        t->on_slot(t->on_slot_ctx, id);
     t->st.demoted++;
     t->st.demoted_bytes += b->length;
     return KVR_OK;
@@ -280,6 +282,8 @@ int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max)
         if (KVR_DSLOT_STATE(now.sw) == KVR_DSLOT_DEAD && now.page == s.page && now.version == s.version) {
             kvr_ssdp_forget(&t->p, s.page, s.version, slot_span(&s));
             kvr_dindex_remove(t->dx, id);
+            if (t->on_slot != NULL)
+                t->on_slot(t->on_slot_ctx, id);
         }
         n++;
     }

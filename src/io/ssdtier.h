@@ -40,6 +40,10 @@ typedef struct {
     uint64_t reap_cursor;
     kvr_ssdt_stats_t st;
     kvr_ssdf_scan_t scan; /* what the last open's scan found */
+    /* told each slot that was filled, moved or freed after the restore (the relay's owners of
+     * disk blocks, proc/publisher_ssd.c); NULL: nobody */
+    void (*on_slot)(void *ctx, uint32_t id);
+    void *on_slot_ctx;
 } kvr_ssdt_t;
 
 /* A block to demote: its identity in the store and the names its record carries. */

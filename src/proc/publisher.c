@@ -62,7 +62,7 @@ static void *pub_realloc(void *old, size_t n)
     return realloc(old, n);
 }
 
-static volatile sig_atomic_t pub_term;
+volatile sig_atomic_t pub_term; /* SIGTERM came (publisher_int.h) */
 static void on_term(int sig)
 {
     (void)sig;
@@ -76,7 +76,7 @@ static void on_term(int sig)
  * ready and the catalog revision moves, so that watchers list them. Out of memory it sets
  * resync (the caller starts a new generation, or exits, outside the store lock: this may run
  * in the rescan's callback). */
-static void take_pools(pub_t *p)
+void pub_take_pools(pub_t *p)
 {
     uint32_t n = kvr_store_pool_count(&p->store), from = p->npools, known = kvr_relay_pools_ready(&p->relay);
 
@@ -124,7 +124,7 @@ static void take_pools(pub_t *p)
 /* One more owner of canon in pool; the first one is a BlockStored event (the events count owners
  * as the filter does, but every owner: a hash the full filter left out is still stored). The
  * table's count of distinct hashes says which: it grows exactly at a first owner. */
-static int owner_add(pub_t *p, uint32_t pool, uint64_t canon)
+int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon)
 {
     pub_pool_t *pp = &p->pool[pool];
     size_t before = pp->owners.n;
@@ -137,7 +137,7 @@ static int owner_add(pub_t *p, uint32_t pool, uint64_t canon)
 
 /* One owner of canon in pool leaves; the last one (the count of distinct hashes shrinks) is a
  * BlockRemoved event. */
-static int owner_del(pub_t *p, uint32_t pool, uint64_t canon)
+int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon)
 {
     pub_pool_t *pp = &p->pool[pool];
     size_t before = pp->owners.n;
@@ -155,14 +155,14 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
     if (e >= p->max_blocks)
         return;
     if (pool >= p->npools)
-        take_pools(p); /* the pool was made before the block's insert was logged */
+        pub_take_pools(p); /* the pool was made before the block's insert was logged */
     if (pool >= p->npools)
         return; /* never expected: an entry names no pool of the store's table */
     if (p->ann_live[e] && p->ann_gen[e] == gen)
         return;           /* a repair's duplicate */
     if (p->ann_live[e]) { /* never expected: the older incarnation's remove was lost */
         p->pool[p->ann_pool[e]].blocks--;
-        if (owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
+        if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
             p->resync = 1;
     }
     pp = &p->pool[pool];
@@ -171,7 +171,7 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
     p->ann_gen[e] = gen;
     p->ann_canon[e] = canon;
     p->ann_pool[e] = (uint8_t)pool;
-    switch (owner_add(p, pool, canon)) {
+    switch (pub_owner_add(p, pool, canon)) {
     case KVR_OK:
         break;
     case KVR_ENOSPACE:
@@ -188,7 +188,7 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
         return;
     p->ann_live[e] = 0;
     p->pool[p->ann_pool[e]].blocks--;
-    if (owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
+    if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
         p->resync = 1; /* out of memory, or a copy that was not there: rebuild */
 }
 
@@ -452,7 +452,7 @@ static void new_generation(pub_t *p, const char *why)
     /* Every pool made so far is rebuilt below; a pool that cannot be taken on (out of memory)
      * leaves resync set, and we exit after the rescan, outside the store lock. */
     p->resync = 0;
-    take_pools(p);
+    pub_take_pools(p);
     /* The relay's generation: stored by the publishers (one at a time) and by the supervisor
      * before it forks the first; seq_cst as every store of the new generation below. */
     p->generation = kvr_atomic_load_seq_cst(&sh->generation) + 1;
@@ -486,6 +486,7 @@ static void new_generation(pub_t *p, const char *why)
     memset(p->ann_live, 0, p->max_blocks);
     p->rebuilding = 1;
     kvr_store_resync(&p->store, scan_cb, p); /* takes on pools made since (apply_insert) */
+    pub_ssd_rebuild(p);                      /* the disk tier's blocks own their hashes too */
     p->rebuilding = 0;
     if (p->resync) {
         kvr_error("publisher: out of memory rebuilding the filter; exiting (a new publisher starts over)");
@@ -658,7 +659,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         new_generation(p, "change-log overflow");
         p->log_seen_ns = 0;
     }
-    take_pools(p); /* a PUT made one: the catalog lists it before any block of it is published */
+    pub_take_pools(p); /* a PUT made one: the catalog lists it before any block of it is published */
     now = kvr_clock_ns();
     queued = log_queued(p, now);
     if (queued > 0 && queued < p->cfg->publication_threshold && now < p->log_seen_ns + p->linger_ns) {
@@ -667,6 +668,7 @@ static void publisher_turn(pub_t *p, kvr_chlog_event_t *ev)
         return;
     }
     consume_log(p, ev);
+    pub_ssd_apply(p); /* the disk tier's slots that changed */
     if (p->resync) {
         kvr_error("publisher: out of memory in owner counting; rebuilding from the index");
         new_generation(p, "owner counting out of memory");
@@ -719,6 +721,8 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
         kvr_error("publisher: the KV events cannot start (above); exiting");
         _exit(70);
     }
+    if (pub_ssd_start(p) != KVR_OK)
+        _exit(70);
     new_generation(p, "start");
     /* release: pairs with the supervisor's acquire load of ready (its watchdog) and with
      * kvr_seg_worker_load's (role was written before, at the claim) */
@@ -734,5 +738,6 @@ void kvr_publisher_main(const kvr_config_t *cfg, kvr_seg_t *seg, int slot, const
     while (!pub_term)
         publisher_turn(p, ev);
     kvr_info("publisher: stopping");
+    pub_ssd_stop(p); /* seals the open page: a clean stop */
     exit(0);
 }

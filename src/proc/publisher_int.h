@@ -14,6 +14,7 @@
 #include "shm/segment.h"
 #include "wire/ckf.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -67,8 +68,9 @@ typedef struct {
     uint32_t refs[KVR_RELAY_SNAPSHOTS];
     /* the KV events (publisher_events.c), NULL when off */
     struct pub_kvev *kvev;
-    int replay_due; /* replay requests may be waiting: do not sleep */
-    int rebuilding; /* new_generation's rescan: owners change, no events (the state follows) */
+    int replay_due;      /* replay requests may be waiting: do not sleep */
+    int rebuilding;      /* new_generation's rescan: owners change, no events (the state follows) */
+    struct pub_ssd *ssd; /* the disk tier (publisher_ssd.c), NULL without --ssd-path */
 } pub_t;
 
 /*
@@ -103,6 +105,23 @@ void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns);
  * --kv-events-interval; due: when the next must go (UINT64_MAX: none); generation: every
  * pool's stream states its whole state (after a rebuild of the owners); service: answers
  * waiting replay requests, 1 when more may wait; fd: the replay socket's ZMQ_FD for poll, or -1. */
+/* publisher.c: SIGTERM came (the main loop ends, and so does a wait for the disk tier). */
+extern volatile sig_atomic_t pub_term;
+
+/* publisher.c: the pools the store made since; one owner more or less of a hash in a pool (the
+ * filter and the KV events follow the first and the last). */
+void pub_take_pools(pub_t *p);
+int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon);
+int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon);
+
+/* publisher_ssd.c: the disk tier. start runs the disk writer thread and waits for its restore
+ * (heartbeats meanwhile; KVR_OK without --ssd-path); apply counts the changed disk slots as
+ * owners of their hashes; rebuild counts every disk block again (new_generation); stop seals. */
+int pub_ssd_start(pub_t *p);
+void pub_ssd_apply(pub_t *p);
+void pub_ssd_rebuild(pub_t *p);
+void pub_ssd_stop(pub_t *p);
+
 int pub_kvev_open(pub_t *p);
 void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash);
 void pub_kvev_flush_due(pub_t *p, uint64_t now);

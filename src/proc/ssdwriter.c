@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct kvr_ssdw_s {
     kvr_ssdw_config_t cfg;
@@ -24,8 +25,12 @@ struct kvr_ssdw_s {
     size_t iov_max;
     kvr_demote_t *picks;
     pthread_t th;
-    pthread_mutex_t mu; /* guards `out`, the stats as of the last round */
+    pthread_mutex_t mu; /* guards `out`, the stats as of the last round, and the dirty set */
     kvr_ssdw_stats_t now, out;
+    uint8_t *dirty_bit; /* per slot: on the dirty list */
+    uint32_t *dirty;    /* the dirty list (at most one entry per slot) */
+    size_t ndirty, nslots;
+    int dirtied;     /* slots went dirty this round: wake the publisher */
     int stop, state; /* atomics */
 };
 
@@ -56,6 +61,44 @@ static int resolve(void *ctx, const kvr_ssd_rec_t *rec, uint16_t *ns, uint64_t *
     *pool = (uint8_t)p;
     *seed = kvr_store_ns_seed(&w->st, (uint16_t)id);
     return KVR_OK;
+}
+
+/* The engine's observer: slot id changed (the writer's thread). */
+static void on_slot(void *ctx, uint32_t id)
+{
+    kvr_ssdw_t *w = ctx;
+
+    pthread_mutex_lock(&w->mu);
+    if (id < w->nslots && !(w->dirty_bit[id / 8] & (1u << (id % 8)))) {
+        w->dirty_bit[id / 8] |= (uint8_t)(1u << (id % 8));
+        w->dirty[w->ndirty++] = id;
+    }
+    pthread_mutex_unlock(&w->mu);
+    w->dirtied = 1;
+}
+
+static void wake(kvr_ssdw_t *w)
+{
+    uint64_t one = 1;
+
+    if (w->dirtied && w->cfg.wake_fd >= 0 && write(w->cfg.wake_fd, &one, sizeof(one)) < 0) {
+        /* a full eventfd counter still wakes the reader */
+    }
+    w->dirtied = 0;
+}
+
+size_t kvr_ssdw_take_dirty(kvr_ssdw_t *w, uint32_t *out, size_t max)
+{
+    size_t n = 0;
+
+    pthread_mutex_lock(&w->mu);
+    while (n < max && w->ndirty > 0) {
+        uint32_t id = w->dirty[--w->ndirty];
+        w->dirty_bit[id / 8] &= (uint8_t) ~(1u << (id % 8));
+        out[n++] = id;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return n;
 }
 
 static int written(void *ctx, uint32_t entry, uint32_t gen)
@@ -127,6 +170,11 @@ static void *run(void *arg)
         kvr_atomic_store_release(&w->state, -1);
         return NULL;
     }
+    for (uint32_t i = 0; i < w->nslots; i++) /* the publisher learns every restored block */
+        on_slot(w, i);
+    wake(w);
+    w->tier.on_slot = on_slot;
+    w->tier.on_slot_ctx = w;
     kvr_atomic_store_release(&w->state, 1);
     last_sync = kvr_clock_ms();
     while (!kvr_atomic_load_acquire(&w->stop)) {
@@ -144,9 +192,11 @@ static void *run(void *arg)
         pthread_mutex_lock(&w->mu);
         w->out = w->now;
         pthread_mutex_unlock(&w->mu);
+        wake(w);
         if (n == 0 && reaped <= 0)
             pause_ms(w->cfg.interval_ms);
     }
+    kvr_ssdt_reap(&w->tier, UINT32_MAX); /* a clean stop writes down every delete */
     kvr_ssdt_close(&w->tier);
     return NULL;
 }
@@ -171,12 +221,18 @@ kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
     w->iov = calloc(w->iov_max, sizeof(*w->iov));
     w->wrote = calloc(seg->hdr->max_blocks, sizeof(*w->wrote));
     w->picks = calloc(w->cfg.batch, sizeof(*w->picks));
+    w->nslots = w->st.dx.nslots;
+    w->dirty = calloc(w->nslots, sizeof(*w->dirty));
+    w->dirty_bit = calloc(w->nslots / 8 + 1, 1);
     pthread_mutex_init(&w->mu, NULL);
-    if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || pthread_create(&w->th, NULL, run, w) != 0) {
+    if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || w->dirty == NULL || w->dirty_bit == NULL ||
+        pthread_create(&w->th, NULL, run, w) != 0) {
         kvr_error("ssd: the disk writer cannot start");
         free(w->iov);
         free(w->wrote);
         free(w->picks);
+        free(w->dirty);
+        free(w->dirty_bit);
         free(w);
         return NULL;
     }
@@ -196,6 +252,8 @@ void kvr_ssdw_stop(kvr_ssdw_t *w)
     free(w->iov);
     free(w->wrote);
     free(w->picks);
+    free(w->dirty);
+    free(w->dirty_bit);
     free(w);
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     unsigned batch;       /* blocks pinned and written per round */
     unsigned interval_ms; /* the pause when a round found nothing to do */
     unsigned sync_ms;     /* fdatasync at least this often while writing (the power-loss bound) */
+    int wake_fd;          /* an eventfd written when slots changed (the publisher's), or -1 */
 } kvr_ssdw_config_t;
 
 typedef struct kvr_ssdw_s kvr_ssdw_t;
@@ -43,5 +44,11 @@ typedef struct {
     uint64_t rounds, picked, already_on_disk, stale, write_errors;
 } kvr_ssdw_stats_t;
 void kvr_ssdw_stats(kvr_ssdw_t *w, kvr_ssdw_stats_t *out);
+
+/* The disk index's slots that changed since the last call (filled, moved or freed; after the
+ * restore, every slot once), at most max of them, each once however often it changed: the
+ * publisher reads each with kvr_dindex_peek and counts disk blocks as owners of their canonical
+ * hashes. Bounded: one bit and one list entry per slot. Any thread. */
+size_t kvr_ssdw_take_dirty(kvr_ssdw_t *w, uint32_t *out, size_t max);
 
 #endif

@@ -34,6 +34,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/proctitle.h"
+#include "io/ssdfile.h"
 #include "proc/publisher.h"
 #include "core/relay_int.h"
 #include "core/store.h"
@@ -509,6 +510,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     }
     sc->ckf_buckets = kvr_relay_bucket_count(cfg, probe.max_blocks);
     sc->relay_pools = (uint32_t)cfg->max_pools;
+    sc->ssd_slots = cfg->ssd_path[0] ? cfg->ssd_slots : 0;
     sc->path = cfg->segment_path[0] ? cfg->segment_path : NULL;
     sc->reset = cfg->segment_reset;
     sc->lock_wait_ms = KVR_SEG_LOCK_WAIT_MS; /* a killed run's lock outlives its processes briefly */
@@ -713,6 +715,18 @@ static void supervise(sup_t *s)
     }
 }
 
+/* The disk tier's file, before the segment: made when new, refused (exit 2, untouched) when
+ * it is not ours or was made with another size or page size. The disk writer opens it again. */
+static int ssd_check(const kvr_config_t *cfg)
+{
+    kvr_ssdf_t f;
+
+    if (cfg->ssd_path[0] == '\0' || kvr_ssdf_open(&f, cfg->ssd_path, cfg->ssd_size, cfg->ssd_page_size, NULL) != KVR_OK)
+        return cfg->ssd_path[0] == '\0' ? KVR_OK : KVR_ERR;
+    kvr_ssdf_close(&f);
+    return KVR_OK;
+}
+
 int kvr_supervisor_run(kvr_config_t *cfg)
 {
     static sup_t sup;
@@ -734,6 +748,8 @@ int kvr_supervisor_run(kvr_config_t *cfg)
         kvr_error("%s", err);
         return 2;
     }
+    if (ssd_check(cfg) != KVR_OK)
+        return 2;
     if (segment_config(cfg, &sc) != KVR_OK || segment_open(s, &sc) != KVR_OK)
         return 1;
     if (kvr_seg_proc_claim_at(&s->seg, 0, KVR_ROLE_SUPERVISOR) != 0 || kvr_store_open(&s->store, &s->seg) != KVR_OK)

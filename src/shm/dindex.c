@@ -71,7 +71,8 @@ void kvr_dindex_format(kvr_dindex_t *dx)
         kvr_atomic_store_relaxed(&s->chain_next, i + 1 < n ? (uint32_t)(i + 1) : KVR_NIL);
     }
     dx->sh->free_head = n > 0 ? 0 : KVR_NIL;
-    dx->sh->live = dx->sh->live_bytes = 0;
+    kvr_atomic_store_relaxed(&dx->sh->live, 0);
+    kvr_atomic_store_relaxed(&dx->sh->live_bytes, 0);
     seq_end(dx);
 }
 
@@ -128,6 +129,14 @@ static void set_state(kvr_dslot_t *s, uint32_t st)
     kvr_atomic_exchange_seq_cst(&s->sw, (KVR_DSLOT_GEN(w) + 1) << 2 | st);
 }
 
+/* The writer's gauges, read by workers (/kv/stats): relaxed stores of its own last values
+ * (modular adds: a decrease is the two's complement). */
+static void gauges(kvr_dindex_t *dx, uint64_t dlive, uint64_t dbytes)
+{
+    kvr_atomic_store_relaxed(&dx->sh->live, kvr_atomic_load_relaxed(&dx->sh->live) + dlive);
+    kvr_atomic_store_relaxed(&dx->sh->live_bytes, kvr_atomic_load_relaxed(&dx->sh->live_bytes) + dbytes);
+}
+
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old)
 {
     uint32_t i = find_mine(dx, v);
@@ -141,7 +150,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
         fill(s, v);
         set_state(s, KVR_DSLOT_LIVE);
         seq_end(dx);
-        dx->sh->live_bytes = dx->sh->live_bytes - old->length + v->length;
+        gauges(dx, 0, v->length - old->length);
         *id = i;
         return KVR_OK;
     }
@@ -156,8 +165,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
     set_state(&dx->slot[i], KVR_DSLOT_LIVE);
     kvr_atomic_store_relaxed(&dx->buckets[b], i);
     seq_end(dx);
-    dx->sh->live++;
-    dx->sh->live_bytes += v->length;
+    gauges(dx, 1, v->length);
     *id = i;
     return KVR_OK;
 }
@@ -178,11 +186,11 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
     kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
     seq_end(dx);
     dx->sh->free_head = id;
-    dx->sh->live--;
-    dx->sh->live_bytes -= s->length;
+    gauges(dx, (uint64_t)-1, (uint64_t)0 - s->length);
 }
 
-uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
+uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
+                              void *ctx)
 {
     uint64_t n = 0;
 
@@ -191,6 +199,8 @@ uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version)
         if (KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&s->sw)) != KVR_DSLOT_FREE && s->page == page &&
             s->version == version) {
             kvr_dindex_remove(dx, (uint32_t)i);
+            if (cb != NULL)
+                cb(ctx, (uint32_t)i);
             n++;
         }
     }
@@ -207,6 +217,11 @@ void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
 uint64_t kvr_dindex_live(const kvr_dindex_t *dx)
 {
     return kvr_atomic_load_relaxed(&dx->sh->live);
+}
+
+uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx)
+{
+    return kvr_atomic_load_relaxed(&dx->sh->live_bytes);
 }
 
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
@@ -275,6 +290,39 @@ int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t
         if (rc != KVR_AGAIN)
             return rc;
         kvr_cpu_relax();
+    }
+    return KVR_AGAIN;
+}
+
+int kvr_dindex_peek(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
+{
+    const kvr_dslot_t *s;
+
+    if (id >= dx->nslots)
+        return 0;
+    s = &dx->slot[id];
+    for (int t = 0; t < LOOKUP_TRIES; t++) {
+        uint64_t s1 = kvr_atomic_load_acquire(&dx->sh->seq);
+        uint32_t w;
+        if (s1 & 1) {
+            kvr_cpu_relax();
+            continue;
+        }
+        w = kvr_atomic_load_relaxed(&s->sw);
+        out->h1 = kvr_atomic_load_relaxed(&s->h1);
+        out->h2 = kvr_atomic_load_relaxed(&s->h2);
+        out->canon = kvr_atomic_load_relaxed(&s->canon);
+        out->length = kvr_atomic_load_relaxed(&s->length);
+        out->version = kvr_atomic_load_relaxed(&s->version);
+        out->page = kvr_atomic_load_relaxed(&s->page);
+        out->off4k = kvr_atomic_load_relaxed(&s->off4k);
+        out->key_len = kvr_atomic_load_relaxed(&s->key_len);
+        out->ns = kvr_atomic_load_relaxed(&s->ns);
+        out->pool = kvr_atomic_load_relaxed(&s->pool);
+        out->sw = w;
+        kvr_atomic_fence_acquire(); /* pairs with seq_begin's release fence */
+        if (kvr_atomic_load_relaxed(&dx->sh->seq) == s1)
+            return KVR_DSLOT_STATE(w) == KVR_DSLOT_LIVE;
     }
     return KVR_AGAIN;
 }

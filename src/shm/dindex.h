@@ -83,12 +83,14 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
 /* Writer: frees slot id (its block left the disk). */
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
 /* Writer: frees every slot that points into page `page` of incarnation `version` (the page is
- * being recycled); returns how many. */
-uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version);
+ * being recycled); returns how many. cb (optional) is told each slot freed. */
+uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
+                              void *ctx);
 /* Writer: a copy of slot id's fields (its state word read atomically). */
 void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);
 /* Slots in use (LIVE or DEAD): a gauge, exact for the writer. */
 uint64_t kvr_dindex_live(const kvr_dindex_t *dx);
+uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx);
 /* Writer: the next DEAD slot from *cursor on (wrapping once), or KVR_NIL; *cursor moves past it. */
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
 
@@ -99,6 +101,9 @@ uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
  */
 int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len,
                       kvr_dslot_t *out, uint32_t *id);
+/* Reader, lock-free, by slot index: 1 with a copy of slot id when it is LIVE, 0 when it is not,
+ * KVR_AGAIN when the writer kept changing it. */
+int kvr_dindex_peek(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);
 /* Reader: turns the LIVE slot of that key DEAD (a DELETE). 1 when it did, 0 when there was
  * none, KVR_AGAIN as above. */
 int kvr_dindex_kill(kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len);

@@ -320,3 +320,43 @@ Test(config, publication_coalesce_max_default_and_limits)
     cr_assert_eq(load(&cfg, "--publication-coalesce-max=0"), KVR_EINVAL, "a boundary cannot shrink to nothing");
     cr_assert_eq(load(&cfg, "--publication-coalesce-max=1025"), KVR_EINVAL);
 }
+
+/* The disk tier's flags (issue 26): all or nothing, sizes it can use, the derived defaults,
+ * and an environment twin. */
+Test(config, ssd_flags_defaults_and_refusals)
+{
+    kvr_config_t c;
+    char *ok[] = {"kvrelay", "--memory", "1G", "--ssd-path", "/var/tmp/t.ssd", "--ssd-size", "64G", NULL};
+    char *set[] = {"kvrelay", "--ssd-path", "/var/tmp/t.ssd", "--ssd-size", "1G", "--ssd-page-size", "64M",
+                   "--ssd-slots", "5000", "--ssd-window", "100M", NULL};
+    char *size_alone[] = {"kvrelay", "--ssd-size", "1G", NULL};
+    char *rel[] = {"kvrelay", "--ssd-path", "t.ssd", "--ssd-size", "1G", NULL};
+    char *no_size[] = {"kvrelay", "--ssd-path", "/var/tmp/t.ssd", NULL};
+    char *small[] = {"kvrelay", "--ssd-path", "/var/tmp/t.ssd", "--ssd-size", "400M", NULL};
+    char *odd_page[] = {"kvrelay", "--ssd-path", "/var/tmp/t.ssd", "--ssd-size", "1G", "--ssd-page-size", "1000000", NULL};
+
+    unsetenv("KVRELAY_SSD_PATH");
+    unsetenv("KVRELAY_SSD_SIZE");
+    cr_assert_eq(load_argv(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.ssd_path, "", "off by default");
+    cr_assert_eq(load_argv(7, ok, &c), KVR_OK);
+    cr_assert_eq(c.ssd_size, 64ull << 30);
+    cr_assert_eq(c.ssd_page_size, 256ull << 20, "256 MiB pages by default");
+    cr_assert_eq(c.ssd_slots, (64ull << 30) / (64 << 10), "a slot per 64 KiB of the file");
+    cr_assert_eq(c.ssd_window, (1ull << 30) / 4, "a quarter of --memory");
+    cr_assert_eq(load_argv(11, set, &c), KVR_OK);
+    cr_assert(c.ssd_page_size == 64ull << 20 && c.ssd_slots == 5000 && c.ssd_window == 100ull << 20);
+    cr_assert_eq(load_argv(3, size_alone, &c), KVR_EINVAL, "--ssd-size needs --ssd-path");
+    cr_assert_eq(load_argv(5, rel, &c), KVR_EINVAL, "a relative path");
+    cr_assert_eq(load_argv(3, no_size, &c), KVR_EINVAL, "no size: nothing to make the file with");
+    cr_assert_eq(load_argv(5, small, &c), KVR_EINVAL, "not two pages of 256 MiB");
+    cr_assert_eq(load_argv(7, odd_page, &c), KVR_EINVAL, "pages in 4 KiB units");
+    setenv("KVRELAY_SSD_PATH", "/var/tmp/env.ssd", 1);
+    setenv("KVRELAY_SSD_SIZE", "2G", 1);
+    cr_assert_eq(load_argv(1, ok, &c), KVR_OK);
+    cr_assert_str_eq(c.ssd_path, "/var/tmp/env.ssd");
+    cr_assert_eq(c.ssd_size, 2ull << 30);
+    cr_assert_eq(c.ssd_slots, 32768);
+    unsetenv("KVRELAY_SSD_PATH");
+    unsetenv("KVRELAY_SSD_SIZE");
+}
