@@ -175,11 +175,7 @@ static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *ke
         kvr_api_error(res, 500, "Internal", "store error");
         return;
     }
-    res->pinned = 1;
-    res->body = KVR_API_BODY_BLOCK;
-    res->length = res->ref.length;
-    res->ctype = "application/octet-stream";
-    kvr_api_set_status(res, 200);
+    api_send_pinned(res);
 }
 
 static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)

@@ -184,11 +184,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
     }
-    res->pinned = 1;
-    res->body = KVR_API_BODY_BLOCK;
-    res->length = res->ref.length;
-    res->ctype = "application/octet-stream";
-    kvr_api_set_status(res, 200);
+    api_send_pinned(res);
 }
 
 int kvr_api_disk_step(kvr_api_t *a, kvr_api_res_t *res, int n)

@@ -51,6 +51,16 @@ static inline void api_json_field(kvr_json_t *j, const char *name, uint64_t v, i
     kvr_json_u64(j, v);
 }
 
+/* A pinned block (res->ref) as the response: 200 with its bytes from the segment. */
+static inline void api_send_pinned(kvr_api_res_t *res)
+{
+    res->pinned = 1;
+    res->body = KVR_API_BODY_BLOCK;
+    res->length = res->ref.length;
+    res->ctype = "application/octet-stream";
+    kvr_api_set_status(res, 200);
+}
+
 /* GET of a key that missed in RAM: 1 when the disk tier holds it and a read is set up (res->dk;
  * or an error answered, such as 503 when too many reads are in flight), 0 when it does not. */
 int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen);

@@ -201,6 +201,16 @@ static void *run(void *arg)
     return NULL;
 }
 
+static void free_all(kvr_ssdw_t *w)
+{
+    free(w->iov);
+    free(w->wrote);
+    free(w->picks);
+    free(w->dirty);
+    free(w->dirty_bit);
+    free(w);
+}
+
 kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
 {
     kvr_ssdw_t *w = calloc(1, sizeof(*w));
@@ -228,12 +238,8 @@ kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
     if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || w->dirty == NULL || w->dirty_bit == NULL ||
         pthread_create(&w->th, NULL, run, w) != 0) {
         kvr_error("ssd: the disk writer cannot start");
-        free(w->iov);
-        free(w->wrote);
-        free(w->picks);
-        free(w->dirty);
-        free(w->dirty_bit);
-        free(w);
+        pthread_mutex_destroy(&w->mu);
+        free_all(w);
         return NULL;
     }
     return w;
@@ -249,12 +255,7 @@ void kvr_ssdw_stop(kvr_ssdw_t *w)
     kvr_atomic_store_release(&w->stop, 1);
     pthread_join(w->th, NULL);
     pthread_mutex_destroy(&w->mu);
-    free(w->iov);
-    free(w->wrote);
-    free(w->picks);
-    free(w->dirty);
-    free(w->dirty_bit);
-    free(w);
+    free_all(w);
 }
 
 void kvr_ssdw_stats(kvr_ssdw_t *w, kvr_ssdw_stats_t *out)

@@ -650,6 +650,24 @@ class Server:
             time.sleep(0.1)  # poll interval of this bounded wait for pins and zombies to settle
 
 
+class GroupServer(Server):
+    """A Server in its own session (process group), so that SIGKILL of the group kills the
+    supervisor and every child at once, as a container runtime or the OOM killer would."""
+
+    def start(self, wait_ready=True):
+        orig = subprocess.Popen
+
+        def popen(*a, **kw):
+            kw["start_new_session"] = True
+            return orig(*a, **kw)
+
+        subprocess.Popen = popen
+        try:
+            return super().start(wait_ready)
+        finally:
+            subprocess.Popen = orig
+
+
 def _pid_alive_child_of(pid, ppid):
     """True while pid is a live (non-zombie) process running our binary: a child of the
     supervisor, or an orphan it left behind. The exe check guards against pid reuse."""

@@ -29,7 +29,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import SLOW, Server, kv_path, run_binary  # noqa: E402
+from conftest import SLOW, GroupServer, Server, kv_path, run_binary  # noqa: E402
 from harness import wait_until  # noqa: E402
 from relay.kvrelay_consumer import filter_contains  # noqa: E402
 
@@ -38,25 +38,6 @@ ARENA = "32M"
 # --ssd-window as large as the arena: every block read is copied soon, so fill() can pace the
 # PUTs by the copies (with the default, a quarter of the arena, only the coldest are copied)
 SSD = ("--ssd-size", "200M", "--ssd-page-size", "16M", "--ssd-window", ARENA)
-
-
-class GroupServer(Server):
-    """A Server in its own process group: SIGKILL of the group kills every process at once."""
-
-    def start(self, wait_ready=True):
-        import subprocess
-
-        orig = subprocess.Popen
-
-        def popen(*a, **kw):
-            kw["start_new_session"] = True
-            return orig(*a, **kw)
-
-        subprocess.Popen = popen
-        try:
-            return super().start(wait_ready)
-        finally:
-            subprocess.Popen = orig
 
 
 @pytest.fixture

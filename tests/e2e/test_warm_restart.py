@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import (  # noqa: E402
     SLOW,
+    GroupServer,
     Server,
     http_request,
     kv_path,
@@ -64,24 +65,6 @@ def seg_path():
         p.unlink()
     except FileNotFoundError:
         pass
-
-
-class GroupServer(Server):
-    """A Server in its own session (process group), so that SIGKILL of the group kills the
-    supervisor and every child at once, as a container runtime or the OOM killer would."""
-
-    def start(self, wait_ready=True):
-        orig = subprocess.Popen
-
-        def popen(*a, **kw):
-            kw["start_new_session"] = True
-            return orig(*a, **kw)
-
-        subprocess.Popen = popen
-        try:
-            return super().start(wait_ready)
-        finally:
-            subprocess.Popen = orig
 
 
 @pytest.fixture

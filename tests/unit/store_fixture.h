@@ -30,6 +30,19 @@ static inline void fx_open(fx_t *f, uint64_t memory, uint32_t page_size, uint64_
     cr_assert_eq(kvr_store_pool(&f->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0, "pool 0, as the supervisor makes it");
 }
 
+/* The same with a disk index of `slots` slots (the disk tier's tests), no eviction switch. */
+static inline void fx_open_ssd(fx_t *f, uint64_t memory, uint64_t slots)
+{
+    kvr_seg_config_t cfg = {.memory = memory, .page_size = 4096, .hugepages = KVR_HUGEPAGES_OFF, .relay_pools = 8, .ssd_slots = slots};
+
+    kvr_log_level = KVR_LOG_ERROR;
+    cr_assert_eq(kvr_seg_create(&f->seg, &cfg), KVR_OK);
+    cr_assert_eq(kvr_store_format(&f->seg, 0), KVR_OK);
+    cr_assert_geq(kvr_seg_proc_claim(&f->seg, 0), 0);
+    cr_assert_eq(kvr_store_open(&f->st, &f->seg), KVR_OK);
+    cr_assert_eq(kvr_store_pool(&f->st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
+}
+
 /* A second handle on the same segment with its own process slot (a simulated process). */
 static inline void fx_second(fx_t *f, kvr_seg_t *seg2, kvr_store_t *st2)
 {

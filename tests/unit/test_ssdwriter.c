@@ -15,14 +15,7 @@ static fx_t f;
 
 static void setup(void)
 {
-    kvr_seg_config_t cfg = {.memory = 4ull << 20, .page_size = 4096, .hugepages = KVR_HUGEPAGES_OFF, .relay_pools = 8, .ssd_slots = 256};
-
-    kvr_log_level = KVR_LOG_ERROR;
-    cr_assert_eq(kvr_seg_create(&f.seg, &cfg), KVR_OK);
-    cr_assert_eq(kvr_store_format(&f.seg, 0), KVR_OK);
-    cr_assert_geq(kvr_seg_proc_claim(&f.seg, 0), 0);
-    cr_assert_eq(kvr_store_open(&f.st, &f.seg), KVR_OK);
-    cr_assert_eq(kvr_store_pool(&f.st, KVR_NS_DEFAULT, "default", "kvrelay", 7, KVR_POOLS_MAX), 0);
+    fx_open_ssd(&f, 4ull << 20, 256);
     strcpy(dir, "/var/tmp/kvr-ssdw-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/ssd", dir);
