@@ -184,7 +184,7 @@ static void handle_head_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *k
 
     res->body = KVR_API_BODY_INLINE;
     res->head_only = 1;
-    if (!kvr_store_exists(a->store, res->ns, key, klen, &len) && !kvr_api_disk_has(a, res->ns, key, klen, &len)) {
+    if (!kvr_api_exists(a, res->ns, key, klen, &len)) {
         kvr_api_set_status(res, 404);
         res->length = 0;
         return;
@@ -365,12 +365,8 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 {
     kvr_json_t j;
     uint32_t left = 0;
-    int rc = kvr_store_release(a->store, res->ns, key, klen, &left);
+    int rc = kvr_api_release(a, res->ns, key, klen, &left);
 
-    /* the disk copy goes with the last reference, after the RAM copy (api_int.h) */
-    if ((rc == KVR_OK && left == 0 && kvr_api_disk_kill(a, res->ns, key, klen)) ||
-        (rc == KVR_ENOTFOUND && kvr_api_disk_kill(a, res->ns, key, klen)))
-        rc = KVR_OK;
     if (rc == KVR_ENOTFOUND) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
@@ -390,7 +386,7 @@ static void handle_delete_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t 
 static void handle_exists(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
     kvr_json_t j;
-    int e = kvr_store_exists(a->store, res->ns, key, klen, NULL) || kvr_api_disk_has(a, res->ns, key, klen, NULL);
+    int e = kvr_api_exists(a, res->ns, key, klen, NULL);
 
     json_begin(&j, res);
     kvr_json_key(&j, "hash", 1);

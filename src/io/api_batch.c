@@ -320,14 +320,12 @@ void kvr_api_batch(kvr_api_t *a, const kvr_api_req_t *rq, const char *body, size
             kvr_json_raw(&j, ",");
         if (is_delete) {
             uint32_t left = 0;
-            int rel = kvr_store_release(a->store, res->ns, key, klen, &left);
-            int dk = (rel != KVR_OK || left == 0) && kvr_api_disk_kill(a, res->ns, key, klen);
-            if (rel == KVR_OK || dk)
+            if (kvr_api_release(a, res->ns, key, klen, &left) == KVR_OK)
                 kvr_json_u64(&j, left);
             else
                 kvr_json_raw(&j, "null");
         } else {
-            int e = kvr_store_exists(a->store, res->ns, key, klen, NULL) || kvr_api_disk_has(a, res->ns, key, klen, NULL);
+            int e = kvr_api_exists(a, res->ns, key, klen, NULL);
             prefix += e && prefix == k;
             kvr_json_raw(&j, e ? "true" : "false");
         }

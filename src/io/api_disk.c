@@ -50,47 +50,56 @@ static int disk_fd(kvr_api_t *a)
     return a->ssd_fd;
 }
 
-int kvr_api_disk_has(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint64_t *len)
+/* The LIVE disk slot of (ns, key): 1 with *s, 0 when the tier is off or does not hold it. */
+static int disk_slot(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, kvr_dslot_t *s)
 {
     kvr_store_t *st = a->store;
     uint64_t h1, h2;
     uint32_t id;
-    kvr_dslot_t s;
 
     if (st->dx.sh == NULL)
         return 0;
     kvr_dindex_hash(kvr_store_ns_seed(st, ns), key, klen, &h1, &h2);
-    if (kvr_dindex_lookup(&st->dx, ns, h1, h2, (uint16_t)klen, &s, &id) != 1)
+    return kvr_dindex_lookup(&st->dx, ns, h1, h2, (uint16_t)klen, s, &id) == 1;
+}
+
+int kvr_api_exists(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint64_t *len)
+{
+    kvr_dslot_t s;
+
+    if (kvr_store_exists(a->store, ns, key, klen, len))
+        return 1;
+    if (!disk_slot(a, ns, key, klen, &s))
         return 0;
     if (len != NULL)
         *len = s.length;
     return 1;
 }
 
-int kvr_api_disk_kill(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen)
+int kvr_api_release(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint32_t *left)
 {
     kvr_store_t *st = a->store;
+    int rc = kvr_store_release(st, ns, key, klen, left);
     uint64_t h1, h2;
 
-    if (st->dx.sh == NULL)
-        return 0;
+    if ((rc != KVR_OK && rc != KVR_ENOTFOUND) || (rc == KVR_OK && *left > 0) || st->dx.sh == NULL)
+        return rc; /* an error, or references left: the disk copy stays with them */
     kvr_dindex_hash(kvr_store_ns_seed(st, ns), key, klen, &h1, &h2);
-    return kvr_dindex_kill(&st->dx, ns, h1, h2, (uint16_t)klen) == 1;
+    if (kvr_dindex_kill(&st->dx, ns, h1, h2, (uint16_t)klen) == 1) {
+        *left = 0;
+        return KVR_OK;
+    }
+    return rc;
 }
 
 int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
     kvr_store_t *st = a->store;
     struct kvr_api_disk_s *dk;
-    uint64_t h1, h2;
-    uint32_t id;
     kvr_dslot_t s;
     int rc;
 
-    if (st->dx.sh == NULL)
-        return 0;
-    kvr_dindex_hash(kvr_store_ns_seed(st, res->ns), key, klen, &h1, &h2);
-    if (kvr_dindex_lookup(&st->dx, res->ns, h1, h2, (uint16_t)klen, &s, &id) != 1)
+    if (!disk_slot(a, res->ns, key, klen, &s))
         return 0;
     if (a->disk_reads >= KVR_API_DISK_READS_MAX || disk_fd(a) < 0) {
         kvr_api_error(res, 503, "Busy", "too many reads from the disk tier in this worker");
@@ -151,7 +160,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
 {
     struct kvr_api_disk_s *dk = res->dk;
     uint64_t in_page = (uint64_t)dk->s.off4k * KVR_SSD_ALIGN;
-    static __thread kvr_ssd_rec_t rec; /* 1.2 KiB: not on a small stack */
+    static kvr_ssd_rec_t rec; /* 1.2 KiB, off the stack; a worker has one thread */
     struct iovec iov[64];
     kvr_ssd_sum_t *sum = kvr_ssd_sum_new();
     uint64_t from = 0;

@@ -65,11 +65,13 @@ static inline void api_send_pinned(kvr_api_res_t *res)
  * or an error answered, such as 503 when too many reads are in flight), 0 when it does not. */
 int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen);
 
-/* The disk tier's answers without touching the disk: whether it holds (ns, key) (*len: the
- * payload's length), and a DELETE's kill of its copy (1 when there was one). A DELETE removes
- * the RAM copy first and kills the disk copy after (docs/concurrency.md, "The disk index"). */
-int kvr_api_disk_has(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint64_t *len);
-int kvr_api_disk_kill(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen);
+/* A key in RAM or in the disk tier, answered without touching the disk (*len: the payload's
+ * length; HEAD, /exists, batch exists). */
+int kvr_api_exists(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint64_t *len);
+/* A DELETE: one reference less in RAM (kvr_store_release), and with the last one the disk
+ * copy goes too, after the RAM copy (docs/concurrency.md, "The disk index"). KVR_OK when either
+ * tier held the key (*left: references left), KVR_ENOTFOUND, or the store's error. */
+int kvr_api_release(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint32_t *left);
 
 /* /kv/stats' disk tier fields (disk_blocks, disk_bytes), when the tier is on. */
 void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j);

@@ -144,8 +144,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
 
     if (i != KVR_NIL) {
         kvr_dslot_t *s = &dx->slot[i];
-        /* The writer's own fields, read plain; not sw, which a worker may CAS meanwhile. */
-        *old = (kvr_dslot_t){.h1 = s->h1, .h2 = s->h2, .canon = s->canon, .length = s->length, .version = s->version, .page = s->page, .off4k = s->off4k, .chain_next = s->chain_next, .key_len = s->key_len, .ns = s->ns, .pool = s->pool};
+        kvr_dindex_get(dx, i, old);
         seq_begin(dx);
         fill(s, v);
         set_state(s, KVR_DSLOT_LIVE);
@@ -238,6 +237,24 @@ uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
     return KVR_NIL;
 }
 
+/* A reader's copy of slot s, field by field (relaxed: the caller validates it by seq); the
+ * state word is returned and copied too. */
+static uint32_t copy_relaxed(const kvr_dslot_t *s, kvr_dslot_t *out)
+{
+    out->h1 = kvr_atomic_load_relaxed(&s->h1);
+    out->h2 = kvr_atomic_load_relaxed(&s->h2);
+    out->canon = kvr_atomic_load_relaxed(&s->canon);
+    out->length = kvr_atomic_load_relaxed(&s->length);
+    out->version = kvr_atomic_load_relaxed(&s->version);
+    out->page = kvr_atomic_load_relaxed(&s->page);
+    out->off4k = kvr_atomic_load_relaxed(&s->off4k);
+    out->key_len = kvr_atomic_load_relaxed(&s->key_len);
+    out->ns = kvr_atomic_load_relaxed(&s->ns);
+    out->pool = kvr_atomic_load_relaxed(&s->pool);
+    out->chain_next = kvr_atomic_load_relaxed(&s->chain_next);
+    return out->sw = kvr_atomic_load_relaxed(&s->sw);
+}
+
 /* One lock-free try: 1 found (*out, *id, *sw), 0 absent, KVR_AGAIN when the section moved. */
 static int lookup_once(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len,
                        kvr_dslot_t *out, uint32_t *id, uint32_t *sw)
@@ -254,17 +271,7 @@ static int lookup_once(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_
         const kvr_dslot_t *s = &dx->slot[i];
         if (kvr_atomic_load_relaxed(&s->h1) == h1 && kvr_atomic_load_relaxed(&s->h2) == h2 &&
             kvr_atomic_load_relaxed(&s->ns) == ns && kvr_atomic_load_relaxed(&s->key_len) == key_len) {
-            w = kvr_atomic_load_relaxed(&s->sw);
-            out->h1 = h1;
-            out->h2 = h2;
-            out->ns = ns;
-            out->key_len = key_len;
-            out->canon = kvr_atomic_load_relaxed(&s->canon);
-            out->length = kvr_atomic_load_relaxed(&s->length);
-            out->version = kvr_atomic_load_relaxed(&s->version);
-            out->page = kvr_atomic_load_relaxed(&s->page);
-            out->off4k = kvr_atomic_load_relaxed(&s->off4k);
-            out->pool = kvr_atomic_load_relaxed(&s->pool);
+            w = copy_relaxed(s, out);
             found = KVR_DSLOT_STATE(w) == KVR_DSLOT_LIVE;
             break;
         }
@@ -308,18 +315,7 @@ int kvr_dindex_peek(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out)
             kvr_cpu_relax();
             continue;
         }
-        w = kvr_atomic_load_relaxed(&s->sw);
-        out->h1 = kvr_atomic_load_relaxed(&s->h1);
-        out->h2 = kvr_atomic_load_relaxed(&s->h2);
-        out->canon = kvr_atomic_load_relaxed(&s->canon);
-        out->length = kvr_atomic_load_relaxed(&s->length);
-        out->version = kvr_atomic_load_relaxed(&s->version);
-        out->page = kvr_atomic_load_relaxed(&s->page);
-        out->off4k = kvr_atomic_load_relaxed(&s->off4k);
-        out->key_len = kvr_atomic_load_relaxed(&s->key_len);
-        out->ns = kvr_atomic_load_relaxed(&s->ns);
-        out->pool = kvr_atomic_load_relaxed(&s->pool);
-        out->sw = w;
+        w = copy_relaxed(s, out);
         kvr_atomic_fence_acquire(); /* pairs with seq_begin's release fence */
         if (kvr_atomic_load_relaxed(&dx->sh->seq) == s1)
             return KVR_DSLOT_STATE(w) == KVR_DSLOT_LIVE;

@@ -244,3 +244,39 @@ Test(ssdtier, a_flipped_byte_is_a_miss)
     free(buf);
     kvr_ssdt_close(&t);
 }
+
+/* The disk index's bound (--ssd-slots): with every slot in use a demotion is written but not
+ * kept (KVR_ENOSPACE, counted), the index keeps what it held, and a restart into an index of
+ * that size restores as many as it can hold, counting the rest. */
+Test(ssdtier, a_full_index_keeps_what_it_holds)
+{
+    kvr_ssdt_t t;
+    void *small = aligned_alloc(64, KVR_ALIGN_UP(kvr_dindex_bytes(4), 64));
+    char key[32];
+    uint8_t *b = NULL;
+
+    cr_assert_not_null(small);
+    kvr_dindex_map(&dx, small, 4);
+    open_tier(&t);
+    for (int k = 0; k < 4; k++)
+        demote(&t, k, 0, 0);
+    size_t klen = (size_t)snprintf(key, sizeof(key), "block/%04d", 4);
+    cr_assert_eq(posix_memalign((void **)&b, KVR_SSD_ALIGN, klen + LEN + KVR_SSD_ALIGN), 0);
+    memcpy(b, key, klen);
+    kvr_ssdt_blk_t blk = {.seed = 1111, .key = key, .key_len = (uint16_t)klen, .length = LEN, .canon = 9004, .ns_name = "default", .model = "m"};
+    cr_assert_eq(kvr_ssdt_demote(&t, &blk, &(struct iovec){b, klen + LEN}, 1), KVR_ENOSPACE);
+    free(b);
+    cr_assert_eq(t.st.demote_index_full, 1);
+    cr_assert_eq(kvr_dindex_live(&dx), 4);
+    for (int k = 0; k < 4; k++)
+        cr_assert(fetch(&t, k, 0, 0), "block %d kept", k);
+    cr_assert_eq(fetch(&t, 4, -1, 0), 0);
+    kvr_ssdt_close(&t);
+
+    open_tier(&t); /* the file holds 5 records, the index 4 slots */
+    cr_assert_eq(t.st.restored, 4);
+    cr_assert_eq(t.st.restore_index_full, 1);
+    kvr_ssdt_close(&t);
+    kvr_dindex_map(&dx, region, NSLOTS);
+    free(small);
+}
