@@ -9,12 +9,35 @@
 
 #include <string.h>
 
+/* With the disk tier on, an evicted block the tier did not admit (never read) or that the disk
+ * writer did not copy in time (docs/ssd-tier.md, "Demotion and admission") is counted. The
+ * lookup is the disk index's lock-free one; the key is at the head of the block's first page. */
+static void count_disk_loss(kvr_store_t *st, const kvr_entry_t *e)
+{
+    kvr_dslot_t s;
+    uint64_t h1, h2;
+    uint32_t id;
+    const uint8_t *key;
+
+    if (st->dx.sh == NULL)
+        return;
+    if (!(e->meta & KVR_ENT_READ)) {
+        kvr_stat_add(st->my_stats, KVR_ST_DISK_ADMIT_REJECTS, 1);
+        return;
+    }
+    key = kvr_arena_page(st->ix.arena, e->first_page);
+    kvr_dindex_hash(kvr_store_ns_seed(st, e->ns), key, e->key_len, &h1, &h2);
+    if (kvr_dindex_lookup(&st->dx, e->ns, h1, h2, e->key_len, &s, &id) != 1 || s.length != e->length)
+        kvr_stat_add(st->my_stats, KVR_ST_DISK_DROPS, 1);
+}
+
 /* Evicts one unpinned LIVE block, counted against its namespace. Locked. */
 static void evict_locked(kvr_store_t *st, uint32_t i)
 {
     kvr_entry_t *e = &st->ix.ent[i];
 
     FAULT_POINT(KVR_FAULT_EVICTING);
+    count_disk_loss(st, e);
     kvr_stat_add(st->my_stats, KVR_ST_EVICTIONS, 1);
     kvr_stat_add(st->my_stats, KVR_ST_EVICTED_BYTES, e->length);
     ns_stat_add(st, e->ns, KVR_NSST_EVICTIONS, 1);

@@ -102,6 +102,7 @@ int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_
     if (!disk_slot(a, res->ns, key, klen, &s))
         return 0;
     if (a->disk_reads >= KVR_API_DISK_READS_MAX || disk_fd(a) < 0) {
+        kvr_stat_add(st->my_stats, KVR_ST_DISK_READ_BUSY, 1);
         kvr_api_error(res, 503, "Busy", "too many reads from the disk tier in this worker");
         res->hdr_name = "retry-after";
         res->hdr_value = "1";
@@ -178,6 +179,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
     ok = ok && kvr_ssd_sum_digest(sum) == rec.body_sum;
     kvr_ssd_sum_free(sum);
     if (!ok) {
+        kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_BAD, 1);
         if (!a->disk_warned++)
             kvr_warn("ssd: page %u offset %llu: the record is stale, torn or not this key's; answered as a miss "
                      "(logged once per worker)",
@@ -188,6 +190,8 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
         return;
     }
     kvr_store_put_commit(a->store, &dk->txn); /* created, or another copy won: either way in RAM */
+    kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READS, 1);
+    kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_BYTES, dk->s.length);
     disk_free(a, res);
     if (kvr_store_get(a->store, res->ns, res->key, res->klen, &res->ref) != KVR_OK) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
@@ -201,6 +205,7 @@ int kvr_api_disk_step(kvr_api_t *a, kvr_api_res_t *res, int n)
     struct kvr_api_disk_s *dk = res->dk;
 
     if (n <= 0) { /* an I/O error, or the end of the file: a miss */
+        kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_ERRORS, 1);
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "ssd: a read of page %u failed: %s", dk->s.page,
                             n < 0 ? strerror(-n) : "end of file");
         kvr_store_put_abort(a->store, &dk->txn);

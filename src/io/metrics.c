@@ -306,6 +306,11 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, const char *const ns_n
     }
     scalar(&o, "kvrelay_hugepages", "gauge", "1 when the segment is backed by hugetlb pages.",
            ss.hugetlb);
+    if (st->dx.sh != NULL) { /* the disk tier's gauges; its counters are rows of the table */
+        scalar(&o, "kvrelay_disk_blocks", "gauge", "Blocks held by the disk tier.", kvr_dindex_live(&st->dx));
+        scalar(&o, "kvrelay_disk_bytes", "gauge", "Payload bytes of the blocks held by the disk tier.",
+               kvr_dindex_live_bytes(&st->dx));
+    }
     render_namespaces(&o, st, ns_names, ns_quota);
     if (ss.ckf_buckets != 0)
         render_relay(&o, seg, st, &ss);

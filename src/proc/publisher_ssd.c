@@ -89,10 +89,16 @@ static void apply_slot(pub_t *p, struct pub_ssd *d, uint32_t id)
 void pub_ssd_apply(pub_t *p)
 {
     struct pub_ssd *d = p->ssd;
+    kvr_ssdw_stats_t ws;
     size_t n;
 
     if (d == NULL)
         return;
+    kvr_ssdw_stats(d->w, &ws); /* the writer's counts since it started, as ours (one writer per block) */
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_WRITES, ws.tier.demoted);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_WRITE_BYTES, ws.tier.demoted_bytes);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_WRITE_ERRORS, ws.write_errors);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_EVICTIONS, ws.tier.recycled_slots);
     while ((n = kvr_ssdw_take_dirty(d->w, d->ids, DIRTY_BATCH)) > 0) {
         kvr_seg_heartbeat(p->seg);
         for (size_t i = 0; i < n; i++) {

@@ -61,6 +61,28 @@
     X(KVEV, KVR_KC_COUNT, NULL, NULL) \
     X(KVEV_SPARE, 12 - KVR_KC_COUNT, NULL, NULL) \
     X(KVEV_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
+    /* the disk tier (docs/ssd-tier.md, "Metrics"): a worker's reads (io/api_disk.c), evictions \
+     * as any process makes them (core/store_evict.c), the disk writer's writes as the publisher \
+     * copies them from it (proc/publisher_ssd.c) */ \
+    X(DISK_READS, 1, "kvrelay_disk_reads_total", "GETs served by a read from the disk tier (promotions to RAM).") \
+    X(DISK_READ_BYTES, 1, "kvrelay_disk_read_bytes_total", "Payload bytes of those reads.") \
+    X(DISK_READ_ERRORS, 1, "kvrelay_disk_read_errors_total", \
+      "Reads from the disk tier that failed (I/O error, end of file): answered 404.") \
+    X(DISK_READ_BAD, 1, "kvrelay_disk_read_bad_total", \
+      "Records read whose header, key or checksum did not match (torn, stale, corrupt): answered 404.") \
+    X(DISK_READ_BUSY, 1, "kvrelay_disk_read_busy_total", \
+      "GETs refused with 503: the worker had its most reads from the disk tier in flight.") \
+    X(DISK_ADMIT_REJECTS, 1, "kvrelay_disk_admission_rejects_total", \
+      "Blocks evicted from RAM that the disk tier did not admit (never read since stored).") \
+    X(DISK_DROPS, 1, "kvrelay_disk_demotion_drops_total", \
+      "Admitted blocks evicted from RAM before the disk writer copied them.") \
+    X(DISK_WRITES, 1, "kvrelay_disk_writes_total", "Blocks the disk writer copied to the disk tier.") \
+    X(DISK_WRITE_BYTES, 1, "kvrelay_disk_write_bytes_total", "Payload bytes of those copies.") \
+    X(DISK_WRITE_ERRORS, 1, "kvrelay_disk_write_errors_total", \
+      "Copies to the disk tier that failed (I/O error, short write); the block stays in RAM only.") \
+    X(DISK_EVICTIONS, 1, "kvrelay_disk_evictions_total", \
+      "Blocks dropped from the disk tier with the oldest page, recycled for new writes.") \
+    X(DISK_SPARE, 9, NULL, NULL) \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \
@@ -142,7 +164,7 @@ enum {
 static_assert(KVR_ST_HTTP_BYTES_IN == 16 && KVR_ST_HTTP_REQ == 20 && KVR_ST_HTTP_HIST == 100, "stats layout");
 static_assert(KVR_ST_RELAY == 200 && KVR_ST_PUB_HIST == 220 && KVR_ST_USED <= KVR_ST_MAX, "stats layout");
 static_assert(KVR_RC_COUNT <= 20, "relay counters fit their group");
-static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_KVEV == 239 && KVR_ST_LEVELS == 265,
+static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_KVEV == 239 && KVR_ST_DISK_READS == 265 && KVR_ST_LEVELS == 285,
               "stats layout");
 static_assert(KVR_KC_COUNT <= 12, "the KV events' counters fit their group");
 
