@@ -13,6 +13,7 @@
 #include "io/api_int.h"
 
 #include "base/log.h"
+#include "io/ssdfault.h"
 #include "wire/ssdfmt.h"
 
 #include <errno.h>
@@ -204,6 +205,7 @@ int kvr_api_disk_step(kvr_api_t *a, kvr_api_res_t *res, int n)
 {
     struct kvr_api_disk_s *dk = res->dk;
 
+    n = (int)kvr_ssd_fault_read(n);
     if (n <= 0) { /* an I/O error, or the end of the file: a miss */
         kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_ERRORS, 1);
         KVR_LOG_RATELIMITED(KVR_LOG_WARN, "ssd: a read of page %u failed: %s", dk->s.page,

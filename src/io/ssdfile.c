@@ -4,6 +4,8 @@
  */
 #include "io/ssdfile.h"
 
+#include "io/ssdfault.h"
+
 #include "base/clock.h"
 #include "base/log.h"
 
@@ -245,6 +247,7 @@ static int writev_all(int fd, struct iovec *iov, int n, uint64_t at)
         do
             w = pwritev(fd, iov, k, (off_t)at);
         while (w < 0 && errno == EINTR);
+        w = kvr_ssd_fault_write(w, want);
         if (w != (ssize_t)want) {
             if (w >= 0)
                 errno = ENOSPC; /* a short write: the device is full, or was cut */
@@ -298,9 +301,9 @@ int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *r
     rec->body_sum = kvr_ssd_sum_digest(sum);
     kvr_ssd_rec_encode(rec, hdr);
     rc = writev_all(f->fd, iov, n, kvr_ssdf_page_off(f, p) + off);
-    if (rc != KVR_OK)
-        kvr_error("ssd: writing a record at page %llu offset %llu: %s", (unsigned long long)p, (unsigned long long)off,
-                  strerror(errno));
+    if (rc != KVR_OK) /* a failing device fails every write: one line a second */
+        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: writing a record at page %llu offset %llu: %s", (unsigned long long)p,
+                            (unsigned long long)off, strerror(errno));
 out:
     free(iov);
     free(tail);

@@ -201,8 +201,8 @@ int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body,
     if (rec->written_ns == 0)
         rec->written_ns = now_ns();
     if ((rc = kvr_ssdf_rec_write(p->f, p->open, g->used, rec, body, nbody)) != KVR_OK) {
-        kvr_error("ssd: a record of page %llu could not be written; the page is sealed where it was",
-                  (unsigned long long)p->open);
+        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: a record of page %llu could not be written; the page is sealed where it was",
+                            (unsigned long long)p->open);
         kvr_ssdp_seal(p);
         return rc == KVR_EINVAL ? KVR_EINVAL : KVR_ERR;
     }

@@ -30,8 +30,10 @@ struct kvr_ssdw_s {
     uint8_t *dirty_bit; /* per slot: on the dirty list */
     uint32_t *dirty;    /* the dirty list (at most one entry per slot) */
     size_t ndirty, nslots;
-    int dirtied;     /* slots went dirty this round: wake the publisher */
-    int stop, state; /* atomics */
+    int dirtied;         /* slots went dirty this round: wake the publisher */
+    int failed;          /* a write failed this round */
+    unsigned backoff_ms; /* the pause after a round with a failed write: 100 ms, doubling to 1 s */
+    int stop, state;     /* atomics */
 };
 
 /* A restored record's namespace and pool now: the pool table first, else the tenants table's
@@ -142,7 +144,11 @@ static void write_pick(kvr_ssdw_t *w, kvr_demote_t *d)
         return;
     }
     if ((rc = kvr_ssdt_write(&w->tier, &c.b, w->iov, (int)n, &c.loc)) != KVR_OK) {
+        /* the block stays in RAM only: not tried again (a failing device would make every
+         * retry seal another page), and the writer backs off (run) */
+        w->wrote[d->ref.entry] = d->ref.gen + 1;
         w->now.write_errors++;
+        w->failed = 1;
         kvr_store_demote_release(&w->st, d);
         return;
     }
@@ -193,8 +199,15 @@ static void *run(void *arg)
         w->out = w->now;
         pthread_mutex_unlock(&w->mu);
         wake(w);
-        if (n == 0 && reaped <= 0)
+        if (w->failed) { /* a failing device: fewer pages sealed early, fewer lines logged */
+            w->backoff_ms = w->backoff_ms == 0 ? 100 : (w->backoff_ms * 2 < 1000 ? w->backoff_ms * 2 : 1000);
+            w->failed = 0;
+            pause_ms(w->backoff_ms);
+        } else if (n == 0 && reaped <= 0) {
             pause_ms(w->cfg.interval_ms);
+        } else {
+            w->backoff_ms = 0;
+        }
     }
     kvr_ssdt_reap(&w->tier, UINT32_MAX); /* a clean stop writes down every delete */
     kvr_ssdt_close(&w->tier);
