@@ -142,7 +142,7 @@ def render(root):
     return objs
 
 
-VARIANTS = {"hugepages": DEPLOY, "memory": DEPLOY / "memory", "tenants": DEPLOY / "tenants"}
+VARIANTS = {"hugepages": DEPLOY, "memory": DEPLOY / "memory", "tenants": DEPLOY / "tenants", "ssd": DEPLOY / "ssd"}
 GRAFANA = DEPLOY / "grafana"  # optional, applied on its own into Grafana's namespace
 
 
@@ -592,6 +592,41 @@ def test_the_binary_accepts_the_settings_and_the_resources_hold_its_segment(tmp_
     assert _qty(r["limits"]["memory"]) >= seg + own, (r, seg, own)
     print(f"segment for KVRELAY_MEMORY={env['KVRELAY_MEMORY']}: {seg} bytes ({seg / MiB:.0f} MiB); "
           f"hugepages-2Mi {hp['limits']['hugepages-2Mi']}, memory variant {r['limits']['memory']}")
+
+
+def test_the_ssd_variant_claims_a_local_volume_and_its_huge_pages_hold_the_disk_index(tmp_path):
+    """deploy/ssd/: the tier's file on a node-local claim mounted where KVRELAY_SSD_PATH points,
+    the claim larger than the file, and the huge pages grown by the disk index: the binary's
+    own segment size for KVRELAY_SSD_SLOTS (the file itself made small here: the slots, not the
+    file, size the segment)."""
+    objs = render(DEPLOY / "ssd")
+    sts, pod, c = _container(objs)
+    env = by_kind(objs, "ConfigMap")["data"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "ssd")
+    assert env["KVRELAY_SSD_PATH"].startswith(mount["mountPath"] + "/"), (env, mount)
+    claim = next(t for t in sts["spec"]["volumeClaimTemplates"] if t["metadata"]["name"] == "ssd")
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["spec"]["storageClassName"]
+    size = _qty(env["KVRELAY_SSD_SIZE"].replace("G", "Gi"))
+    assert _qty(claim["spec"]["resources"]["requests"]["storage"]) > size, (claim, size)
+    assert int(env["KVRELAY_SSD_SLOTS"]) == size // (64 << 10), "one slot per 64 KiB, the binary's default"
+
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    args = [str(token) if a.startswith("/var/run/kvrelay/token/") else a for a in c["args"]]
+    p = run_binary(args + ["--print-config"], env=env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert f"ssd-path={env['KVRELAY_SSD_PATH']}" in p.stdout.decode(), p.stdout.decode()
+
+    seg = _segment_bytes(dict(env, KVRELAY_SSD_PATH=str(tmp_path / "tier"), KVRELAY_SSD_SIZE="64M",
+                              KVRELAY_SSD_PAGE_SIZE="16M"))
+    base = _segment_bytes(by_kind(render(DEPLOY), "ConfigMap")["data"])
+    hp = c["resources"]
+    assert hp["requests"]["hugepages-2Mi"] == hp["limits"]["hugepages-2Mi"]
+    assert _qty(hp["limits"]["hugepages-2Mi"]) >= seg, (hp, seg)
+    assert _qty(hp["limits"]["hugepages-2Mi"]) - seg < 16 * MiB, "sized from the segment, not guessed"
+    assert seg - base >= int(env["KVRELAY_SSD_SLOTS"]) * 64, (seg, base)
+    print(f"segment with {env['KVRELAY_SSD_SLOTS']} disk index slots: {seg / MiB:.0f} MiB "
+          f"({(seg - base) / MiB:.0f} MiB more); hugepages-2Mi {hp['limits']['hugepages-2Mi']}")
 
 
 # ---------------------------------------------------------------------------------------------
