@@ -267,13 +267,38 @@ static int write_tomb(kvr_ssdt_t *t, const kvr_dslot_t *s)
     return KVR_OK;
 }
 
+/*
+ * Deletes are found by scanning the slots for DEAD ones, but only when the workers' kill count
+ * moved since the last scan that went all the way round, and at most REAP_SCAN slots a call (a
+ * 1 TiB tier has 16 Mi slots: a whole scan every round would be a gigabyte read every 10 ms).
+ * A kill counted before a scan starts is found by it; one counted later starts another. A
+ * tombstone that cannot be written leaves its slot DEAD (a miss all the same) until the next
+ * scan: the next kill's, or the clean stop's.
+ */
+#define REAP_SCAN (1u << 16)
+
 int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max)
 {
+    uint64_t budget = max == UINT32_MAX ? UINT64_MAX : REAP_SCAN, kills = kvr_dindex_kills(t->dx), scanned;
     unsigned n = 0;
     uint32_t id;
 
-    while (n < max && (id = kvr_dindex_next_dead(t->dx, &t->reap_cursor)) != KVR_NIL) {
+    if (max == UINT32_MAX || t->cycle_left == 0) { /* a clean stop looks all the way round */
+        if (kills == t->kills_seen && max != UINT32_MAX)
+            return 0;
+        t->cycle_kills = kills;
+        t->cycle_left = t->dx->nslots;
+    }
+    while (n < max && t->cycle_left > 0 && budget > 0) {
+        uint64_t step = t->cycle_left < budget ? t->cycle_left : budget;
         kvr_dslot_t s, now;
+        id = kvr_dindex_scan_dead(t->dx, &t->reap_cursor, step, &scanned);
+        t->cycle_left -= scanned;
+        budget = budget == UINT64_MAX ? budget : budget - scanned;
+        if (t->cycle_left == 0)
+            t->kills_seen = t->cycle_kills;
+        if (id == KVR_NIL)
+            continue;
         kvr_dindex_get(t->dx, id, &s);
         if (write_tomb(t, &s) != KVR_OK)
             return KVR_ERR;

@@ -38,6 +38,9 @@ typedef struct {
     kvr_ssdt_resolve_fn resolve;
     void *resolve_ctx;
     uint64_t reap_cursor;
+    uint64_t kills_seen;  /* every kill up to this count is reaped (or its slot gone) */
+    uint64_t cycle_kills; /* the kill count when the scan in progress started */
+    uint64_t cycle_left;  /* slots that scan has still to look at (0: none in progress) */
     kvr_ssdt_stats_t st;
     kvr_ssdf_scan_t scan; /* what the last open's scan found */
     /* told each slot that was filled, moved or freed after the restore (the relay's owners of

@@ -223,18 +223,34 @@ uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx)
     return kvr_atomic_load_relaxed(&dx->sh->live_bytes);
 }
 
-uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
+uint32_t kvr_dindex_scan_dead(const kvr_dindex_t *dx, uint64_t *cursor, uint64_t limit, uint64_t *scanned)
 {
-    uint64_t n = dx->nslots;
+    uint64_t n = dx->nslots, i = *cursor % n;
 
-    for (uint64_t k = 0; k < n; k++) {
-        uint64_t i = (*cursor + k) % n;
+    if (limit > n)
+        limit = n;
+    for (uint64_t k = 0; k < limit; k++, i = i + 1 == n ? 0 : i + 1) {
         if (KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&dx->slot[i].sw)) == KVR_DSLOT_DEAD) {
-            *cursor = (i + 1) % n;
+            *cursor = i + 1 == n ? 0 : i + 1;
+            *scanned = k + 1;
             return (uint32_t)i;
         }
     }
+    *cursor = i;
+    *scanned = limit;
     return KVR_NIL;
+}
+
+uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor)
+{
+    uint64_t scanned;
+
+    return kvr_dindex_scan_dead(dx, cursor, dx->nslots, &scanned);
+}
+
+uint64_t kvr_dindex_kills(const kvr_dindex_t *dx)
+{
+    return kvr_atomic_load_seq_cst(&dx->sh->kills);
 }
 
 /* A reader's copy of slot s, field by field (relaxed: the caller validates it by seq); the
@@ -347,6 +363,10 @@ int kvr_dindex_kill_seen(kvr_dindex_t *dx, uint32_t id, uint32_t sw)
     uint32_t want = sw;
 
     /* The generation in the word makes a slot the writer freed or reused since the look fail. */
-    return KVR_DSLOT_STATE(sw) == KVR_DSLOT_LIVE && id < dx->nslots &&
-           kvr_atomic_cas_seq_cst(&dx->slot[id].sw, &want, (sw & ~3u) | KVR_DSLOT_DEAD);
+    if (KVR_DSLOT_STATE(sw) != KVR_DSLOT_LIVE || id >= dx->nslots ||
+        !kvr_atomic_cas_seq_cst(&dx->slot[id].sw, &want, (sw & ~3u) | KVR_DSLOT_DEAD))
+        return 0;
+    /* after the CAS: the writer that sees this count finds the slot DEAD (kvr_ssdt_reap) */
+    kvr_atomic_fetch_add_seq_cst(&dx->sh->kills, 1);
+    return 1;
 }

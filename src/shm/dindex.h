@@ -51,7 +51,8 @@ typedef struct {
     uint32_t free_head; /* the writer's */
     uint32_t pad1_;
     uint64_t live, live_bytes; /* slots in use (LIVE or DEAD) and their payload: the writer's */
-    uint64_t pad2_[3];
+    _Atomic uint64_t kills;    /* LIVE -> DEAD turns ever made (workers' DELETEs): the reaper's cue */
+    uint64_t pad2_[2];
 } kvr_dindex_sh_t;
 static_assert(sizeof(kvr_dindex_sh_t) == 128, "disk index state layout");
 
@@ -93,6 +94,11 @@ uint64_t kvr_dindex_live(const kvr_dindex_t *dx);
 uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx);
 /* Writer: the next DEAD slot from *cursor on (wrapping once), or KVR_NIL; *cursor moves past it. */
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
+/* Writer: the same over at most `limit` slots from *cursor; *scanned says how many it looked
+ * at (up to and including the one returned), and *cursor moves past them. */
+uint32_t kvr_dindex_scan_dead(const kvr_dindex_t *dx, uint64_t *cursor, uint64_t limit, uint64_t *scanned);
+/* The kills made so far (a seq_cst load: a kill counted here is a DEAD slot a scan will find). */
+uint64_t kvr_dindex_kills(const kvr_dindex_t *dx);
 
 /*
  * Reader, lock-free: 1 with a copy of the LIVE slot of (ns, h1, h2, key_len) in *out (its state

@@ -129,6 +129,36 @@ Test(dindex, kill_reap_and_revive)
     cr_assert_eq(kvr_dindex_next_dead(&dx, &cursor), KVR_NIL);
 }
 
+/* The reaper's cue and its bounded scan: each kill counts once, and a scan of `limit` slots
+ * stops there, to go on from where it stopped. */
+Test(dindex, kills_are_counted_and_a_scan_is_bounded)
+{
+    kvr_dslot_t a = slot_of(7, 1), b = slot_of(8, 1), old;
+    uint32_t ia, ib, got;
+    uint64_t cursor, scanned, k0 = kvr_dindex_kills(&dx); /* a count only ever compared: never reset */
+
+    cr_assert_eq(kvr_dindex_put(&dx, &a, &ia, &old), KVR_OK);
+    cr_assert_eq(kvr_dindex_put(&dx, &b, &ib, &old), KVR_OK);
+    cr_assert_eq(kvr_dindex_kill(&dx, b.ns, b.h1, b.h2, b.key_len), 1);
+    cr_assert_eq(kvr_dindex_kill(&dx, b.ns, b.h1, b.h2, b.key_len), 0);
+    cr_assert_eq(kvr_dindex_kills(&dx), k0 + 1, "a failed kill is not counted");
+
+    /* a scan that stops short of the dead slot says so, and the next one finds it */
+    cursor = (ib + 1) % NSLOTS;
+    got = kvr_dindex_scan_dead(&dx, &cursor, NSLOTS - 1, &scanned);
+    cr_assert_eq(got, KVR_NIL);
+    cr_assert_eq(scanned, NSLOTS - 1);
+    cr_assert_eq(cursor, ib, "it stopped right before the dead slot");
+    got = kvr_dindex_scan_dead(&dx, &cursor, 1, &scanned);
+    cr_assert_eq(got, ib);
+    cr_assert_eq(scanned, 1);
+    cr_assert_eq(cursor, (ib + 1) % NSLOTS);
+    cr_assert_eq(kvr_dindex_scan_dead(&dx, &cursor, 5 * NSLOTS, &scanned), ib, "a limit past the table wraps once");
+    cr_assert_eq(scanned, NSLOTS);
+    cr_assert_eq(kvr_dindex_kill(&dx, a.ns, a.h1, a.h2, a.key_len), 1);
+    cr_assert_eq(kvr_dindex_kills(&dx), k0 + 2);
+}
+
 /* The race a DELETE runs with the writer, one step at a time: a worker looks A up, the writer
  * frees A's slot and fills it with B, then the worker's kill lands: it must fail, B stays. */
 Test(dindex, a_kill_of_a_reused_slot_fails)

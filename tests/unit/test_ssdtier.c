@@ -170,6 +170,9 @@ Test(ssdtier, latest_write_wins_and_tombstones_hold)
     cr_assert_eq(fetch(&t, 3, -1, 0), 0, "a delete is a miss at once");
     cr_assert_eq(kvr_ssdt_reap(&t, 16), 2);
     cr_assert_eq(t.st.tombstones, 2);
+    cr_assert_eq(t.cycle_left, 0, "the scan went all the way round");
+    cr_assert_eq(t.kills_seen, kvr_dindex_kills(&dx), "and saw every kill: the next rounds scan nothing");
+    cr_assert_eq(kvr_ssdt_reap(&t, 16), 0);
     cr_assert_eq(dx.sh->live, 10);
     kvr_ssdt_close(&t);
 
