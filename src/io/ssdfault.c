@@ -59,12 +59,22 @@ static int hook(void)
     return f;
 }
 
+/* The first fault a process makes is logged, so that a test can tell the hook fired. */
+static void first(const char *op)
+{
+    static int told;
+
+    if (!told++)
+        kvr_warn("ssd: KVRELAY_SSD_FAULT: the first %s made to fail on purpose", op);
+}
+
 ssize_t kvr_ssd_fault_read(ssize_t res)
 {
     int f = hook();
 
     if (f < F_READ_EIO || f > F_READ_SHORT || res <= 0 || ++nread % every != 0)
         return res;
+    first("read");
     if (f == F_READ_EIO)
         return -EIO;
     if (f == F_READ_EOF)
@@ -79,6 +89,7 @@ ssize_t kvr_ssd_fault_write(ssize_t res, size_t want)
 
     if (f < F_WRITE_EIO || res < 0 || ++nwrite % every != 0)
         return res;
+    first("write");
     if (f == F_WRITE_EIO) {
         errno = EIO;
         return -1;

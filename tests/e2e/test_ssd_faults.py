@@ -120,6 +120,7 @@ def test_reads_cut_short_still_serve_every_block_byte_exact(start, ssd_dir):
     missed = read_all(srv, N)
     m1 = metrics(srv)
     assert missed == [], f"short reads made misses: {missed}"
+    assert "the first read made to fail on purpose" in srv.log_text(), "the hook never cut a read short"
     assert m1["kvrelay_disk_reads_total"] - m0["kvrelay_disk_reads_total"] >= 8, m1
     assert m1["kvrelay_disk_read_errors_total"] == 0 and m1["kvrelay_disk_read_bad_total"] == 0, m1
     no_process_died(srv)
@@ -184,6 +185,7 @@ def test_a_file_system_too_small_is_refused_and_one_that_fits_serves(start, tmp_
         m = metrics(srv)
         assert missed == [], (missed, m)
         assert m["kvrelay_disk_reads_total"] - m0["kvrelay_disk_reads_total"] >= 8, m
+        assert "KVRELAY_SSD_FAULT" not in srv.log_text(), "no fault hook here: the tmpfs alone"
         srv.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
