@@ -190,7 +190,7 @@ int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg)
     return rc;
 }
 
-int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len)
+int kvr_ssdf_page_seal_begin(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len)
 {
     size_t io = (len + KVR_SSD_ALIGN - 1) & ~(size_t)(KVR_SSD_ALIGN - 1);
     uint8_t *buf;
@@ -211,12 +211,26 @@ int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary
             return KVR_ERR;
         }
     }
-    if (kvr_ssdf_sync(f) != KVR_OK) /* the records and the summary are down before the seal says so */
-        return KVR_ERR;
-    pg->sealed = 1;
     pg->summary_len = len;
     pg->summary_sum = len > 0 ? kvr_ssd_sum(summary, len) : 0;
+    return KVR_OK;
+}
+
+int kvr_ssdf_page_seal_end(kvr_ssdf_t *f, kvr_ssd_page_t *pg)
+{
+    pg->sealed = 1;
     return kvr_ssdf_page_write(f, pg);
+}
+
+int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len)
+{
+    int rc = kvr_ssdf_page_seal_begin(f, pg, summary, len);
+
+    if (rc != KVR_OK)
+        return rc;
+    if (kvr_ssdf_sync(f) != KVR_OK) /* the records and the summary are down before the seal says so */
+        return KVR_ERR;
+    return kvr_ssdf_page_seal_end(f, pg);
 }
 
 int kvr_ssdf_rec_read(kvr_ssdf_t *f, uint64_t p, uint64_t version, uint64_t off, kvr_ssd_rec_t *rec)
@@ -260,55 +274,89 @@ static int writev_all(int fd, struct iovec *iov, int n, uint64_t at)
     return KVR_OK;
 }
 
-int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body,
-                       int nbody)
+void kvr_ssdf_wr_free(kvr_ssdf_wr_t *w)
+{
+    free(w->iov);
+    free(w->tail);
+    free(w->hdr);
+    memset(w, 0, sizeof(*w));
+}
+
+int kvr_ssdf_rec_prep(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody,
+                      kvr_ssdf_wr_t *w)
 {
     uint64_t len = (uint64_t)rec->key_len + rec->length, span = kvr_ssd_rec_span(rec->key_len, rec->length), got = 0;
-    struct iovec *iov = NULL;
-    uint8_t *hdr = NULL, *tail = NULL;
     kvr_ssd_sum_t *sum = NULL;
-    int n = 0, rc = KVR_EINVAL;
+    int rc = KVR_EINVAL;
 
+    memset(w, 0, sizeof(*w));
     if (off < KVR_SSD_ALIGN || off % KVR_SSD_ALIGN != 0 || off > f->page_size || span > f->page_size - off || nbody < 1)
         return KVR_EINVAL;
-    if ((iov = malloc(sizeof(*iov) * ((size_t)nbody + 2))) == NULL || (hdr = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL ||
+    if ((w->iov = malloc(sizeof(*w->iov) * ((size_t)nbody + 2))) == NULL || (w->hdr = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL ||
         (sum = kvr_ssd_sum_new()) == NULL) {
         rc = KVR_ERR;
         goto out;
     }
-    iov[n++] = (struct iovec){hdr, KVR_SSD_ALIGN};
+    w->iov[w->niov++] = (struct iovec){w->hdr, KVR_SSD_ALIGN};
     for (int i = 0; i < nbody && got < len; i++) {
         size_t take = body[i].iov_len < len - got ? body[i].iov_len : (size_t)(len - got);
         size_t whole = take & ~(size_t)(KVR_SSD_ALIGN - 1);
         kvr_ssd_sum_update(sum, body[i].iov_base, take);
         got += take;
         if (whole > 0)
-            iov[n++] = (struct iovec){body[i].iov_base, whole};
+            w->iov[w->niov++] = (struct iovec){body[i].iov_base, whole};
         if (whole < take) { /* the last piece's tail, padded from a bounce buffer */
             if (got < len)
                 goto out; /* an unaligned piece before the end: not the arena's runs */
-            if ((tail = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL) {
+            if ((w->tail = kvr_ssdf_buf(KVR_SSD_ALIGN)) == NULL) {
                 rc = KVR_ERR;
                 goto out;
             }
-            memset(tail, 0, KVR_SSD_ALIGN);
-            memcpy(tail, (uint8_t *)body[i].iov_base + whole, take - whole);
-            iov[n++] = (struct iovec){tail, KVR_SSD_ALIGN};
+            memset(w->tail, 0, KVR_SSD_ALIGN);
+            memcpy(w->tail, (uint8_t *)body[i].iov_base + whole, take - whole);
+            w->iov[w->niov++] = (struct iovec){w->tail, KVR_SSD_ALIGN};
         }
     }
     if (got < len)
         goto out;
     rec->body_sum = kvr_ssd_sum_digest(sum);
-    kvr_ssd_rec_encode(rec, hdr);
-    rc = writev_all(f->fd, iov, n, kvr_ssdf_page_off(f, p) + off);
-    if (rc != KVR_OK) /* a failing device fails every write: one line a second */
-        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: writing a record at page %llu offset %llu: %s", (unsigned long long)p,
-                            (unsigned long long)off, strerror(errno));
+    kvr_ssd_rec_encode(rec, w->hdr);
+    w->at = kvr_ssdf_page_off(f, p) + off;
+    w->len = span;
+    rc = KVR_OK;
 out:
-    free(iov);
-    free(tail);
-    free(hdr);
     kvr_ssd_sum_free(sum);
+    if (rc != KVR_OK)
+        kvr_ssdf_wr_free(w);
+    return rc;
+}
+
+int kvr_ssdf_wr_sync(kvr_ssdf_t *f, kvr_ssdf_wr_t *w)
+{
+    int rc = writev_all(f->fd, w->iov, w->niov, w->at);
+
+    if (rc != KVR_OK)
+        kvr_ssdf_wr_failed(w, errno);
+    return rc;
+}
+
+void kvr_ssdf_wr_failed(const kvr_ssdf_wr_t *w, int err)
+{
+    /* a failing device fails every write: one line a second */
+    KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: writing a record at file offset %llu: %s", (unsigned long long)w->at,
+                        strerror(err));
+}
+
+int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body,
+                       int nbody)
+{
+    kvr_ssdf_wr_t w;
+    int rc = kvr_ssdf_rec_prep(f, p, off, rec, body, nbody, &w);
+
+    if (rc != KVR_OK)
+        return rc;
+    rc = kvr_ssdf_wr_sync(f, &w);
+    kvr_ssdf_wr_free(&w);
     return rc;
 }
 

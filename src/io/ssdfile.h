@@ -50,6 +50,11 @@ int kvr_ssdf_page_write(kvr_ssdf_t *f, const kvr_ssd_page_t *pg);
  * sets in *pg. KVR_OK, KVR_EINVAL (the summary does not fit in the page), or KVR_ERR (logged).
  */
 int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len);
+/* The same in two steps, for a writer that syncs on its own ring: _begin writes the summary and
+ * sets its length and checksum in *pg (KVR_OK, KVR_EINVAL, KVR_ERR); once a sync that started
+ * after it has completed, _end writes the header with sealed 1 (KVR_OK or KVR_ERR, logged). */
+int kvr_ssdf_page_seal_begin(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary, size_t len);
+int kvr_ssdf_page_seal_end(kvr_ssdf_t *f, kvr_ssd_page_t *pg);
 
 /*
  * Appends a record at offset off of page p: its header, then the body given as iovecs whose
@@ -61,6 +66,22 @@ int kvr_ssdf_page_seal(kvr_ssdf_t *f, kvr_ssd_page_t *pg, const uint8_t *summary
  */
 int kvr_ssdf_rec_write(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body,
                        int nbody);
+
+/* The same in steps, for a writer that puts its writes on a ring: kvr_ssdf_rec_prep checks,
+ * sums and encodes as above and says what to write (w: the pieces, header first, and where;
+ * kvr_ssdf_wr_free it after the write), without writing; kvr_ssdf_wr_sync writes it here;
+ * kvr_ssdf_wr_failed logs a failed write of it (errno err), at most a line a second. */
+typedef struct {
+    struct iovec *iov;
+    int niov;
+    uint8_t *hdr, *tail; /* the header's block, and the last piece's padded copy (or NULL) */
+    uint64_t at, len;    /* the file offset, and the bytes (the record's span) */
+} kvr_ssdf_wr_t;
+int kvr_ssdf_rec_prep(kvr_ssdf_t *f, uint64_t p, uint64_t off, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody,
+                      kvr_ssdf_wr_t *w);
+int kvr_ssdf_wr_sync(kvr_ssdf_t *f, kvr_ssdf_wr_t *w);
+void kvr_ssdf_wr_failed(const kvr_ssdf_wr_t *w, int err);
+void kvr_ssdf_wr_free(kvr_ssdf_wr_t *w);
 
 /*
  * Reads a record's body (key then payload) into buf (KVR_SSD_ALIGN-aligned, at least
