@@ -6,11 +6,32 @@
  * record when the page is sealed; an append that would leave no room for the summary it grows
  * seals the page first, so a seal never fails for room. Recycling picks the sealed page of the
  * oldest version: versions are handed out in order, so that is the page written longest ago.
+ *
+ * Syncs run on a small ring of the writer's own (IORING_OP_FSYNC, datasync), one at a time,
+ * at most once a sync interval while writing: each fdatasync took 120-180 ms on this project's
+ * test machine (the device's cache flush), and one per sealed page cost the writer 40 % of its
+ * time. A sync covers every write that completed before it started; the writer's record
+ * writes are synchronous, so the first sync to start after a page's summary covers the page,
+ * and its completion lets the header say sealed. The user data of a sync is its generation.
+ *
+ * Record writes go on the same ring (kvr_ssdp_reserve): a record's place, summary entry and
+ * counts are taken when it is submitted, as if written, and the writer settles each in the
+ * order it reserved them. A failed write cuts its page back to where that record started:
+ * every record reserved after it in the page is given up too, so the page's records stay
+ * contiguous (what its summary and a scan's walk need), and the page is sealed there once no
+ * write is in flight. A page is sealed, and another opened, only with no write in flight. The
+ * user data of a write is WR_TAG, its part and its slot.
  */
+#define WR_TAG (1ull << 63)
 #include "io/ssdpages.h"
+
+#include "io/ssdfault.h"
 
 #include "base/log.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +51,8 @@ static uint64_t now_ns(void)
 
 int kvr_ssdp_init(kvr_ssdp_t *p, kvr_ssdf_t *f, kvr_ssdp_drop_cb drop, void *ctx)
 {
+    int rc;
+
     memset(p, 0, sizeof(*p));
     p->f = f;
     p->open = KVR_SSDP_NONE;
@@ -40,15 +63,34 @@ int kvr_ssdp_init(kvr_ssdp_t *p, kvr_ssdf_t *f, kvr_ssdp_drop_cb drop, void *ctx
     p->sum_cap = 64u << 10;
     p->pg = calloc(f->npages, sizeof(*p->pg));
     p->sum = malloc(p->sum_cap);
-    if (p->pg == NULL || p->sum == NULL) {
+    p->ring = calloc(1, sizeof(*p->ring));
+    /* room for every slot's first part, the sync, and more parts (a submit frees the SQ) */
+    if (p->pg == NULL || p->sum == NULL || p->ring == NULL) {
         kvr_ssdp_free(p);
         return KVR_ERR;
+    }
+    if ((rc = io_uring_queue_init(2 * KVR_SSDP_WRITES_MAX, p->ring, 0)) < 0) {
+        kvr_warn("ssd: no ring for the writer (%s): its writes and syncs are synchronous", strerror(-rc));
+        free(p->ring);
+        p->ring = NULL;
     }
     return KVR_OK;
 }
 
 void kvr_ssdp_free(kvr_ssdp_t *p)
 {
+    if (p->ring != NULL) {
+        unsigned slot;
+        int ok;
+        while (kvr_ssdp_next(p, 1, &slot, &ok) == 1) /* nothing the kernel still writes is freed */
+            ;
+        kvr_ssdp_reap(p, 1);
+        io_uring_queue_exit(p->ring);
+        free(p->ring);
+        p->ring = NULL;
+    }
+    for (unsigned k = 0; k < KVR_SSDP_WRITES_MAX; k++)
+        kvr_ssdf_wr_free(&p->wr[k].io);
     free(p->pg);
     free(p->sum);
     p->pg = NULL;
@@ -98,27 +140,170 @@ int kvr_ssdp_scan_done(kvr_ssdp_t *p, const kvr_ssdf_scan_t *st)
     return KVR_OK;
 }
 
-/* Seals the open page at g->used with the summary so far. */
-int kvr_ssdp_seal(kvr_ssdp_t *p)
+/* Starts sync sync_gen + 1 on the ring, unless one is in flight. KVR_OK, or KVR_ERR when the
+ * ring fails (the caller syncs at once). */
+static int sync_start(kvr_ssdp_t *p)
+{
+    struct io_uring_sqe *sqe;
+
+    if (p->sync_busy)
+        return KVR_OK;
+    if ((sqe = io_uring_get_sqe(p->ring)) == NULL)
+        return KVR_ERR;
+    io_uring_prep_fsync(sqe, p->f->fd, IORING_FSYNC_DATASYNC);
+    io_uring_sqe_set_data64(sqe, p->sync_gen + 1);
+    if (io_uring_submit(p->ring) < 1)
+        return KVR_ERR;
+    p->sync_gen++;
+    p->sync_busy = 1;
+    p->unsynced = 0;
+    p->st.syncs++;
+    return KVR_OK;
+}
+
+/* Sync gen completed: every sealed page waiting for it (or an earlier one) gets its header. */
+static void finish(kvr_ssdp_t *p, uint64_t gen, int res)
+{
+    p->sync_busy = 0;
+    if (res < 0)
+        kvr_error("ssd: fdatasync: %s", strerror(-res));
+    for (unsigned k = 0; k < KVR_SSDP_SEALS_MAX; k++) {
+        if (p->seal_gen[k] == 0 || p->seal_gen[k] > gen)
+            continue;
+        p->seal_gen[k] = 0;
+        if (res < 0 || kvr_ssdf_page_seal_end(p->f, &p->seal[k]) != KVR_OK) /* left open on disk */
+            kvr_error("ssd: sealing page %llu failed (%s); the next start walks its records",
+                      (unsigned long long)p->seal[k].page, res < 0 ? strerror(-res) : "its header");
+    }
+}
+
+/* A write's part completed (res: bytes, or -errno): its slot is done with its last part. */
+static void wrote(kvr_ssdp_t *p, uint64_t ud, int res)
+{
+    unsigned slot = (unsigned)(ud & 0xff), first = (unsigned)((ud >> 8) & 0xffffff) * IOV_MAX;
+    const kvr_ssdf_wr_t *io = &p->wr[slot].io;
+    size_t want = 0;
+    ssize_t r = res;
+
+    for (unsigned i = first; i < (unsigned)io->niov && i < first + IOV_MAX; i++)
+        want += io->iov[i].iov_len;
+    if (r < 0) {
+        errno = -res;
+        r = -1;
+    }
+    r = kvr_ssd_fault_write(r, want);
+    if (r != (ssize_t)want && p->wr[slot].err == 0)
+        p->wr[slot].err = r < 0 ? errno : ENOSPC; /* a short write: the device is full, or was cut */
+    p->parts_inflight--;
+    if (--p->wr[slot].parts == 0) {
+        if (p->wr[slot].err != 0)
+            kvr_ssdf_wr_failed(io, p->wr[slot].err);
+        p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
+    }
+}
+
+/* Takes one completion: waits for it (wait), or only if there is one. 1 when one was taken. */
+static int take(kvr_ssdp_t *p, int wait)
+{
+    struct io_uring_cqe *cqe;
+    int rc;
+
+    do
+        rc = wait ? io_uring_wait_cqe(p->ring, &cqe) : io_uring_peek_cqe(p->ring, &cqe);
+    while (rc == -EINTR);
+    if (rc < 0)
+        return 0; /* -EAGAIN: nothing completed yet */
+    if (io_uring_cqe_get_data64(cqe) & WR_TAG)
+        wrote(p, io_uring_cqe_get_data64(cqe), cqe->res);
+    else
+        finish(p, io_uring_cqe_get_data64(cqe), cqe->res);
+    io_uring_cqe_seen(p->ring, cqe);
+    return 1;
+}
+
+/* Whether a sealed page's header waits; page: that page only (KVR_SSDP_NONE: any). */
+static int seal_waits(const kvr_ssdp_t *p, uint64_t page)
+{
+    for (unsigned k = 0; k < KVR_SSDP_SEALS_MAX; k++)
+        if (p->seal_gen[k] != 0 && (page == KVR_SSDP_NONE || p->seal[k].page == page))
+            return 1;
+    return 0;
+}
+
+/* Waits until no header of page (KVR_SSDP_NONE: of any page) waits: a sync is started when
+ * none in flight covers it. */
+static void seal_drain(kvr_ssdp_t *p, uint64_t page)
+{
+    while (seal_waits(p, page)) {
+        if (!p->sync_busy && sync_start(p) != KVR_OK)
+            break;
+        p->st.sync_waits++;
+        if (!take(p, 1))
+            break;
+    }
+    if (seal_waits(p, page)) /* the ring failed: sync here, then the headers */
+        finish(p, UINT64_MAX, kvr_ssdf_sync(p->f) == KVR_OK ? 0 : -EIO);
+}
+
+void kvr_ssdp_reap(kvr_ssdp_t *p, int wait)
+{
+    if (p->ring == NULL)
+        return;
+    while (p->sync_busy && take(p, wait))
+        ;
+    if (wait)
+        seal_drain(p, KVR_SSDP_NONE);
+}
+
+/* A free seal slot, or -1. */
+static int seal_free(const kvr_ssdp_t *p)
+{
+    for (unsigned k = 0; k < KVR_SSDP_SEALS_MAX; k++)
+        if (p->seal_gen[k] == 0)
+            return (int)k;
+    return -1;
+}
+
+/* Seals the open page at g->used with the summary so far: at once without a ring, else its
+ * header waits in a seal slot for the next sync. */
+static int seal_open(kvr_ssdp_t *p)
 {
     kvr_ssdp_page_t *g;
-    int rc;
+    int rc, k = -1;
 
     if (p->open == KVR_SSDP_NONE)
         return KVR_OK;
     g = &p->pg[p->open];
     p->open_hdr.nrecords = g->nrecords;
     p->open_hdr.used = g->used;
-    rc = kvr_ssdf_page_seal(p->f, &p->open_hdr, p->sum, p->sum_len);
+    if (p->ring != NULL) {
+        while ((k = seal_free(p)) < 0 && seal_waits(p, KVR_SSDP_NONE))
+            seal_drain(p, p->seal[0].page);
+    }
+    if (k < 0) {
+        rc = kvr_ssdf_page_seal(p->f, &p->open_hdr, p->sum, p->sum_len);
+        p->unsynced = 0;
+        p->st.syncs++;
+    } else if ((rc = kvr_ssdf_page_seal_begin(p->f, &p->open_hdr, p->sum, p->sum_len)) == KVR_OK) {
+        p->seal[k] = p->open_hdr;
+        p->seal_gen[k] = p->sync_gen + 1; /* the next sync to start */
+        p->unsynced += KVR_SSD_ALIGN;     /* ... which the next kvr_ssdp_sync starts */
+    }
     if (rc != KVR_OK) /* left open on disk: the next scan walks it with every body checked */
         kvr_error("ssd: sealing page %llu failed; it is no longer written", (unsigned long long)p->open);
     g->state = KVR_SSDP_SEALED;
     p->open = KVR_SSDP_NONE;
     p->sum_len = 0;
-    p->unsynced = 0; /* the seal synced (or failed: nothing more to sync of that page) */
     p->st.sealed++;
-    p->st.syncs++;
     return rc == KVR_OK ? KVR_OK : KVR_ERR;
+}
+
+int kvr_ssdp_seal(kvr_ssdp_t *p)
+{
+    int rc = seal_open(p);
+
+    kvr_ssdp_reap(p, 1);
+    return rc;
 }
 
 uint64_t kvr_ssdp_victim(const kvr_ssdp_t *p)
@@ -148,6 +333,8 @@ static int open_page(kvr_ssdp_t *p)
     } else {
         i = v;
         g = &p->pg[i];
+        if (p->ring != NULL) /* its header is rewritten below: its seal's first */
+            seal_drain(p, i);
         if (p->drop != NULL)
             p->drop(p->drop_ctx, i, g->version);
         p->st.recycled++;
@@ -171,7 +358,34 @@ static int open_page(kvr_ssdp_t *p)
     return KVR_OK;
 }
 
-int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc)
+/* Cuts the open page back to where the record at loc started: it and every record after it
+ * are no longer the page's, and the page is sealed there once no write is in flight. */
+static void cut(kvr_ssdp_t *p, const kvr_ssdp_loc_t *loc)
+{
+    kvr_ssdp_page_t *g;
+    uint64_t bytes;
+    uint32_t recs;
+
+    if (p->open == KVR_SSDP_NONE || p->pg[p->open].version != loc->version || loc->off >= p->pg[p->open].used)
+        return;
+    g = &p->pg[p->open];
+    bytes = g->used - loc->off;
+    recs = g->nrecords - loc->nth;
+    g->used = loc->off;
+    g->nrecords = loc->nth;
+    g->live_records -= recs < g->live_records ? recs : g->live_records;
+    g->live_bytes -= bytes < g->live_bytes ? bytes : g->live_bytes;
+    p->sum_len = loc->sum_off;
+    p->cut = 1;
+    KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: a record of page %llu could not be written; the page is sealed where it was",
+                        (unsigned long long)p->open);
+}
+
+/* Takes a record's place in the open page (sealing it first when it is full or was cut, and
+ * opening another), and prepares its write in io: the record counts as the page's from here.
+ * KVR_OK, KVR_AGAIN (a seal is due and writes are in flight), KVR_EINVAL, KVR_ERR. */
+static int place(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
+                 kvr_ssdf_wr_t *io)
 {
     uint64_t span = kvr_ssd_rec_span(rec->key_len, rec->length);
     size_t ent = KVR_SSD_SUMENT_FIXED + rec->ns_len + rec->model_len + rec->key_len;
@@ -180,10 +394,15 @@ int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body,
 
     if (span > p->f->page_size / 2)
         return KVR_EINVAL;
+    kvr_ssdp_reap(p, 0);
     if (p->open != KVR_SSDP_NONE) {
         g = &p->pg[p->open];
-        if (g->used + span + align_up(p->sum_len + ent) > p->f->page_size)
-            kvr_ssdp_seal(p);
+        if (p->cut || g->used + span + align_up(p->sum_len + ent) > p->f->page_size) {
+            if (p->inflight > 0)
+                return KVR_AGAIN;
+            seal_open(p);
+            p->cut = 0;
+        }
     }
     if (p->open == KVR_SSDP_NONE && open_page(p) != KVR_OK)
         return KVR_ERR;
@@ -197,25 +416,128 @@ int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body,
     }
     g = &p->pg[p->open];
     rec->version = g->version;
-    rec->seq = ++p->seq;
+    rec->seq = p->seq + 1;
     if (rec->written_ns == 0)
         rec->written_ns = now_ns();
-    if ((rc = kvr_ssdf_rec_write(p->f, p->open, g->used, rec, body, nbody)) != KVR_OK) {
-        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "ssd: a record of page %llu could not be written; the page is sealed where it was",
-                            (unsigned long long)p->open);
-        kvr_ssdp_seal(p);
-        return rc == KVR_EINVAL ? KVR_EINVAL : KVR_ERR;
-    }
-    *loc = (kvr_ssdp_loc_t){.page = p->open, .version = g->version, .off = g->used, .span = span};
+    if ((rc = kvr_ssdf_rec_prep(p->f, p->open, g->used, rec, body, nbody, io)) != KVR_OK)
+        return rc;
+    p->seq++;
+    *loc = (kvr_ssdp_loc_t){.page = p->open, .version = g->version, .off = g->used, .span = span, .nth = g->nrecords, .sum_off = p->sum_len};
     p->sum_len += kvr_ssd_sument_encode(rec, g->used, p->sum + p->sum_len);
     g->used += span;
     g->nrecords++;
     g->live_records++;
     g->live_bytes += span;
-    p->unsynced += span;
     p->st.appended++;
     p->st.appended_bytes += rec->length;
     return KVR_OK;
+}
+
+int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc)
+{
+    kvr_ssdf_wr_t io;
+    int rc;
+
+    if (p->inflight > 0)
+        return KVR_AGAIN;
+    if ((rc = place(p, rec, body, nbody, loc, &io)) != KVR_OK)
+        return rc;
+    rc = kvr_ssdf_wr_sync(p->f, &io);
+    kvr_ssdf_wr_free(&io);
+    if (rc != KVR_OK) {
+        cut(p, loc);
+        seal_open(p);
+        p->cut = 0;
+        return KVR_ERR;
+    }
+    p->unsynced += loc->span;
+    return KVR_OK;
+}
+
+/* Puts slot's write on the ring, IOV_MAX pieces a part. */
+static void submit(kvr_ssdp_t *p, unsigned slot)
+{
+    kvr_ssdf_wr_t *io = &p->wr[slot].io;
+    uint64_t at = io->at;
+
+    for (unsigned first = 0, part = 0; first < (unsigned)io->niov; first += IOV_MAX, part++) {
+        unsigned k = (unsigned)io->niov - first < IOV_MAX ? (unsigned)io->niov - first : IOV_MAX;
+        struct io_uring_sqe *sqe = io_uring_get_sqe(p->ring);
+        size_t len = 0;
+        if (sqe == NULL && io_uring_submit(p->ring) >= 0)
+            sqe = io_uring_get_sqe(p->ring);
+        if (sqe == NULL) { /* the rest is not written: the record fails */
+            p->wr[slot].err = p->wr[slot].err != 0 ? p->wr[slot].err : EBUSY;
+            break;
+        }
+        for (unsigned i = first; i < first + k; i++)
+            len += io->iov[i].iov_len;
+        io_uring_prep_writev(sqe, p->f->fd, io->iov + first, k, at);
+        io_uring_sqe_set_data64(sqe, WR_TAG | (uint64_t)part << 8 | slot);
+        p->wr[slot].parts++;
+        p->parts_inflight++;
+        at += len;
+    }
+    io_uring_submit(p->ring);
+    if (p->wr[slot].parts == 0) { /* nothing went on the ring */
+        kvr_ssdf_wr_failed(io, p->wr[slot].err);
+        p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
+    }
+}
+
+int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
+                     unsigned slot)
+{
+    int rc;
+
+    if (slot >= KVR_SSDP_WRITES_MAX || p->wr[slot].io.iov != NULL)
+        return KVR_EINVAL;
+    if ((rc = place(p, rec, body, nbody, loc, &p->wr[slot].io)) != KVR_OK)
+        return rc;
+    p->inflight++;
+    p->inflight_bytes += loc->span;
+    p->wr[slot].err = 0;
+    p->wr[slot].parts = 0;
+    if (p->ring != NULL) {
+        submit(p, slot);
+        return KVR_OK;
+    }
+    if (kvr_ssdf_wr_sync(p->f, &p->wr[slot].io) != KVR_OK)
+        p->wr[slot].err = errno != 0 ? errno : EIO;
+    p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
+    return KVR_OK;
+}
+
+int kvr_ssdp_next(kvr_ssdp_t *p, int wait, unsigned *slot, int *ok)
+{
+    for (;;) {
+        if (p->done_n > 0) {
+            *slot = p->done[p->done_head];
+            p->done_head = (p->done_head + 1) % KVR_SSDP_WRITES_MAX;
+            p->done_n--;
+            *ok = p->wr[*slot].err == 0;
+            return 1;
+        }
+        if (p->ring == NULL || p->parts_inflight == 0 || !take(p, wait))
+            return 0;
+    }
+}
+
+void kvr_ssdp_settle(kvr_ssdp_t *p, unsigned slot, const kvr_ssdp_loc_t *loc, int ok)
+{
+    if (slot >= KVR_SSDP_WRITES_MAX || p->wr[slot].io.iov == NULL)
+        return;
+    kvr_ssdf_wr_free(&p->wr[slot].io);
+    p->inflight--;
+    p->inflight_bytes -= loc->span <= p->inflight_bytes ? loc->span : p->inflight_bytes;
+    if (ok)
+        p->unsynced += loc->span;
+    else
+        cut(p, loc);
+    if (p->cut && p->inflight == 0) { /* sealed where it was cut */
+        seal_open(p);
+        p->cut = 0;
+    }
 }
 
 void kvr_ssdp_forget(kvr_ssdp_t *p, uint64_t page, uint64_t version, uint64_t span)
@@ -233,7 +555,10 @@ void kvr_ssdp_forget(kvr_ssdp_t *p, uint64_t page, uint64_t version, uint64_t sp
 
 int kvr_ssdp_sync(kvr_ssdp_t *p)
 {
-    if (p->unsynced == 0)
+    kvr_ssdp_reap(p, 0);
+    if (p->unsynced == 0 || p->sync_busy)
+        return KVR_OK;
+    if (p->ring != NULL && sync_start(p) == KVR_OK)
         return KVR_OK;
     p->unsynced = 0;
     p->st.syncs++;

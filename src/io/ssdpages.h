@@ -11,11 +11,16 @@
 #ifndef KVR_IO_SSDPAGES_H
 #define KVR_IO_SSDPAGES_H
 
+#include "io/ssdfile.h"
 #include "io/ssdscan.h"
 
 #include <sys/uio.h>
 
+struct io_uring;
+
 #define KVR_SSDP_NONE UINT64_MAX
+/* Sealed pages whose header waits for a sync; one more makes the writer wait for one. */
+#define KVR_SSDP_SEALS_MAX 16
 
 enum { KVR_SSDP_FREE = 0,
        KVR_SSDP_OPEN = 1,
@@ -32,7 +37,12 @@ typedef struct {
 /* Where a record went. */
 typedef struct {
     uint64_t page, version, off, span;
+    uint32_t nth;   /* records of its page before it */
+    size_t sum_off; /* where its summary entry starts */
 } kvr_ssdp_loc_t;
+
+/* Record writes in flight at once, at most (kvr_ssdp_reserve's slots). */
+#define KVR_SSDP_WRITES_MAX 64
 
 /* Counters since the table was made (the writer puts them on /metrics). */
 typedef struct {
@@ -41,6 +51,7 @@ typedef struct {
     uint64_t recycled;                 /* opened over a sealed page: its records dropped */
     uint64_t recycled_live;            /* records still indexed when their page was recycled */
     uint64_t syncs;
+    uint64_t sync_waits; /* times the writer waited for a sync (a seal slot, a recycle, a stop) */
 } kvr_ssdp_stats_t;
 
 /* Called when page `page` of incarnation `version` is about to be recycled: whoever indexes
@@ -55,7 +66,29 @@ typedef struct {
     uint64_t version, seq;   /* the last page version and record sequence given out */
     uint8_t *sum;            /* the open page's summary entries so far */
     size_t sum_len, sum_cap; /* bytes, and the allocation (grows; bounded by the page) */
-    uint64_t unsynced;       /* bytes appended since the last sync */
+    uint64_t unsynced;       /* bytes appended since the last sync started */
+    /* The syncs, on a ring of the writer's own so that it never waits for one while appending
+     * (NULL: no ring, every sync synchronous). A page being sealed has its summary written and
+     * its header waiting in seal[] for the next sync to start; the header is written (sealed
+     * 1) when that sync completes. At most one sync is in flight. */
+    struct io_uring *ring;
+    kvr_ssd_page_t seal[KVR_SSDP_SEALS_MAX];
+    uint64_t seal_gen[KVR_SSDP_SEALS_MAX]; /* the sync seal[i] waits for (0: slot free) */
+    uint64_t sync_gen;                     /* syncs started on the ring */
+    int sync_busy;                         /* sync sync_gen is in flight */
+    /* Record writes on the same ring (kvr_ssdp_reserve): each slot's pieces, its parts still in
+     * flight (a record of more than IOV_MAX pieces takes several), and its first error. */
+    struct {
+        kvr_ssdf_wr_t io;
+        unsigned parts;
+        int err;
+    } wr[KVR_SSDP_WRITES_MAX];
+    unsigned inflight;                 /* slots reserved and not yet settled */
+    uint64_t inflight_bytes;           /* their spans */
+    unsigned parts_inflight;           /* writes on the ring */
+    uint8_t done[KVR_SSDP_WRITES_MAX]; /* slots completed, not yet taken by kvr_ssdp_next */
+    unsigned done_head, done_n;
+    int cut; /* a write of the open page failed: sealed once none is in flight */
     kvr_ssdp_drop_cb drop;
     void *drop_ctx;
     kvr_ssdp_stats_t st;
@@ -87,17 +120,45 @@ int kvr_ssdp_scan_done(kvr_ssdp_t *p, const kvr_ssdf_scan_t *st);
  */
 int kvr_ssdp_append(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc);
 
+/*
+ * The same on the ring, for the disk writer: the record's place is taken and its write
+ * submitted (user slot `slot` < KVR_SSDP_WRITES_MAX, not in use), its summary entry added; the
+ * write completes later (kvr_ssdp_next) and the caller settles every record in the order it
+ * reserved them (kvr_ssdp_settle). KVR_OK with *loc; KVR_AGAIN when the page must be sealed
+ * first (it is full, or a write of it failed) and writes are in flight: take and settle them,
+ * then try again; KVR_EINVAL and KVR_ERR as kvr_ssdp_append (nothing reserved).
+ * kvr_ssdp_append itself refuses with KVR_AGAIN while writes are in flight.
+ */
+int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
+                     unsigned slot);
+/* A reserved write completed: 1 with its slot and *ok (every byte written), 0 when none has
+ * (without wait) or none is in flight. wait: blocks until one completes. */
+int kvr_ssdp_next(kvr_ssdp_t *p, int wait, unsigned *slot, int *ok);
+/* Settles a reserved record, in reservation order: ok, it is on disk (indexed by the caller, or
+ * forgotten); not ok (its write failed, or one reserved before it in its page did), the page
+ * is cut back to where it started, and sealed there once no write is in flight. */
+void kvr_ssdp_settle(kvr_ssdp_t *p, unsigned slot, const kvr_ssdp_loc_t *loc, int ok);
+
 /* A record is no longer indexed (deleted, replaced, or dropped from RAM and disk): its page's
  * live counts fall, unless the page has been recycled since (version differs). */
 void kvr_ssdp_forget(kvr_ssdp_t *p, uint64_t page, uint64_t version, uint64_t span);
 
-/* Seals the open page, if any, with its summary (a full page, or a clean stop). KVR_OK or
- * KVR_ERR (logged). */
+/* Seals the open page, if any, with its summary, and waits until every sealed page's header
+ * is down (a clean stop). KVR_OK or KVR_ERR (logged). A full page is sealed without waiting:
+ * its summary is written now, and its header says sealed once the next sync has completed
+ * (kvr_ssdp_sync, kvr_ssdp_reap). */
 int kvr_ssdp_seal(kvr_ssdp_t *p);
 
-/* fdatasync when anything was appended since the last one (the power-loss bound: the writer
- * calls it at least every second). KVR_OK or KVR_ERR (logged). */
+/* Starts an fdatasync when anything was appended, or a page sealed, since the last one
+ * started, and none is in flight (the power-loss bound: the writer calls it at least every
+ * second); without a ring, syncs here. KVR_OK or KVR_ERR (logged). */
 int kvr_ssdp_sync(kvr_ssdp_t *p);
+
+/* Finishes what completed on the ring: sealed pages' headers are written once a sync that
+ * started after their summaries is done. wait: until no sync is in flight and no header waits
+ * (syncing as needed). Never fails (errors are logged: a page whose sync or header write
+ * failed stays open on disk, and the next start walks its records). */
+void kvr_ssdp_reap(kvr_ssdp_t *p, int wait);
 
 /* The page the next opening would recycle (all pages in use): the sealed page of the oldest
  * version, or KVR_SSDP_NONE while a page is free. */

@@ -197,6 +197,17 @@ int kvr_ssdt_write(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *b
     return kvr_ssdp_append(&t->p, &rec, body, nbody, loc);
 }
 
+int kvr_ssdt_reserve(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
+                     unsigned slot)
+{
+    kvr_ssd_rec_t rec;
+    int rc;
+
+    if ((rc = fill_rec(&rec, b)) != KVR_OK)
+        return rc;
+    return kvr_ssdp_reserve(&t->p, &rec, body, nbody, loc, slot);
+}
+
 int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t *loc)
 {
     kvr_dslot_t v, old;

@@ -84,6 +84,11 @@ int kvr_ssdt_demote(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *
 int kvr_ssdt_write(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc);
 int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t *loc);
 void kvr_ssdt_unwrite(kvr_ssdt_t *t, const kvr_ssdp_loc_t *loc);
+/* kvr_ssdt_write on the writer's ring (kvr_ssdp_reserve's rules: KVR_AGAIN while a seal waits
+ * for the writes in flight): the record counts as live once its write is settled ok
+ * (kvr_ssdp_next, kvr_ssdp_settle), then kvr_ssdt_index or kvr_ssdt_unwrite as above. */
+int kvr_ssdt_reserve(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
+                     unsigned slot);
 
 /* Turns up to max slots that workers killed (DELETE) into tombstones and frees them. The
  * number reaped, or KVR_ERR on an I/O error (the slot stays DEAD and is tried again). */

@@ -24,6 +24,13 @@ struct kvr_ssdw_s {
     struct iovec *iov;
     size_t iov_max;
     kvr_demote_t *picks;
+    /* The round's picks in flight, settled in pick order from `head` (docs/ssd-tier.md,
+     * "The writer"): each pick's record and state; picks [head, next) are reserved. */
+    struct commit_s *pc;
+    uint8_t *ps; /* PICK_* */
+    unsigned head, next;
+    uint64_t cut_version;   /* a write of this page version failed this pass: later ones give up */
+    unsigned pass, retries; /* the round's pass, and picks it gave up to retry */
     pthread_t th;
     pthread_mutex_t mu; /* guards `out`, the stats as of the last round, and the dirty set */
     kvr_ssdw_stats_t now, out;
@@ -109,11 +116,26 @@ static int written(void *ctx, uint32_t entry, uint32_t gen)
     return w->wrote[entry] == gen + 1;
 }
 
-typedef struct {
+typedef struct commit_s {
     kvr_ssdw_t *w;
     kvr_ssdt_blk_t b;
     kvr_ssdp_loc_t loc;
 } commit_t;
+
+/* Record writes in flight at most, in bytes (fio's queue of 32 writes of 2 MiB); one write
+ * of a larger block goes alone. */
+#define WRITE_BYTES_MAX (64ull << 20)
+
+enum { PICK_SETTLED = 0,
+       PICK_FLIGHT = 1,
+       PICK_OK = 2,
+       PICK_BAD = 3,
+       PICK_RETRY = 4 }; /* written after a failed write of its page: written again, still pinned */
+
+/* Passes over a round's picks: the first, and those that retry picks given up with a failed
+ * write of their page. Each pass settles for good at least the pick whose write failed, so a
+ * round of n picks ends within n passes; the bound is a guard. */
+#define ROUND_PASSES (KVR_SSDP_WRITES_MAX + 1)
 
 static int do_index(void *ctx)
 {
@@ -121,44 +143,126 @@ static int do_index(void *ctx)
     return kvr_ssdt_index(&c->w->tier, &c->b, &c->loc);
 }
 
-/* One pinned block: its copy on disk and indexed, or released. */
-static void write_pick(kvr_ssdw_t *w, kvr_demote_t *d)
+/* Pick i's write completed (ok or not, or one before it in its page failed): its copy is
+ * indexed, or it is released. */
+static void settle(kvr_ssdw_t *w, unsigned i)
 {
+    commit_t *c = &w->pc[i];
+    kvr_demote_t *d = &w->picks[i];
+    int wrote_ok = w->ps[i] == PICK_OK, ok = wrote_ok && c->loc.version != w->cut_version, rc;
+
+    w->ps[i] = PICK_SETTLED;
+    kvr_ssdp_settle(&w->tier.p, i, &c->loc, ok);
+    if (!ok) {
+        if (!wrote_ok) {
+            /* the block stays in RAM only: not tried again (a failing device would make every
+             * retry seal another page), and the writer backs off (run) */
+            w->cut_version = c->loc.version;
+            w->wrote[d->ref.entry] = d->ref.gen + 1;
+            w->now.write_errors++;
+            w->failed = 1;
+        } else if (w->pass + 1 < ROUND_PASSES) { /* written after a failed one of its page */
+            w->ps[i] = PICK_RETRY;
+            w->retries++;
+            return;
+        }
+        kvr_store_demote_release(&w->st, d);
+        return;
+    }
+    rc = kvr_store_demote_commit(&w->st, d, do_index, c);
+    if (rc == KVR_OK)
+        w->wrote[d->ref.entry] = d->ref.gen + 1;
+    else {
+        kvr_ssdt_unwrite(&w->tier, &c->loc);
+        w->now.stale += rc == KVR_ENOTFOUND;
+    }
+}
+
+/* Settles the picks from head on as far as their writes have completed. */
+static void settle_ready(kvr_ssdw_t *w)
+{
+    while (w->head < w->next && w->ps[w->head] != PICK_FLIGHT) {
+        if (w->ps[w->head] == PICK_OK || w->ps[w->head] == PICK_BAD)
+            settle(w, w->head);
+        w->head++;
+    }
+}
+
+/* Takes one completed write (waits for it when wait), then settles what it lets. 0: none. */
+static int take(kvr_ssdw_t *w, int wait)
+{
+    unsigned slot;
+    int ok;
+
+    if (kvr_ssdp_next(&w->tier.p, wait, &slot, &ok) != 1)
+        return 0;
+    if (slot < w->next && w->ps[slot] == PICK_FLIGHT)
+        w->ps[slot] = ok ? PICK_OK : PICK_BAD;
+    settle_ready(w);
+    return 1;
+}
+
+/* Waits until no write is in flight and every pick reserved is settled. */
+static void drain(kvr_ssdw_t *w)
+{
+    settle_ready(w);
+    while (w->head < w->next)
+        if (!take(w, 1)) {
+            kvr_error("ssd: the writer's ring failed with writes in flight");
+            break;
+        }
+}
+
+/* Pick i (a pinned block): its write reserved and submitted, or the pick released. */
+static void write_pick(kvr_ssdw_t *w, unsigned i)
+{
+    kvr_demote_t *d = &w->picks[i];
     size_t n = kvr_store_ref_chain_iov(&w->st, &d->ref, w->iov, w->iov_max);
+    commit_t *c = &w->pc[i];
     kvr_pool_info_t pi;
-    commit_t c = {.w = w};
     kvr_dslot_t s;
+    uint64_t span;
     uint32_t id;
     int rc;
 
+    w->ps[i] = PICK_SETTLED;
+    w->next = i; /* the waits below settle the picks before this one; it joins once reserved */
     if (n == 0 || kvr_store_pool_info(&w->st, d->pool, &pi) != KVR_OK) {
         kvr_store_demote_release(&w->st, d);
         return;
     }
-    c.b = (kvr_ssdt_blk_t){.ns = d->ns, .pool = d->pool, .seed = kvr_store_ns_seed(&w->st, d->ns), .key = w->iov[0].iov_base, .key_len = d->key_len, .length = d->ref.length, .canon = d->ref.canon, .ns_name = pi.ns_name, .model = pi.model};
-    kvr_dindex_hash(c.b.seed, c.b.key, c.b.key_len, &s.h1, &s.h2);
+    *c = (commit_t){.w = w};
+    c->b = (kvr_ssdt_blk_t){.ns = d->ns, .pool = d->pool, .seed = kvr_store_ns_seed(&w->st, d->ns), .key = w->iov[0].iov_base, .key_len = d->key_len, .length = d->ref.length, .canon = d->ref.canon, .ns_name = pi.ns_name, .model = pi.model};
+    kvr_dindex_hash(c->b.seed, c->b.key, c->b.key_len, &s.h1, &s.h2);
     if (kvr_dindex_lookup(&w->st.dx, d->ns, s.h1, s.h2, d->key_len, &s, &id) == 1 && s.length == d->ref.length) {
         w->wrote[d->ref.entry] = d->ref.gen + 1; /* restored from the file: already there */
         w->now.already_on_disk++;
         kvr_store_demote_release(&w->st, d);
         return;
     }
-    if ((rc = kvr_ssdt_write(&w->tier, &c.b, w->iov, (int)n, &c.loc)) != KVR_OK) {
-        /* the block stays in RAM only: not tried again (a failing device would make every
-         * retry seal another page), and the writer backs off (run) */
+    span = kvr_ssd_rec_span(d->key_len, d->ref.length);
+    for (;;) {
+        while (w->tier.p.inflight > 0 && w->tier.p.inflight_bytes + span > WRITE_BYTES_MAX && take(w, 1))
+            ;
+        if ((rc = kvr_ssdt_reserve(&w->tier, &c->b, w->iov, (int)n, &c->loc, i)) != KVR_AGAIN)
+            break;
+        drain(w); /* a seal is due: every write before this one settled first */
+        if (w->tier.p.inflight > 0)
+            break;
+    }
+    c->b.ns_name = c->b.model = NULL; /* pi's: the record has them */
+    if (rc != KVR_OK) {
+        /* not reserved (an error before the write, or a ring that failed): as a failed write */
         w->wrote[d->ref.entry] = d->ref.gen + 1;
         w->now.write_errors++;
         w->failed = 1;
         kvr_store_demote_release(&w->st, d);
         return;
     }
-    rc = kvr_store_demote_commit(&w->st, d, do_index, &c);
-    if (rc == KVR_OK)
-        w->wrote[d->ref.entry] = d->ref.gen + 1;
-    else {
-        kvr_ssdt_unwrite(&w->tier, &c.loc);
-        w->now.stale += rc == KVR_ENOTFOUND;
-    }
+    w->ps[i] = PICK_FLIGHT;
+    w->next = i + 1;
+    while (take(w, 0)) /* settle what completed meanwhile, without waiting */
+        ;
 }
 
 static void pause_ms(unsigned ms)
@@ -186,12 +290,21 @@ static void *run(void *arg)
     while (!kvr_atomic_load_acquire(&w->stop)) {
         int reaped = kvr_ssdt_reap(&w->tier, 256);
         unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, w);
-        for (unsigned i = 0; i < n; i++)
-            write_pick(w, &w->picks[i]);
+        for (w->pass = 0; w->pass < ROUND_PASSES; w->pass++) {
+            int again = w->pass == 0 || w->retries > 0;
+            w->head = w->next = 0;
+            w->cut_version = 0;
+            w->retries = 0;
+            for (unsigned i = 0; i < n && again; i++)
+                if (w->pass == 0 || w->ps[i] == PICK_RETRY)
+                    write_pick(w, i);
+            drain(w); /* a pass ends with nothing in flight: reaping appends tombstones */
+        }
         if (kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
-            kvr_ssdp_sync(&w->tier.p);
+            kvr_ssdp_sync(&w->tier.p); /* started on the writer's ring; finished by a later round */
             last_sync = kvr_clock_ms();
         }
+        kvr_ssdp_reap(&w->tier.p, 0); /* sealed pages' headers, once their syncs are done */
         w->now.rounds++;
         w->now.picked += n;
         w->now.tier = w->tier.st;
@@ -219,6 +332,8 @@ static void free_all(kvr_ssdw_t *w)
     free(w->iov);
     free(w->wrote);
     free(w->picks);
+    free(w->pc);
+    free(w->ps);
     free(w->dirty);
     free(w->dirty_bit);
     free(w);
@@ -234,6 +349,8 @@ kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
     w->seg = seg;
     if (w->cfg.batch == 0)
         w->cfg.batch = 16;
+    if (w->cfg.batch > KVR_SSDP_WRITES_MAX)
+        w->cfg.batch = KVR_SSDP_WRITES_MAX;
     if (kvr_store_open(&w->st, seg) != KVR_OK || w->st.dx.sh == NULL) {
         kvr_error("ssd: the segment has no disk index");
         free(w);
@@ -244,11 +361,13 @@ kvr_ssdw_t *kvr_ssdw_start(const kvr_ssdw_config_t *cfg, kvr_seg_t *seg)
     w->iov = calloc(w->iov_max, sizeof(*w->iov));
     w->wrote = calloc(seg->hdr->max_blocks, sizeof(*w->wrote));
     w->picks = calloc(w->cfg.batch, sizeof(*w->picks));
+    w->pc = calloc(w->cfg.batch, sizeof(*w->pc));
+    w->ps = calloc(w->cfg.batch, sizeof(*w->ps));
     w->nslots = w->st.dx.nslots;
     w->dirty = calloc(w->nslots, sizeof(*w->dirty));
     w->dirty_bit = calloc(w->nslots / 8 + 1, 1);
     pthread_mutex_init(&w->mu, NULL);
-    if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || w->dirty == NULL || w->dirty_bit == NULL ||
+    if (w->iov == NULL || w->wrote == NULL || w->picks == NULL || w->pc == NULL || w->ps == NULL || w->dirty == NULL || w->dirty_bit == NULL ||
         pthread_create(&w->th, NULL, run, w) != 0) {
         kvr_error("ssd: the disk writer cannot start");
         pthread_mutex_destroy(&w->mu);

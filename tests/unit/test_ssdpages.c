@@ -2,7 +2,8 @@
  * fill pages in order and seal them with summaries a scan reads back, recycling takes the
  * oldest page and tells the indexer first, a restart continues versions and sequences and seals
  * the page that was open, records too large are refused without a write, and live counts follow
- * forget. */
+ * forget. Writes on the ring (reserve, next, settle) land where they were reserved, a page is
+ * sealed only with none in flight, and a failed one cuts its page back to where it started. */
 #include "io/ssdpages.h"
 #include "io/ssdscan.h"
 
@@ -48,29 +49,37 @@ static void on_drop(void *ctx, uint64_t page, uint64_t version)
     d->version[d->n++] = version;
 }
 
-/* Appends key with a payload of len bytes (byte i: seed + i*3) from one aligned piece. */
-static int add(kvr_ssdp_t *p, const char *key, uint64_t len, uint8_t seed, kvr_ssdp_loc_t *loc)
+/* The record of key with a payload of len bytes (byte i: seed + i*3), its body in one aligned
+ * piece (free() it). */
+static uint8_t *make(const char *key, uint64_t len, uint8_t seed, kvr_ssd_rec_t *r)
 {
     size_t klen = strlen(key), total = klen + len;
     uint8_t *b = NULL;
-    kvr_ssd_rec_t r;
-    int rc;
 
     cr_assert_eq(posix_memalign((void **)&b, KVR_SSD_ALIGN, total + KVR_SSD_ALIGN), 0);
     memcpy(b, key, klen);
     for (uint64_t i = 0; i < len; i++)
         b[klen + i] = (uint8_t)(seed + i * 3);
-    memset(&r, 0, sizeof(r));
-    r.key_len = (uint16_t)klen;
-    memcpy(r.key, key, klen);
-    r.khash = XXH3_64bits(key, klen);
-    r.canon = r.khash ^ 1;
-    r.length = len;
-    r.ns_len = 7;
-    memcpy(r.ns, "default", 7);
-    r.model_len = 5;
-    memcpy(r.model, "model", 5);
-    rc = kvr_ssdp_append(p, &r, &(struct iovec){b, total}, 1, loc);
+    memset(r, 0, sizeof(*r));
+    r->key_len = (uint16_t)klen;
+    memcpy(r->key, key, klen);
+    r->khash = XXH3_64bits(key, klen);
+    r->canon = r->khash ^ 1;
+    r->length = len;
+    r->ns_len = 7;
+    memcpy(r->ns, "default", 7);
+    r->model_len = 5;
+    memcpy(r->model, "model", 5);
+    return b;
+}
+
+/* Appends key with a payload of len bytes (byte i: seed + i*3) from one aligned piece. */
+static int add(kvr_ssdp_t *p, const char *key, uint64_t len, uint8_t seed, kvr_ssdp_loc_t *loc)
+{
+    kvr_ssd_rec_t r;
+    uint8_t *b = make(key, len, seed, &r);
+    int rc = kvr_ssdp_append(p, &r, &(struct iovec){b, strlen(key) + len}, 1, loc);
+
     free(b);
     return rc;
 }
@@ -289,5 +298,140 @@ Test(ssdpages, too_large_refused_and_summary_room_kept)
     cr_assert_eq(st.summaries_bad, 0);
     cr_assert_eq(st.records, (uint64_t)n);
     cr_assert_eq(got, (uint64_t)n);
+    kvr_ssdf_close(&f);
+}
+
+/* Reserves n records of 200000 bytes (5 fit a page) as slots 0..n-1, from key index first. */
+static void reserve_n(kvr_ssdp_t *p, int first, int n, kvr_ssdp_loc_t *loc, uint8_t **bufs)
+{
+    char key[16];
+    kvr_ssd_rec_t r;
+
+    for (int i = 0; i < n; i++) {
+        snprintf(key, sizeof(key), "q%05d", first + i);
+        bufs[i] = make(key, 200000, (uint8_t)(first + i), &r);
+        cr_assert_eq(kvr_ssdp_reserve(p, &r, &(struct iovec){bufs[i], strlen(key) + 200000}, 1, &loc[i], (unsigned)i), KVR_OK,
+                     "%s", key);
+    }
+}
+
+/* Takes every completion of n slots: ok[slot]. */
+static void complete_n(kvr_ssdp_t *p, int n, int *ok)
+{
+    unsigned slot;
+    int got = 0, o;
+
+    for (int i = 0; i < n; i++)
+        ok[i] = -1;
+    while (got < n && kvr_ssdp_next(p, 1, &slot, &o) == 1) {
+        cr_assert_lt(slot, (unsigned)n);
+        cr_assert_eq(ok[slot], -1, "slot %u completed twice", slot);
+        ok[slot] = o;
+        got++;
+    }
+    cr_assert_eq(got, n, "every write completed");
+    cr_assert_eq(kvr_ssdp_next(p, 0, &slot, &o), 0, "nothing more");
+}
+
+Test(ssdpages, ring_writes_land_where_reserved_and_a_full_page_waits_for_them)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc[8];
+    uint8_t *bufs[8];
+    int ok[8];
+    char key[16];
+    kvr_ssd_rec_t r;
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    cr_assert_not_null(p.ring, "the writer's ring");
+    reserve_n(&p, 0, 5, loc, bufs);
+    cr_assert_eq(p.inflight, 5);
+    cr_assert_eq(p.inflight_bytes, 5 * loc[0].span);
+    for (int i = 1; i < 5; i++)
+        cr_assert(loc[i].page == 0 && loc[i].off == loc[i - 1].off + loc[i - 1].span, "contiguous");
+    /* a sixth does not fit: the page is sealed only once nothing is in flight */
+    uint8_t *b = make("q00005", 200000, 5, &r);
+    cr_assert_eq(kvr_ssdp_reserve(&p, &r, &(struct iovec){b, 6 + 200000}, 1, &loc[5], 5), KVR_AGAIN);
+    cr_assert_eq(kvr_ssdp_reserve(&p, &r, &(struct iovec){b, 6 + 200000}, 1, &loc[5], 0), KVR_EINVAL, "slot 0 is in use");
+    cr_assert_eq(p.pg[0].state, KVR_SSDP_OPEN);
+    cr_assert_eq(kvr_ssdp_append(&p, &r, &(struct iovec){b, 6 + 200000}, 1, &loc[5]), KVR_AGAIN,
+                 "no synchronous append while writes are in flight");
+    complete_n(&p, 5, ok);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(ok[i], 1);
+        kvr_ssdp_settle(&p, (unsigned)i, &loc[i], 1);
+        free(bufs[i]);
+    }
+    cr_assert_eq(p.inflight, 0);
+    cr_assert_eq(p.inflight_bytes, 0);
+    cr_assert_eq(kvr_ssdp_reserve(&p, &r, &(struct iovec){b, 6 + 200000}, 1, &loc[5], 0), KVR_OK, "slot 0 is free again");
+    cr_assert_eq(loc[5].page, 1, "the full page sealed, the next opened");
+    cr_assert_eq(p.pg[0].state, KVR_SSDP_SEALED);
+    complete_n(&p, 1, ok);
+    cr_assert_eq(ok[0], 1);
+    kvr_ssdp_settle(&p, 0, &loc[5], 1);
+    free(b);
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "q%05d", i);
+        check_body(&f, &loc[i], key, 200000, (uint8_t)i);
+    }
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+
+    kvr_ssdf_scan_t st;
+    uint64_t n = 0;
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, count, &n, &st), KVR_OK);
+    cr_assert_eq(n, 6);
+    cr_assert_eq(st.summaries, 2, "both pages sealed with their summaries");
+    cr_assert_eq(st.summaries_bad, 0);
+    kvr_ssdf_close(&f);
+}
+
+Test(ssdpages, a_failed_ring_write_cuts_its_page_back_and_gives_up_the_rest)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc[4];
+    uint8_t *bufs[4];
+    int ok[4], bad = -1;
+    char key[16];
+
+    setenv("KVRELAY_SSD_FAULT", "write-eio:3", 1); /* the third write to complete fails */
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    reserve_n(&p, 0, 4, loc, bufs);
+    complete_n(&p, 4, ok);
+    for (int i = 0; i < 4; i++) /* in reservation order, as the writer settles them */
+        if (bad < 0 && !ok[i])
+            bad = i;
+    cr_assert_geq(bad, 0, "one write failed");
+    for (int i = 0; i < 4; i++) {
+        kvr_ssdp_settle(&p, (unsigned)i, &loc[i], i < bad);
+        free(bufs[i]);
+    }
+    cr_assert_eq(p.pg[0].state, KVR_SSDP_SEALED, "sealed at the cut, nothing in flight");
+    cr_assert_eq(p.pg[0].used, loc[bad].off);
+    cr_assert_eq(p.pg[0].nrecords, (uint32_t)bad);
+    cr_assert_eq(p.pg[0].live_records, (uint32_t)bad);
+    cr_assert_eq(p.pg[0].live_bytes, (uint64_t)bad * loc[0].span);
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+    unsetenv("KVRELAY_SSD_FAULT");
+
+    seen_t s = {0};
+    kvr_ssdf_scan_t st;
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, collect, &s, &st), KVR_OK);
+    cr_assert_eq(st.summaries_bad, 0, "the summary ends at the cut");
+    cr_assert_eq(s.n, bad, "the records before the failed one, and only them");
+    for (int i = 0; i < bad; i++) {
+        snprintf(key, sizeof(key), "q%05d", i);
+        cr_assert_geq(find(&s, key), 0, "%s", key);
+    }
     kvr_ssdf_close(&f);
 }
