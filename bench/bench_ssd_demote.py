@@ -10,12 +10,13 @@ next to fio's sequential write on the same file system in the same run
 It starts build/kvrelay-supervisor (--workers 2, an arena that holds every block, --ssd-window
 as large as the arena, the tier file on DIR, default /var/tmp; huge pages when vm.nr_hugepages
 provides them: said in the output), PUTs the blocks (Python, not measured: a PUT alone does not
-admit a block), then admits them the way clients do, with GETs: build/kvrelay-bench, 4
-connections, uniform over the keys, for 2 s. From the first GET it samples
-kvrelay_disk_write_bytes_total every 5 ms until 90 % of the blocks are copied (at most 120 s)
-and prints copies, bytes, seconds and GB/s (decimal), and the publisher's CPU seconds (its
-disk writer is a thread of it) per GB copied. The figure is a floor: the GETs that admit the
-blocks run on the same two cores for the first 2 s.
+admit a block), then stops the publisher (SIGSTOP: the disk writer is its thread) and admits the
+blocks the way clients do, with a GET of each (Python, not measured). Then it lets the publisher go on (SIGCONT) and samples kvrelay_disk_write_bytes_total
+every 5 ms until 90 % of the blocks are copied (at most 120 s): the writer copies what was
+admitted with the cores to itself, as fio writes. It prints copies, bytes, seconds (from the
+SIGCONT to the sample that saw them) and GB/s (decimal), and the publisher's CPU seconds per GB
+copied. (Before, the GETs ran while the writer copied, and the writer waited on them: half its
+rounds found nothing admitted yet.)
 
 Every process it starts is stopped by PID (its own process group); the file is removed.
 """
@@ -45,6 +46,66 @@ def cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Server:
+    """build/kvrelay-supervisor on 127.0.0.1 with a disk tier in a fresh directory under path
+    (removed by stop()); extra: more arguments."""
+
+    def __init__(self, build, path, name, extra):
+        self.work = Path(path) / f"kvr-bench-{name}-{os.getpid()}"
+        self.work.mkdir()
+        self.tier, port_file, self.log = self.work / "tier", self.work / "port", self.work / "log"
+        args = [str(Path(build) / "kvrelay-supervisor"), "--http-bind", "127.0.0.1:0", "--grpc-bind", "off",
+                "--port-file", str(port_file), "--workers", "2", "--ssd-path", str(self.tier), *extra]
+        self.p = subprocess.Popen(args, stderr=open(self.log, "w"), stdout=subprocess.DEVNULL,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (port_file.exists() and re.search(r":(\d+)", port_file.read_text())):
+                assert self.p.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
+                time.sleep(0.05)
+            self.port = int(re.search(r":(\d+)", port_file.read_text()).group(1))
+            self.c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            while self.status("GET", "/readyz") != 200:
+                assert time.monotonic() < deadline, "not ready"
+                time.sleep(0.05)
+            self.pub = int(re.search(r"publisher started \(pid (\d+)", self.log.read_text()).group(1))
+            self.hugetlb = "on hugetlb" in self.log.read_text()
+        except BaseException:
+            self.stop()
+            raise
+
+    def status(self, method, path, body=None):
+        """One request on the kept connection; the body is read (1 MiB at a time) and dropped."""
+        self.c.request(method, path, body=body)
+        r = self.c.getresponse()
+        while r.read(1 << 20):
+            pass
+        return r.status
+
+    def metrics(self, *names):
+        self.c.request("GET", "/metrics")
+        t = self.c.getresponse().read().decode()
+        return [float(re.search(rf"^{k} (\S+)$", t, re.M).group(1)) for k in names]
+
+    def pages(self):
+        return "hugetlb 2 MiB pages" if self.hugetlb else "4 KiB pages (no huge pages reserved)"
+
+    def stop(self):
+        os.killpg(self.p.pid, signal.SIGTERM)
+        self.p.wait(60)
+        for f in self.work.iterdir():
+            f.unlink()
+        self.work.rmdir()
+
+
+def put_blocks(srv, size, n, prefix):
+    """PUTs n random blocks of size bytes as /kv/<prefix>-<i> (the first 8 bytes: i)."""
+    body = bytearray(os.urandom(size))
+    for i in range(n):
+        body[:8] = i.to_bytes(8, "little")
+        assert srv.status("PUT", f"/kv/{prefix}-{i}", bytes(body)) in (200, 201)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=size_arg, default=size_arg("2M"))
@@ -52,74 +113,39 @@ def main():
     ap.add_argument("--path", default="/var/tmp")
     ap.add_argument("--build", default=str(Path(__file__).resolve().parent.parent / "build"))
     a = ap.parse_args()
-    size, n, build = a.size, a.blocks, Path(a.build)
-    work = Path(a.path) / f"kvr-bench-demote-{os.getpid()}"
-    work.mkdir()
-    tier, port_file, log = work / "tier", work / "port", work / "log"
+    size, n = a.size, a.blocks
     mem = size * n + (256 << 20)
-    args = [str(build / "kvrelay-supervisor"), "--http-bind", "127.0.0.1:0", "--grpc-bind", "off",
-            "--port-file", str(port_file), "--memory", str(mem), "--workers", "2", "--max-block-size", str(size),
-            "--ssd-path", str(tier), "--ssd-size", str(2 * size * n + (1 << 30)), "--ssd-window", str(mem)]
-    p = subprocess.Popen(args, stderr=open(log, "w"), stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+    srv = Server(a.build, a.path, "demote", ["--memory", str(mem), "--max-block-size", str(size),
+                                             "--ssd-size", str(2 * size * n + (1 << 30)), "--ssd-window", str(mem),
+                                             "--hang-timeout", "60s"])  # the publisher is stopped meanwhile
     try:
-        deadline = time.monotonic() + 120
-        while not (port_file.exists() and re.search(r":(\d+)", port_file.read_text())):
-            assert p.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.05)
-        port = int(re.search(r":(\d+)", port_file.read_text()).group(1))
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        while True:
-            c.request("GET", "/readyz")
-            r = c.getresponse()
-            r.read()
-            if r.status == 200:
-                break
-            assert time.monotonic() < deadline, "not ready"
-            time.sleep(0.05)
-        pub = int(re.search(r"publisher started \(pid (\d+)", log.read_text()).group(1))
-        hugetlb = "on hugetlb" in log.read_text()
-        body = bytearray(os.urandom(size))
-        for i in range(n):
-            body[:8] = i.to_bytes(8, "little")
-            c.request("PUT", f"/kv/d-{i}", body=bytes(body))
-            r = c.getresponse()
-            r.read()
-            assert r.status in (200, 201), r.status
-
-        def written():
-            c.request("GET", "/metrics")
-            t = c.getresponse().read().decode()
-            g = lambda k: float(re.search(rf"^{k} (\S+)$", t, re.M).group(1))  # noqa: E731
-            return g("kvrelay_disk_writes_total"), g("kvrelay_disk_write_bytes_total")
-
-        w0, b0 = written()
-        cpu0, t0 = cpu_seconds(pub), time.monotonic()
-        bench = subprocess.Popen([str(build / "kvrelay-bench"), "--target", f"127.0.0.1:{port}", "--workload", "get",
-                                  "--size", str(size), "--keys", str(n), "--key-prefix", "d", "--no-verify",
-                                  "--connections", "4", "--duration", "2"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        put_blocks(srv, size, n, "d")
+        os.kill(srv.pub, signal.SIGSTOP)
+        try:
+            for i in range(n):  # one GET each: every block admitted
+                assert srv.status("GET", f"/kv/d-{i}") == 200
+            w0, b0 = srv.metrics("kvrelay_disk_writes_total", "kvrelay_disk_write_bytes_total")
+        finally:
+            os.kill(srv.pub, signal.SIGCONT)
+        cpu0, t0 = cpu_seconds(srv.pub), time.monotonic()
         want = int(0.9 * n)
-        w, b = w0, b0
+        w, b, last = w0, b0, t0
         while w - w0 < want and time.monotonic() - t0 < LIMIT_S:
             time.sleep(0.005)
-            w, b = written()
-        el = time.monotonic() - t0
-        cpu = cpu_seconds(pub) - cpu0
-        out = bench.communicate(timeout=60)[0]
-        assert bench.returncode == 0, out
+            nw, nb = srv.metrics("kvrelay_disk_writes_total", "kvrelay_disk_write_bytes_total")
+            if nw != w:
+                w, b, last = nw, nb, time.monotonic()
+        el = last - t0
+        cpu = cpu_seconds(srv.pub) - cpu0
         gb = (b - b0) / 1e9
         print(f"demotion {size >> 20} MiB blocks: {w - w0:.0f} copies of {n}, {gb:.3f} GB in {el:.2f} s: "
-              f"{gb / el:.3f} GB/s; publisher CPU {cpu:.2f} s ({cpu / gb if gb else 0:.3f} s per GB); "
-              f"segment on {'hugetlb 2 MiB pages' if hugetlb else '4 KiB pages (no huge pages reserved)'}")
+              f"{gb / el if el > 0 else 0:.3f} GB/s; publisher CPU {cpu:.2f} s ({cpu / gb if gb else 0:.3f} s per GB); "
+              f"segment on {srv.pages()}")
         if w - w0 < want:
-            sys.exit(f"only {w - w0:.0f} of {want} blocks copied in {LIMIT_S} s; the log ends:\n{log.read_text()[-3000:]}")
+            sys.exit(f"only {w - w0:.0f} of {want} blocks copied in {LIMIT_S} s; the log ends:\n"
+                     f"{srv.log.read_text()[-3000:]}")
     finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(60)
-        for f in work.iterdir():
-            f.unlink()
-        work.rmdir()
+        srv.stop()
 
 
 if __name__ == "__main__":
