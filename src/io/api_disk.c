@@ -12,6 +12,7 @@
  */
 #include "io/api_int.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "io/ssdfault.h"
 #include "wire/ssdfmt.h"
@@ -29,6 +30,7 @@ struct kvr_api_disk_s {
     uint64_t done;     /* read so far */
     kvr_put_txn_t txn; /* the reservation the body goes into */
     uint8_t *hdr;      /* the record's header (KVR_SSD_ALIGN, aligned) */
+    uint64_t t0_us;    /* when it was asked for (the read latency histogram) */
 };
 
 static void disk_free(kvr_api_t *a, kvr_api_res_t *res)
@@ -124,6 +126,7 @@ int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_
         return 1;
     }
     dk->s = s;
+    dk->t0_us = kvr_clock_us();
     dk->off = KVR_SSD_SUPER_BYTES + (uint64_t)s.page * a->cfg->ssd_page_size + (uint64_t)s.off4k * KVR_SSD_ALIGN;
     dk->total = kvr_ssd_rec_span(klen, s.length);
     res->dk = dk;
@@ -193,6 +196,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
     kvr_store_put_commit(a->store, &dk->txn); /* created, or another copy won: either way in RAM */
     kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READS, 1);
     kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_BYTES, dk->s.length);
+    kvr_stat_hist(a->store->my_stats, KVR_ST_DISK_READ_HIST, kvr_clock_us() - dk->t0_us);
     disk_free(a, res);
     if (kvr_store_get(a->store, res->ns, res->key, res->klen, &res->ref) != KVR_OK) {
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");

@@ -310,6 +310,11 @@ char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, const char *const ns_n
         scalar(&o, "kvrelay_disk_blocks", "gauge", "Blocks held by the disk tier.", kvr_dindex_live(&st->dx));
         scalar(&o, "kvrelay_disk_bytes", "gauge", "Payload bytes of the blocks held by the disk tier.",
                kvr_dindex_live_bytes(&st->dx));
+        histogram(&o, st, "kvrelay_disk_read_seconds",
+                  "Reads from the disk tier that served a GET, from the GET's reservation to the record read and checked.",
+                  KVR_ST_DISK_READ_HIST);
+        histogram(&o, st, "kvrelay_disk_write_seconds",
+                  "The disk writer's record writes that completed, from submission to completion.", KVR_ST_DISK_WRITE_HIST);
     }
     render_namespaces(&o, st, ns_names, ns_quota);
     if (ss.ckf_buckets != 0)

@@ -27,6 +27,7 @@
 
 #include "io/ssdfault.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 
 #include <errno.h>
@@ -177,6 +178,23 @@ static void finish(kvr_ssdp_t *p, uint64_t gen, int res)
     }
 }
 
+/* Slot's write is over (every part completed, or none could go): counted, logged if it failed,
+ * queued for kvr_ssdp_next. */
+static void write_done(kvr_ssdp_t *p, unsigned slot)
+{
+    uint64_t us = kvr_clock_us() - p->wr[slot].t0_us;
+    unsigned k = kvr_hist_bucket(us);
+
+    if (p->wr[slot].err != 0)
+        kvr_ssdf_wr_failed(&p->wr[slot].io, p->wr[slot].err);
+    else {
+        p->st.write_hist[k] += k < KVR_PUB_BUCKETS;
+        p->st.write_hist[KVR_PUB_BUCKETS] += us;
+        p->st.write_hist[KVR_PUB_BUCKETS + 1]++;
+    }
+    p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
+}
+
 /* A write's part completed (res: bytes, or -errno): its slot is done with its last part. */
 static void wrote(kvr_ssdp_t *p, uint64_t ud, int res)
 {
@@ -195,11 +213,8 @@ static void wrote(kvr_ssdp_t *p, uint64_t ud, int res)
     if (r != (ssize_t)want && p->wr[slot].err == 0)
         p->wr[slot].err = r < 0 ? errno : ENOSPC; /* a short write: the device is full, or was cut */
     p->parts_inflight--;
-    if (--p->wr[slot].parts == 0) {
-        if (p->wr[slot].err != 0)
-            kvr_ssdf_wr_failed(io, p->wr[slot].err);
-        p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
-    }
+    if (--p->wr[slot].parts == 0)
+        write_done(p, slot);
 }
 
 /* Takes one completion: waits for it (wait), or only if there is one. 1 when one was taken. */
@@ -479,10 +494,8 @@ static void submit(kvr_ssdp_t *p, unsigned slot)
         at += len;
     }
     io_uring_submit(p->ring);
-    if (p->wr[slot].parts == 0) { /* nothing went on the ring */
-        kvr_ssdf_wr_failed(io, p->wr[slot].err);
-        p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
-    }
+    if (p->wr[slot].parts == 0) /* nothing went on the ring */
+        write_done(p, slot);
 }
 
 int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
@@ -498,13 +511,14 @@ int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body
     p->inflight_bytes += loc->span;
     p->wr[slot].err = 0;
     p->wr[slot].parts = 0;
+    p->wr[slot].t0_us = kvr_clock_us();
     if (p->ring != NULL) {
         submit(p, slot);
         return KVR_OK;
     }
     if (kvr_ssdf_wr_sync(p->f, &p->wr[slot].io) != KVR_OK)
         p->wr[slot].err = errno != 0 ? errno : EIO;
-    p->done[(p->done_head + p->done_n++) % KVR_SSDP_WRITES_MAX] = (uint8_t)slot;
+    write_done(p, slot);
     return KVR_OK;
 }
 

@@ -13,6 +13,7 @@
 
 #include "io/ssdfile.h"
 #include "io/ssdscan.h"
+#include "shm/stats.h"
 
 #include <sys/uio.h>
 
@@ -52,6 +53,9 @@ typedef struct {
     uint64_t recycled_live;            /* records still indexed when their page was recycled */
     uint64_t syncs;
     uint64_t sync_waits; /* times the writer waited for a sync (a seal slot, a recycle, a stop) */
+    /* record writes (kvr_ssdp_reserve), submission to completion: KVR_PUB_BUCKETS buckets
+     * (shm/stats.h's bounds), the sum in us, the count */
+    uint64_t write_hist[KVR_PUB_BUCKETS + 2];
 } kvr_ssdp_stats_t;
 
 /* Called when page `page` of incarnation `version` is about to be recycled: whoever indexes
@@ -82,6 +86,7 @@ typedef struct {
         kvr_ssdf_wr_t io;
         unsigned parts;
         int err;
+        uint64_t t0_us; /* submitted */
     } wr[KVR_SSDP_WRITES_MAX];
     unsigned inflight;                 /* slots reserved and not yet settled */
     uint64_t inflight_bytes;           /* their spans */

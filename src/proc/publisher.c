@@ -247,15 +247,7 @@ static int reserve_buffers(pub_t *p, size_t dirty)
 
 void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns)
 {
-    uint64_t us = (kvr_clock_ns() - first_ns) / 1000;
-    unsigned b = 0;
-
-    while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
-        b++;
-    if (b < KVR_PUB_BUCKETS)
-        kvr_stat_add(p->store.my_stats, base + b, 1);
-    kvr_stat_add(p->store.my_stats, base + KVR_PUB_BUCKETS, us);
-    kvr_stat_add(p->store.my_stats, base + KVR_PUB_BUCKETS + 1, 1);
+    kvr_stat_hist(p->store.my_stats, base, (kvr_clock_ns() - first_ns) / 1000);
 }
 
 /* Copies an encoded delta message into the ring and publishes it as pool's sequence seq.

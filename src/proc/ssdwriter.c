@@ -308,6 +308,7 @@ static void *run(void *arg)
         w->now.rounds++;
         w->now.picked += n;
         w->now.tier = w->tier.st;
+        memcpy(w->now.write_hist, w->tier.p.st.write_hist, sizeof(w->now.write_hist));
         pthread_mutex_lock(&w->mu);
         w->out = w->now;
         pthread_mutex_unlock(&w->mu);

@@ -82,7 +82,11 @@
       "Copies to the disk tier that failed (I/O error, short write); the block stays in RAM only.") \
     X(DISK_EVICTIONS, 1, "kvrelay_disk_evictions_total", \
       "Blocks dropped from the disk tier with the oldest page, recycled for new writes.") \
-    X(DISK_SPARE, 9, NULL, NULL) \
+    /* their latency histograms: KVR_PUB_BUCKETS + sum (us) + count; a worker's read from \
+     * submission to completion, the writer's record write likewise (copied as its counts) */ \
+    X(DISK_READ_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
+    X(DISK_WRITE_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
+    X(DISK_SPARE, 5, NULL, NULL) \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \
@@ -164,7 +168,7 @@ enum {
 static_assert(KVR_ST_HTTP_BYTES_IN == 16 && KVR_ST_HTTP_REQ == 20 && KVR_ST_HTTP_HIST == 100, "stats layout");
 static_assert(KVR_ST_RELAY == 200 && KVR_ST_PUB_HIST == 220 && KVR_ST_USED <= KVR_ST_MAX, "stats layout");
 static_assert(KVR_RC_COUNT <= 20, "relay counters fit their group");
-static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_KVEV == 239 && KVR_ST_DISK_READS == 265 && KVR_ST_LEVELS == 285,
+static_assert(KVR_ST_PUT_BUDGET_WAITS == 190 && KVR_ST_RELAY_OPENED == 234 && KVR_ST_KVEV == 239 && KVR_ST_DISK_READS == 265 && KVR_ST_DISK_READ_HIST == 276 && KVR_ST_LEVELS == 309,
               "stats layout");
 static_assert(KVR_KC_COUNT <= 12, "the KV events' counters fit their group");
 
@@ -189,6 +193,29 @@ static inline void kvr_stat_sub(kvr_stats_block_t *b, unsigned i, uint64_t v)
 static inline void kvr_stat_set(kvr_stats_block_t *b, unsigned i, uint64_t v)
 {
     kvr_atomic_store_relaxed(&b->c[i], v);
+}
+
+/* The bucket of a latency of us microseconds: the first whose bound holds it, KVR_PUB_BUCKETS
+ * past the last (counted in the sum and the count only, as +Inf). */
+static inline unsigned kvr_hist_bucket(uint64_t us)
+{
+    unsigned b = 0;
+
+    while (b < KVR_PUB_BUCKETS && us > kvr_pub_bucket_us[b])
+        b++;
+    return b;
+}
+
+/* Counts a latency into the histogram at slot base: KVR_PUB_BUCKETS buckets, the sum in us,
+ * the count (the block's owner only, as kvr_stat_add). */
+static inline void kvr_stat_hist(kvr_stats_block_t *b, unsigned base, uint64_t us)
+{
+    unsigned k = kvr_hist_bucket(us);
+
+    if (k < KVR_PUB_BUCKETS)
+        kvr_stat_add(b, base + k, 1);
+    kvr_stat_add(b, base + KVR_PUB_BUCKETS, us);
+    kvr_stat_add(b, base + KVR_PUB_BUCKETS + 1, 1);
 }
 
 /* Sums counter i over n blocks. */

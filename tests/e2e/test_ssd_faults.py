@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import SLOW, Server, run_binary  # noqa: E402
 from harness import wait_until  # noqa: E402
+from test_metrics import promtool_check  # noqa: E402
 from test_ssd_tier import ARENA, SSD, block, get, put_and_read, ssd_dir  # noqa: E402,F401  (ssd_dir: a fixture)
 
 N = 48  # blocks of 1 MiB through a 32 MiB arena: the first ~16 end up on disk only
@@ -197,3 +198,27 @@ def test_a_file_system_too_small_is_refused_and_one_that_fits_serves(start, tmp_
         srv.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_latency_histograms_count_every_read_and_write(start, ssd_dir):
+    """No fault: each record write the writer completed and each read that served a GET is in its
+    histogram once, buckets cumulative up to +Inf = count (docs/ssd-tier.md, "Metrics")."""
+    srv = start(ssd_dir / "tier")
+    fill(srv, N)
+    missed = read_all(srv, N)
+    assert missed == [], missed
+    body = srv.request("GET", "/metrics").body.decode()
+    m = metrics(srv)
+    for name, total in (("kvrelay_disk_read_seconds", "kvrelay_disk_reads_total"),
+                        ("kvrelay_disk_write_seconds", "kvrelay_disk_writes_total")):
+        wait_until(lambda: metrics(srv)[f"{name}_count"] == metrics(srv)[total], 5 * SLOW, what=f"{name} counted")
+        m = metrics(srv)
+        assert m[total] >= 8, (total, m[total])
+        buckets = [(float(le) if le != "+Inf" else float("inf"), float(v)) for le, v in
+                   re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', body, re.M)]
+        assert len(buckets) == 13 and buckets[-1][0] == float("inf"), buckets
+        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), f"{name}: not cumulative {buckets}"
+        assert m[f"{name}_sum"] > 0, m
+    rc, out = promtool_check(srv.request("GET", "/metrics").body.decode())
+    assert rc == 0, f"promtool check metrics failed with the disk tier on:\n{out}"
+    no_process_died(srv)
