@@ -462,6 +462,7 @@ int kvr_store_put_begin(kvr_store_t *st, uint16_t ns, uint32_t pool, const void 
     txn->gen = e->gen;
     txn->length = len;
     txn->key_len = (uint16_t)klen;
+    txn->promote = 0; /* a PUT, unless the caller says otherwise */
     return KVR_OK;
 }
 
@@ -553,8 +554,10 @@ int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn)
     chlog_event_locked(st, KVR_EV_INSERT, txn->entry);
     e->meta |= KVR_ENT_ANNOUNCED;
     store_unlock(st);
-    kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
-    ns_stat_add(st, ns, KVR_NSST_PUT_NEW, 1);
+    if (!txn->promote) {
+        kvr_stat_add(st->my_stats, KVR_ST_PUT_NEW, 1);
+        ns_stat_add(st, ns, KVR_NSST_PUT_NEW, 1);
+    }
     return KVR_PUT_CREATED;
 }
 
@@ -624,16 +627,26 @@ int kvr_store_pin_locked(kvr_store_t *st, uint32_t i, kvr_block_ref_t *ref)
     return KVR_OK;
 }
 
+void kvr_store_count_miss(kvr_store_t *st, uint16_t ns)
+{
+    kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
+    ns_stat_add(st, ns, KVR_NSST_GET_MISSES, 1);
+}
+
 int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref)
+{
+    return kvr_store_get_counted(st, ns, key, klen, ref, KVR_GET_COUNT_HIT | KVR_GET_COUNT_MISS);
+}
+
+int kvr_store_get_counted(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref,
+                          unsigned count)
 {
     uint32_t i;
     kvr_entry_t *e;
     int rc = lock_and_find(st, ns, key, klen, &i);
 
-    if (rc == KVR_ENOTFOUND) {
-        kvr_stat_add(st->my_stats, KVR_ST_GET_MISS, 1);
-        ns_stat_add(st, ns, KVR_NSST_GET_MISSES, 1);
-    }
+    if (rc == KVR_ENOTFOUND && (count & KVR_GET_COUNT_MISS))
+        kvr_store_count_miss(st, ns);
     if (rc != KVR_OK)
         return rc;
     if (kvr_store_pin_locked(st, i, ref) != KVR_OK) {
@@ -646,8 +659,10 @@ int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kv
     e->meta |= KVR_ENT_READ; /* the disk tier's admission: read since it was stored */
     kvr_index_touch_locked(&st->ix, i);
     store_unlock(st);
-    kvr_stat_add(st->my_stats, KVR_ST_GET_HIT, 1);
-    ns_stat_add(st, ns, KVR_NSST_GET_HITS, 1);
+    if (count & KVR_GET_COUNT_HIT) {
+        kvr_stat_add(st->my_stats, KVR_ST_GET_HIT, 1);
+        ns_stat_add(st, ns, KVR_NSST_GET_HITS, 1);
+    }
     return KVR_OK;
 }
 

@@ -58,6 +58,7 @@ typedef struct {
     uint32_t gen;
     uint64_t length;
     uint16_t key_len;
+    uint8_t promote; /* set by the caller: a block read back from the disk tier, not a PUT (not counted as put_new) */
 } kvr_put_txn_t;
 
 typedef struct {
@@ -144,8 +145,18 @@ size_t kvr_store_txn_chain_iov(kvr_store_t *st, const kvr_put_txn_t *txn, uint64
 int kvr_store_put_commit(kvr_store_t *st, kvr_put_txn_t *txn);
 void kvr_store_put_abort(kvr_store_t *st, kvr_put_txn_t *txn);
 
-/* Pins a resident block. Returns KVR_OK, KVR_ENOTFOUND, KVR_EBUSY (pin table full), KVR_EINVAL. */
+/* Pins a resident block. Returns KVR_OK, KVR_ENOTFOUND, KVR_EBUSY (pin table full), KVR_EINVAL.
+ * Counts the GET's hit or miss (kvr_store_get_counted with both). */
 int kvr_store_get(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref);
+
+/* The same, counting only the outcomes `count` names (KVR_GET_COUNT_*): a GET that may still be
+ * served from the disk tier counts its miss only once that misses too (kvr_store_count_miss),
+ * and its hit when it pins the block it promoted (docs/ssd-tier.md, "Metrics"). */
+#define KVR_GET_COUNT_HIT  1u
+#define KVR_GET_COUNT_MISS 2u
+int kvr_store_get_counted(kvr_store_t *st, uint16_t ns, const void *key, size_t klen, kvr_block_ref_t *ref,
+                          unsigned count);
+void kvr_store_count_miss(kvr_store_t *st, uint16_t ns);
 
 /* Fills iov with the pinned payload's spans from offset off; returns the count (<= max). */
 size_t kvr_store_ref_iov(kvr_store_t *st, const kvr_block_ref_t *ref, uint64_t off, struct iovec *iov,

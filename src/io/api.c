@@ -157,11 +157,14 @@ static void json_begin(kvr_json_t *j, kvr_api_res_t *res)
 
 static void handle_get_block(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_t klen)
 {
-    int rc = kvr_store_get(a->store, res->ns, key, klen, &res->ref);
+    /* a miss in RAM is counted once the disk tier misses too: a block read back from it is a
+     * disk read (a promotion), not a miss */
+    int rc = kvr_store_get_counted(a->store, res->ns, key, klen, &res->ref, KVR_GET_COUNT_HIT);
 
     if (rc == KVR_ENOTFOUND && kvr_api_disk_get(a, res, key, klen))
         return;
     if (rc == KVR_ENOTFOUND) {
+        kvr_store_count_miss(a->store, res->ns);
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
     }

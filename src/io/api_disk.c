@@ -125,6 +125,7 @@ int kvr_api_disk_get(kvr_api_t *a, kvr_api_res_t *res, const uint8_t *key, size_
         kvr_api_error(res, 507, "InsufficientStorage", "no room in RAM to read the block from the disk tier");
         return 1;
     }
+    dk->txn.promote = 1; /* counted as a disk read, not a PUT */
     dk->s = s;
     dk->t0_us = kvr_clock_us();
     dk->off = KVR_SSD_SUPER_BYTES + (uint64_t)s.page * a->cfg->ssd_page_size + (uint64_t)s.off4k * KVR_SSD_ALIGN;
@@ -190,6 +191,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
                      dk->s.page, (unsigned long long)in_page);
         kvr_store_put_abort(a->store, &dk->txn);
         disk_free(a, res);
+        kvr_store_count_miss(a->store, res->ns); /* a GET the disk tier could not serve */
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
     }
@@ -198,7 +200,8 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
     kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_BYTES, dk->s.length);
     kvr_stat_hist(a->store->my_stats, KVR_ST_DISK_READ_HIST, kvr_clock_us() - dk->t0_us);
     disk_free(a, res);
-    if (kvr_store_get(a->store, res->ns, res->key, res->klen, &res->ref) != KVR_OK) {
+    if (kvr_store_get_counted(a->store, res->ns, res->key, res->klen, &res->ref, KVR_GET_COUNT_HIT) != KVR_OK) {
+        kvr_store_count_miss(a->store, res->ns); /* a GET the disk tier could not serve */
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;
     }
@@ -216,6 +219,7 @@ int kvr_api_disk_step(kvr_api_t *a, kvr_api_res_t *res, int n)
                             n < 0 ? strerror(-n) : "end of file");
         kvr_store_put_abort(a->store, &dk->txn);
         disk_free(a, res);
+        kvr_store_count_miss(a->store, res->ns); /* a GET the disk tier could not serve */
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return 0;
     }

@@ -28,8 +28,8 @@
     X(PUT_DEDUP, 1, "kvrelay_dedup_hits_total", "PUTs that found the block resident.") \
     X(PUT_CONFLICT, 1, "kvrelay_put_conflicts_total", "PUTs refused: another length under the key.") \
     X(PUT_NOSPACE, 1, "kvrelay_put_nospace_total", "PUTs refused: no room even after eviction.") \
-    X(GET_HIT, 1, "kvrelay_get_hits_total", "GETs that found the block.") \
-    X(GET_MISS, 1, "kvrelay_get_misses_total", "GETs that did not.") \
+    X(GET_HIT, 1, "kvrelay_get_hits_total", "GETs that found the block (in RAM, or on the disk tier: kvrelay_disk_reads_total).") \
+    X(GET_MISS, 1, "kvrelay_get_misses_total", "GETs that did not, in either tier.") \
     X(DELETES, 1, "kvrelay_deletes_total", "DELETEs of resident blocks.") \
     X(EVICTIONS, 1, "kvrelay_evictions_total", "Blocks evicted to make room.") \
     X(EVICTED_BYTES, 1, "kvrelay_evicted_bytes_total", "Payload bytes evicted.") \

@@ -107,6 +107,9 @@ def test_a_failed_read_is_a_counted_miss_and_loses_nothing(start, ssd_dir, fault
     print(f"{fault}: {len(missed)} of {N} GETs missed, {m1['kvrelay_disk_read_errors_total']:.0f} read errors")
     assert len(missed) >= 8, f"too few blocks were on disk only to test reads: {missed}"
     assert m1["kvrelay_disk_read_errors_total"] - m0["kvrelay_disk_read_errors_total"] == len(missed), m1
+    # each failed read is a miss of that GET, counted once; the others hits
+    assert m1["kvrelay_get_misses_total"] - m0["kvrelay_get_misses_total"] == len(missed), m1
+    assert m1["kvrelay_get_hits_total"] - m0["kvrelay_get_hits_total"] == N - len(missed), m1
     assert m1["kvrelay_disk_reads_total"] == m0["kvrelay_disk_reads_total"], "a failed read served a block"
     # the disk copies are still there: a failed read is not a lost block
     for i in missed:
@@ -222,3 +225,24 @@ def test_latency_histograms_count_every_read_and_write(start, ssd_dir):
     rc, out = promtool_check(srv.request("GET", "/metrics").body.decode())
     assert rc == 0, f"promtool check metrics failed with the disk tier on:\n{out}"
     no_process_died(srv)
+
+
+def test_a_promotion_is_a_hit_and_a_disk_read_not_a_miss_or_a_put(start, ssd_dir):
+    """A GET served from disk counts as a hit and a disk read, not as a miss in RAM nor as a PUT
+    of a new block; a GET neither tier serves is one miss (docs/ssd-tier.md, "Metrics")."""
+    srv = start(ssd_dir / "tier")
+    fill(srv, N)
+    conn = srv.connection()
+    assert get(conn, "ssd/nothing-here")[0] == 404
+    m0 = metrics(srv)
+    missed = read_all(srv, N)
+    assert get(conn, "ssd/nothing-here")[0] == 404
+    conn.close()
+    m1 = metrics(srv)
+    d = {k: m1[k] - m0[k] for k in ("kvrelay_get_hits_total", "kvrelay_get_misses_total", "kvrelay_put_new_total",
+                                     "kvrelay_disk_reads_total")}
+    assert missed == [], missed
+    assert d["kvrelay_disk_reads_total"] >= 8, d
+    assert d["kvrelay_get_hits_total"] == N, d
+    assert d["kvrelay_get_misses_total"] == 1, d
+    assert d["kvrelay_put_new_total"] == 0, d
