@@ -333,10 +333,12 @@ out:
 
 int kvr_ssdf_wr_sync(kvr_ssdf_t *f, kvr_ssdf_wr_t *w)
 {
-    int rc = writev_all(f->fd, w->iov, w->niov, w->at);
+    int rc = writev_all(f->fd, w->iov, w->niov, w->at), err = errno;
 
-    if (rc != KVR_OK)
-        kvr_ssdf_wr_failed(w, errno);
+    if (rc != KVR_OK) {
+        kvr_ssdf_wr_failed(w, err);
+        errno = err; /* the caller's to read */
+    }
     return rc;
 }
 

@@ -10,9 +10,12 @@
  * Syncs run on a small ring of the writer's own (IORING_OP_FSYNC, datasync), one at a time,
  * at most once a sync interval while writing: each fdatasync took 120-180 ms on this project's
  * test machine (the device's cache flush), and one per sealed page cost the writer 40 % of its
- * time. A sync covers every write that completed before it started; the writer's record
- * writes are synchronous, so the first sync to start after a page's summary covers the page,
- * and its completion lets the header say sealed. The user data of a sync is its generation.
+ * time. A sync covers every write that completed before it started; a page is sealed only with
+ * none of its writes in flight (below), so the first sync to start after its summary covers
+ * the page, and its completion lets the header say sealed. The user data of a sync is its
+ * generation. An SQE once taken counts as submitted: liburing hands it to the kernel with the
+ * next io_uring_enter even when this one failed, and every wait here enters with
+ * io_uring_submit_and_wait, so nothing queued is left behind.
  *
  * Record writes go on the same ring (kvr_ssdp_reserve): a record's place, summary entry and
  * counts are taken when it is submitted, as if written, and the writer settles each in the
@@ -64,12 +67,11 @@ int kvr_ssdp_init(kvr_ssdp_t *p, kvr_ssdf_t *f, kvr_ssdp_drop_cb drop, void *ctx
     p->sum_cap = 64u << 10;
     p->pg = calloc(f->npages, sizeof(*p->pg));
     p->sum = malloc(p->sum_cap);
-    p->ring = calloc(1, sizeof(*p->ring));
-    /* room for every slot's first part, the sync, and more parts (a submit frees the SQ) */
-    if (p->pg == NULL || p->sum == NULL || p->ring == NULL) {
+    if (p->pg == NULL || p->sum == NULL || (p->ring = calloc(1, sizeof(*p->ring))) == NULL) {
         kvr_ssdp_free(p);
         return KVR_ERR;
     }
+    /* room for every slot's first part, the sync, and more parts (a submit frees the SQ) */
     if ((rc = io_uring_queue_init(2 * KVR_SSDP_WRITES_MAX, p->ring, 0)) < 0) {
         kvr_warn("ssd: no ring for the writer (%s): its writes and syncs are synchronous", strerror(-rc));
         free(p->ring);
@@ -149,12 +151,13 @@ static int sync_start(kvr_ssdp_t *p)
 
     if (p->sync_busy)
         return KVR_OK;
-    if ((sqe = io_uring_get_sqe(p->ring)) == NULL)
+    if ((sqe = io_uring_get_sqe(p->ring)) == NULL && io_uring_submit(p->ring) >= 0)
+        sqe = io_uring_get_sqe(p->ring);
+    if (sqe == NULL)
         return KVR_ERR;
     io_uring_prep_fsync(sqe, p->f->fd, IORING_FSYNC_DATASYNC);
     io_uring_sqe_set_data64(sqe, p->sync_gen + 1);
-    if (io_uring_submit(p->ring) < 1)
-        return KVR_ERR;
+    io_uring_submit(p->ring); /* or with the next enter (above) */
     p->sync_gen++;
     p->sync_busy = 1;
     p->unsynced = 0;
@@ -180,14 +183,15 @@ static void finish(kvr_ssdp_t *p, uint64_t gen, int res)
 
 /* Slot's write is over (every part completed, or none could go): counted, logged if it failed,
  * queued for kvr_ssdp_next. */
-static void write_done(kvr_ssdp_t *p, unsigned slot)
+static void write_done(kvr_ssdp_t *p, unsigned slot, int log)
 {
     uint64_t us = kvr_clock_us() - p->wr[slot].t0_us;
     unsigned k = kvr_hist_bucket(us);
 
-    if (p->wr[slot].err != 0)
-        kvr_ssdf_wr_failed(&p->wr[slot].io, p->wr[slot].err);
-    else {
+    if (p->wr[slot].err != 0) {
+        if (log)
+            kvr_ssdf_wr_failed(&p->wr[slot].io, p->wr[slot].err);
+    } else {
         p->st.write_hist[k] += k < KVR_PUB_BUCKETS;
         p->st.write_hist[KVR_PUB_BUCKETS] += us;
         p->st.write_hist[KVR_PUB_BUCKETS + 1]++;
@@ -214,7 +218,7 @@ static void wrote(kvr_ssdp_t *p, uint64_t ud, int res)
         p->wr[slot].err = r < 0 ? errno : ENOSPC; /* a short write: the device is full, or was cut */
     p->parts_inflight--;
     if (--p->wr[slot].parts == 0)
-        write_done(p, slot);
+        write_done(p, slot, 1);
 }
 
 /* Takes one completion: waits for it (wait), or only if there is one. 1 when one was taken. */
@@ -223,10 +227,10 @@ static int take(kvr_ssdp_t *p, int wait)
     struct io_uring_cqe *cqe;
     int rc;
 
-    do
-        rc = wait ? io_uring_wait_cqe(p->ring, &cqe) : io_uring_peek_cqe(p->ring, &cqe);
+    do /* submit_and_wait: also hands over what an earlier failed submit left queued */
+        rc = wait ? io_uring_submit_and_wait(p->ring, 1) : 0;
     while (rc == -EINTR);
-    if (rc < 0)
+    if (rc < 0 || io_uring_peek_cqe(p->ring, &cqe) < 0)
         return 0; /* -EAGAIN: nothing completed yet */
     if (io_uring_cqe_get_data64(cqe) & WR_TAG)
         wrote(p, io_uring_cqe_get_data64(cqe), cqe->res);
@@ -495,7 +499,7 @@ static void submit(kvr_ssdp_t *p, unsigned slot)
     }
     io_uring_submit(p->ring);
     if (p->wr[slot].parts == 0) /* nothing went on the ring */
-        write_done(p, slot);
+        write_done(p, slot, 1);
 }
 
 int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, int nbody, kvr_ssdp_loc_t *loc,
@@ -516,9 +520,9 @@ int kvr_ssdp_reserve(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body
         submit(p, slot);
         return KVR_OK;
     }
-    if (kvr_ssdf_wr_sync(p->f, &p->wr[slot].io) != KVR_OK)
+    if (kvr_ssdf_wr_sync(p->f, &p->wr[slot].io) != KVR_OK) /* logged there */
         p->wr[slot].err = errno != 0 ? errno : EIO;
-    write_done(p, slot);
+    write_done(p, slot, 0);
     return KVR_OK;
 }
 

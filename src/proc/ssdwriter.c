@@ -290,12 +290,11 @@ static void *run(void *arg)
     while (!kvr_atomic_load_acquire(&w->stop)) {
         int reaped = kvr_ssdt_reap(&w->tier, 256);
         unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, w);
-        for (w->pass = 0; w->pass < ROUND_PASSES; w->pass++) {
-            int again = w->pass == 0 || w->retries > 0;
+        for (w->pass = 0; w->pass < ROUND_PASSES && (w->pass == 0 || w->retries > 0); w->pass++) {
             w->head = w->next = 0;
             w->cut_version = 0;
             w->retries = 0;
-            for (unsigned i = 0; i < n && again; i++)
+            for (unsigned i = 0; i < n; i++)
                 if (w->pass == 0 || w->ps[i] == PICK_RETRY)
                     write_pick(w, i);
             drain(w); /* a pass ends with nothing in flight: reaping appends tombstones */
