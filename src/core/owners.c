@@ -99,18 +99,18 @@ int kvr_owners_add(kvr_owners_t *o, kvr_ckf_t *f, uint64_t h)
     if (e) {
         if (e->count == UINT32_MAX)
             return KVR_ERR;
-        if (!e->resident) {
+        if (!e->resident && f != NULL) {
             int rc = kvr_ckf_insert(f, h);
             if (rc == KVR_ERR)
                 return KVR_ERR;
             e->resident = rc == KVR_OK;
         }
         e->count++;
-        return e->resident ? KVR_OK : KVR_ENOSPACE;
+        return e->resident || f == NULL ? KVR_OK : KVR_ENOSPACE;
     }
     if ((o->n + 1) * 10 > o->cap * 7 && grow(o) != KVR_OK)
         return KVR_ERR;
-    int rc = kvr_ckf_insert(f, h);
+    int rc = f != NULL ? kvr_ckf_insert(f, h) : KVR_ENOSPACE; /* no filter: counted, never resident */
     if (rc == KVR_ERR)
         return KVR_ERR;
     size_t mask = o->cap - 1;
@@ -121,7 +121,7 @@ int kvr_owners_add(kvr_owners_t *o, kvr_ckf_t *f, uint64_t h)
     o->tab[i].count = 1;
     o->tab[i].resident = rc == KVR_OK;
     o->n++;
-    return rc == KVR_OK ? KVR_OK : KVR_ENOSPACE;
+    return rc == KVR_OK || f == NULL ? KVR_OK : KVR_ENOSPACE;
 }
 
 int kvr_owners_del(kvr_owners_t *o, kvr_ckf_t *f, uint64_t h)

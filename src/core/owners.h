@@ -40,7 +40,7 @@ void kvr_owners_destroy(kvr_owners_t *o);
 
 /*
  * One more owner of h. On the first owner (or while h is owned but not resident) inserts
- * h into f. Returns KVR_OK when h is now in the filter, KVR_ENOSPACE when the owner was
+ * h into f; f NULL: a table that only counts (never resident; KVR_OK or KVR_ERR). Returns KVR_OK when h is now in the filter, KVR_ENOSPACE when the owner was
  * counted but the filter insert failed (h not resident), KVR_ERR on out of memory
  * (nothing changed).
  */

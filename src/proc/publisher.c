@@ -90,7 +90,7 @@ void pub_take_pools(pub_t *p)
         kvr_pool_info_t slot;
         if (kvr_ckf_init(&pp->ckf, kvr_relay_filter(&p->relay, i), p->relay.sh->bucket_count, p->relay.sh->seed, 0,
                          1) != KVR_OK ||
-            kvr_owners_init(&pp->owners, 1024) != KVR_OK) {
+            kvr_owners_init(&pp->owners, 1024) != KVR_OK || kvr_owners_init(&pp->disk, 64) != KVR_OK) {
             kvr_error("publisher: out of memory for pool %u", i);
             p->resync = 1;
             n = i; /* the pools before it are whole */
@@ -121,30 +121,51 @@ void pub_take_pools(pub_t *p)
 
 /* ------------------------------------------------------------------ events */
 
-/* One more owner of canon in pool; the first one is a BlockStored event (the events count owners
- * as the filter does, but every owner: a hash the full filter left out is still stored). The
- * table's count of distinct hashes says which: it grows exactly at a first owner. */
-int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon)
+/* The KV events of one owner more or less of canon in pool (medium m's): each medium's first
+ * owner is a BlockStored of that medium, its last one leaving a BlockRemoved (the events count
+ * owners as the filter does, but every owner: a hash the full filter left out is still stored).
+ * A hash's RAM owners are its owners less its disk owners. ram0/disk0: the counts before. */
+static void owner_events(pub_t *p, uint32_t pool, uint64_t canon, uint32_t ram0, uint32_t disk0)
 {
     pub_pool_t *pp = &p->pool[pool];
-    size_t before = pp->owners.n;
+    uint32_t disk1 = kvr_owners_count(&pp->disk, canon), all1 = kvr_owners_count(&pp->owners, canon);
+    uint32_t ram1 = all1 >= disk1 ? all1 - disk1 : 0;
+
+    if (p->kvev == NULL || p->rebuilding)
+        return;
+    if ((ram0 == 0) != (ram1 == 0))
+        pub_kvev_op(p, pool, ram1 > 0, canon, KVR_KVEV_CPU);
+    if ((disk0 == 0) != (disk1 == 0))
+        pub_kvev_op(p, pool, disk1 > 0, canon, KVR_KVEV_DISK);
+}
+
+/* One more owner of canon in pool, a block in medium m (the arena: CPU; the disk tier: DISK). */
+int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon, kvr_kvev_medium_t m)
+{
+    pub_pool_t *pp = &p->pool[pool];
+    uint32_t disk0 = kvr_owners_count(&pp->disk, canon), all0 = kvr_owners_count(&pp->owners, canon);
     int rc = kvr_owners_add(&pp->owners, &pp->ckf, canon);
 
-    if (p->kvev != NULL && !p->rebuilding && pp->owners.n > before)
-        pub_kvev_op(p, pool, 1, canon);
+    if (rc == KVR_ERR)
+        return rc;
+    if (m == KVR_KVEV_DISK && kvr_owners_add(&pp->disk, NULL, canon) == KVR_ERR) {
+        kvr_owners_del(&pp->owners, &pp->ckf, canon); /* as if never counted */
+        return KVR_ERR;
+    }
+    owner_events(p, pool, canon, all0 - disk0, disk0);
     return rc;
 }
 
-/* One owner of canon in pool leaves; the last one (the count of distinct hashes shrinks) is a
- * BlockRemoved event. */
-int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon)
+/* One owner of canon in pool leaves, a block of medium m. */
+int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon, kvr_kvev_medium_t m)
 {
     pub_pool_t *pp = &p->pool[pool];
-    size_t before = pp->owners.n;
+    uint32_t disk0 = kvr_owners_count(&pp->disk, canon), all0 = kvr_owners_count(&pp->owners, canon);
     int rc = kvr_owners_del(&pp->owners, &pp->ckf, canon);
 
-    if (p->kvev != NULL && !p->rebuilding && pp->owners.n < before)
-        pub_kvev_op(p, pool, 0, canon);
+    if (m == KVR_KVEV_DISK && kvr_owners_count(&pp->owners, canon) < all0) /* it did leave */
+        kvr_owners_del(&pp->disk, NULL, canon);
+    owner_events(p, pool, canon, all0 >= disk0 ? all0 - disk0 : 0, disk0);
     return rc;
 }
 
@@ -162,7 +183,7 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
         return;           /* a repair's duplicate */
     if (p->ann_live[e]) { /* never expected: the older incarnation's remove was lost */
         p->pool[p->ann_pool[e]].blocks--;
-        if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
+        if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e], KVR_KVEV_CPU) == KVR_ERR)
             p->resync = 1;
     }
     pp = &p->pool[pool];
@@ -171,7 +192,7 @@ static void apply_insert(pub_t *p, uint32_t e, uint32_t gen, uint64_t canon, uin
     p->ann_gen[e] = gen;
     p->ann_canon[e] = canon;
     p->ann_pool[e] = (uint8_t)pool;
-    switch (pub_owner_add(p, pool, canon)) {
+    switch (pub_owner_add(p, pool, canon, KVR_KVEV_CPU)) {
     case KVR_OK:
         break;
     case KVR_ENOSPACE:
@@ -188,7 +209,7 @@ static void apply_remove(pub_t *p, uint32_t e, uint32_t gen)
         return;
     p->ann_live[e] = 0;
     p->pool[p->ann_pool[e]].blocks--;
-    if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e]) == KVR_ERR)
+    if (pub_owner_del(p, p->ann_pool[e], p->ann_canon[e], KVR_KVEV_CPU) == KVR_ERR)
         p->resync = 1; /* out of memory, or a copy that was not there: rebuild */
 }
 
@@ -470,7 +491,8 @@ static void new_generation(pub_t *p, const char *why)
         kvr_ckf_clear(&pp->ckf);
         pp->blocks = 0;
         kvr_owners_destroy(&pp->owners);
-        if (kvr_owners_init(&pp->owners, 1024) != KVR_OK) {
+        kvr_owners_destroy(&pp->disk);
+        if (kvr_owners_init(&pp->owners, 1024) != KVR_OK || kvr_owners_init(&pp->disk, 64) != KVR_OK) {
             kvr_error("publisher: out of memory for owner counting; exiting (a new publisher starts over)");
             _exit(71);
         }

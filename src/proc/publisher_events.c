@@ -3,8 +3,10 @@
  * (docs/kv-events.md).
  *
  * The publisher already owns the one ordered change log and counts the owners of every
- * canonical hash per pool; a hash's first owner is a BlockStored, its last one leaving a
- * BlockRemoved (publisher.c calls pub_kvev_op at those two moments). Per pool, the events wait
+ * canonical hash per pool, and apart the disk tier's; in each medium (CPU: the arena, DISK: the
+ * disk tier) a hash's first owner is a BlockStored of that medium, its last one leaving a
+ * BlockRemoved of it (publisher.c calls pub_kvev_op at those moments), so a block copied to
+ * disk is stored in DISK too, and one evicted from RAM but on disk is removed from CPU only. Per pool, the events wait
  * in a small array and go out as one batch once the oldest has waited --kv-events-interval (or
  * at --kv-events-max-batch), so that a busy pool makes at most one message per interval:
  * a PUB message [topic, seq, payload] whose topic is the pool's, whose seq counts that topic's
@@ -51,6 +53,7 @@ static const uint8_t end_seq[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf
 typedef struct {
     uint64_t hash;
     uint8_t stored; /* 1: BlockStored, 0: BlockRemoved */
+    uint8_t medium; /* kvr_kvev_medium_t */
 } kvev_op_t;
 
 typedef struct {
@@ -230,14 +233,28 @@ static int reply(pub_t *p, zmq_msg_t *id, uint64_t seq, const uint8_t *data, siz
  * a rebuild); otherwise answered to a replay requester (id), every message stamped `stamp`.
  * Returns KVR_OK, or KVR_ERR when a replay answer could not be queued (cut short).
  */
+/* Owner slot `slot` of the pool's table in medium m (0 CPU, 1 DISK): whether the hash there is
+ * held in it (its RAM owners are its owners less its disk owners). */
+static int held_in(const pub_pool_t *pp, size_t slot, int m)
+{
+    const kvr_owner_ent_t *t = &pp->owners.tab[slot];
+    uint32_t disk = t->count > 0 ? kvr_owners_count(&pp->disk, t->hash) : 0;
+
+    return m == KVR_KVEV_DISK ? disk > 0 : t->count > disk;
+}
+
 static int state_batches(pub_t *p, uint32_t pool, int live, zmq_msg_t *id, uint64_t stamp)
 {
     struct pub_kvev *k = p->kvev;
     kvev_pool_t *kp = &k->pool[pool];
-    const kvr_owners_t *o = &p->pool[pool].owners;
-    size_t max = p->cfg->kv_events_max_batch, left = o->n + 1, slot = 0;
-    int first = 1;
+    const pub_pool_t *pp = &p->pool[pool];
+    const kvr_owners_t *o = &pp->owners;
+    size_t max = p->cfg->kv_events_max_batch, left = 1, slot = 0, stored;
+    int first = 1, m = 0;
 
+    for (size_t i = 0; i < o->cap; i++) /* one BlockStored per hash and medium holding it */
+        left += held_in(pp, i, KVR_KVEV_CPU) + held_in(pp, i, KVR_KVEV_DISK);
+    stored = left - 1;
     while (left > 0) {
         size_t n = left < max ? left : max;
         kvr_kvev_begin(&k->enc, wall_seconds(), n, kp->ns, kp->model);
@@ -248,9 +265,9 @@ static int state_batches(pub_t *p, uint32_t pool, int live, zmq_msg_t *id, uint6
             n--;
             first = 0;
         }
-        for (; n > 0 && slot < o->cap; slot++)
-            if (o->tab[slot].count > 0) {
-                kvr_kvev_stored(&k->enc, o->tab[slot].hash);
+        for (; n > 0 && slot < o->cap; m = !m, slot += m == 0) /* (slot, CPU), (slot, DISK), ... */
+            if (held_in(pp, slot, m)) {
+                kvr_kvev_stored(&k->enc, o->tab[slot].hash, (kvr_kvev_medium_t)m);
                 n--;
             }
         if (live) {
@@ -264,7 +281,7 @@ static int state_batches(pub_t *p, uint32_t pool, int live, zmq_msg_t *id, uint6
         kvr_seg_heartbeat(p->seg); /* a large pool takes a while */
     }
     if (live)
-        kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_STORED, o->n);
+        kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_STORED, stored);
     return KVR_OK;
 }
 
@@ -288,19 +305,20 @@ static void flush_pool(pub_t *p, uint32_t pool)
 
     if (kp->nops == 0)
         return;
-    for (uint32_t i = 0; i < kp->nops; i++) /* a run of removals is one BlockRemoved */
-        events += kp->ops[i].stored || i == 0 || kp->ops[i - 1].stored;
+    for (uint32_t i = 0; i < kp->nops; i++) /* a run of removals of one medium is one BlockRemoved */
+        events += kp->ops[i].stored || i == 0 || kp->ops[i - 1].stored || kp->ops[i - 1].medium != kp->ops[i].medium;
     kvr_kvev_begin(&k->enc, wall_seconds(), events, kp->ns, kp->model);
     for (uint32_t i = 0; i < kp->nops;) {
+        kvr_kvev_medium_t m = (kvr_kvev_medium_t)kp->ops[i].medium;
         if (kp->ops[i].stored) {
-            kvr_kvev_stored(&k->enc, kp->ops[i++].hash);
+            kvr_kvev_stored(&k->enc, kp->ops[i++].hash, m);
             stored++;
             continue;
         }
         size_t n = 0;
-        while (i < kp->nops && !kp->ops[i].stored)
+        while (i < kp->nops && !kp->ops[i].stored && kp->ops[i].medium == m)
             k->removed[n++] = kp->ops[i++].hash;
-        kvr_kvev_removed(&k->enc, k->removed, n);
+        kvr_kvev_removed(&k->enc, k->removed, n, m);
         removed += n;
     }
     kvr_stat_add(p->store.my_stats, KVR_ST_KVEV + KVR_KC_STORED, stored);
@@ -372,7 +390,7 @@ fail:
     return KVR_ERR;
 }
 
-void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash)
+void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash, kvr_kvev_medium_t m)
 {
     struct pub_kvev *k = p->kvev;
     kvev_pool_t *kp;
@@ -393,7 +411,7 @@ void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash)
     }
     if (kp->nops == 0)
         kp->first_ns = p->log_seen_ns ? p->log_seen_ns : kvr_clock_ns();
-    kp->ops[kp->nops++] = (kvev_op_t){hash, (uint8_t)(stored != 0)};
+    kp->ops[kp->nops++] = (kvev_op_t){hash, (uint8_t)(stored != 0), (uint8_t)m};
     if (kp->nops >= p->cfg->kv_events_max_batch)
         flush_pool(p, pool);
 }

@@ -9,6 +9,7 @@
 #include "base/barrier.h"
 #include "core/config.h"
 #include "core/owners.h"
+#include "wire/kvev.h"
 #include "core/relay_int.h"
 #include "core/store.h"
 #include "shm/segment.h"
@@ -22,7 +23,9 @@
  * the dirty set of the next delta), the owner counts that drive it, its last sequence. */
 typedef struct {
     kvr_ckf_t ckf;
-    kvr_owners_t owners;
+    kvr_owners_t owners; /* every owner of a hash, RAM and disk: drives the filter */
+    kvr_owners_t disk;   /* the disk tier's owners only (no filter): a hash's RAM owners are
+                          * the difference, and each medium has its own KV events */
     uint64_t seq;
     uint64_t blocks; /* entries applied and not removed (kvr_relay_pool_t.blocks mirrors it) */
 } pub_pool_t;
@@ -100,8 +103,8 @@ static inline int pub_owns_relay(const pub_t *p)
 void pub_record_latency(pub_t *p, unsigned base, uint64_t first_ns);
 
 /* publisher_events.c (docs/kv-events.md). Each is a no-op when the events are off.
- * open: binds the sockets (KVR_ERR: they cannot be); op: pool's count of owners of hash went
- * 0 -> 1 (stored) or 1 -> 0; flush_due: sends the pools' pending events that have waited
+ * open: binds the sockets (KVR_ERR: they cannot be); op: pool's count of owners of hash in
+ * medium m went 0 -> 1 (stored) or 1 -> 0; flush_due: sends the pools' pending events that have waited
  * --kv-events-interval; due: when the next must go (UINT64_MAX: none); generation: every
  * pool's stream states its whole state (after a rebuild of the owners); service: answers
  * waiting replay requests, 1 when more may wait; fd: the replay socket's ZMQ_FD for poll, or -1. */
@@ -111,8 +114,8 @@ extern volatile sig_atomic_t pub_term;
 /* publisher.c: the pools the store made since; one owner more or less of a hash in a pool (the
  * filter and the KV events follow the first and the last). */
 void pub_take_pools(pub_t *p);
-int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon);
-int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon);
+int pub_owner_add(pub_t *p, uint32_t pool, uint64_t canon, kvr_kvev_medium_t m);
+int pub_owner_del(pub_t *p, uint32_t pool, uint64_t canon, kvr_kvev_medium_t m);
 
 /* publisher_ssd.c: the disk tier. start runs the disk writer thread and waits for its restore
  * (heartbeats meanwhile; KVR_OK without --ssd-path); apply counts the changed disk slots as
@@ -123,7 +126,7 @@ void pub_ssd_rebuild(pub_t *p);
 void pub_ssd_stop(pub_t *p);
 
 int pub_kvev_open(pub_t *p);
-void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash);
+void pub_kvev_op(pub_t *p, uint32_t pool, int stored, uint64_t hash, kvr_kvev_medium_t m);
 void pub_kvev_flush_due(pub_t *p, uint64_t now);
 uint64_t pub_kvev_due(pub_t *p);
 void pub_kvev_generation(pub_t *p);

@@ -73,12 +73,12 @@ static void apply_slot(pub_t *p, struct pub_ssd *d, uint32_t id)
     if (live && s.pool >= p->npools)
         live = 0; /* never expected: a slot names no pool of the store's table */
     if (d->live[id] && (!live || s.canon != d->canon[id] || s.pool != d->pool[id])) {
-        if (pub_owner_del(p, d->pool[id], d->canon[id]) == KVR_ERR)
+        if (pub_owner_del(p, d->pool[id], d->canon[id], KVR_KVEV_DISK) == KVR_ERR)
             p->resync = 1;
         d->live[id] = 0;
     }
     if (live && !d->live[id]) {
-        if (pub_owner_add(p, s.pool, s.canon) == KVR_ERR)
+        if (pub_owner_add(p, s.pool, s.canon, KVR_KVEV_DISK) == KVR_ERR)
             p->resync = 1;
         d->live[id] = 1;
         d->canon[id] = s.canon;
@@ -119,7 +119,7 @@ void pub_ssd_rebuild(pub_t *p)
     if (d == NULL)
         return;
     for (uint64_t i = 0; i < d->nslots; i++)
-        if (d->live[i] && d->pool[i] < p->npools && pub_owner_add(p, d->pool[i], d->canon[i]) == KVR_ERR)
+        if (d->live[i] && d->pool[i] < p->npools && pub_owner_add(p, d->pool[i], d->canon[i], KVR_KVEV_DISK) == KVR_ERR)
             p->resync = 1;
 }
 

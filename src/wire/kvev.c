@@ -3,7 +3,8 @@
 
 #include <string.h>
 
-#define MEDIUM "CPU" /* the arena; a disk tier would say "DISK" */
+static const char *const medium_names[KVR_KVEV_MEDIUMS] = {"CPU", "DISK"};
+#define MEDIUM (medium_names[m < KVR_KVEV_MEDIUMS ? m : 0])
 
 int kvr_kvev_format(const char *s, kvr_kvev_format_t *out)
 {
@@ -28,11 +29,12 @@ static int enc_write(void *data, const char *buf, size_t len)
     return 0;
 }
 
-static void stored_full(kvr_kvev_enc_t *e, uint64_t hash);
+static void stored_full(kvr_kvev_enc_t *e, uint64_t hash, kvr_kvev_medium_t m);
 
 /* Encodes one BlockStored of a marker hash and keeps the bytes before and after its hash (a
- * uint64 is always 9 bytes in msgpack: 0xcf and the value). Left empty if that fails. */
-static void split_stored(kvr_kvev_enc_t *e)
+ * uint64 is always 9 bytes in msgpack: 0xcf and the value), for medium m (the bytes before are
+ * the same for every medium). Left empty if that fails. */
+static void split_stored(kvr_kvev_enc_t *e, kvr_kvev_medium_t m)
 {
     const uint64_t marker = 0xfedcba9876543210ull;
     const uint8_t *b;
@@ -40,17 +42,18 @@ static void split_stored(kvr_kvev_enc_t *e)
 
     msgpack_sbuffer_clear(&e->sb);
     e->failed = 0;
-    stored_full(e, marker);
+    stored_full(e, marker, m);
     b = (const uint8_t *)e->sb.data;
     n = e->sb.size;
     for (at = 0; !e->failed && b != NULL && at + 9 <= n; at++)
         if (b[at] == 0xcf && b[at + 1] == 0xfe && b[at + 8] == 0x10)
             break;
-    if (!e->failed && b != NULL && at + 9 <= n && at <= sizeof(e->stored_pre) && n - at - 9 <= sizeof(e->stored_suf)) {
+    if (!e->failed && b != NULL && at + 9 <= n && at <= sizeof(e->stored_pre) && n - at - 9 <= sizeof(e->stored_suf[m]) &&
+        (m == KVR_KVEV_CPU || (at == e->stored_pre_len && memcmp(e->stored_pre, b, at) == 0))) {
         memcpy(e->stored_pre, b, at);
         e->stored_pre_len = at;
-        memcpy(e->stored_suf, b + at + 9, n - at - 9);
-        e->stored_suf_len = n - at - 9;
+        memcpy(e->stored_suf[m], b + at + 9, n - at - 9);
+        e->stored_suf_len[m] = n - at - 9;
     }
     msgpack_sbuffer_clear(&e->sb);
 }
@@ -65,7 +68,8 @@ void kvr_kvev_enc_init(kvr_kvev_enc_t *e, kvr_kvev_format_t fmt, uint64_t block_
     msgpack_sbuffer_init(&e->sb);
     msgpack_packer_init(&e->pk, e, enc_write);
     if (fmt != KVR_KVEV_RFC1527) /* the rfc1527 form names the batch's pool: no fixed bytes */
-        split_stored(e);
+        for (int m = 0; m < KVR_KVEV_MEDIUMS; m++)
+            split_stored(e, (kvr_kvev_medium_t)m);
 }
 
 void kvr_kvev_enc_destroy(kvr_kvev_enc_t *e)
@@ -116,7 +120,7 @@ static void envelope(kvr_kvev_enc_t *e, const char *event_type, const char *type
 }
 
 /* The generic BlockStored of every form (the fast path below replays its vLLM forms). */
-static void stored_full(kvr_kvev_enc_t *e, uint64_t hash)
+static void stored_full(kvr_kvev_enc_t *e, uint64_t hash, kvr_kvev_medium_t m)
 {
     switch (e->fmt) {
     case KVR_KVEV_VLLM: /* tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name */
@@ -164,21 +168,21 @@ static void stored_full(kvr_kvev_enc_t *e, uint64_t hash)
     }
 }
 
-void kvr_kvev_stored(kvr_kvev_enc_t *e, uint64_t hash)
+void kvr_kvev_stored(kvr_kvev_enc_t *e, uint64_t hash, kvr_kvev_medium_t m)
 {
     e->events--;
-    if (e->stored_pre_len == 0) {
-        stored_full(e, hash);
+    if (m >= KVR_KVEV_MEDIUMS || e->stored_pre_len == 0 || e->stored_suf_len[m] == 0) {
+        stored_full(e, hash, m);
         return;
     }
     /* a stored event of vLLM's forms is fixed but for its hash: the bytes before and after it
      * were encoded once (kvr_kvev_enc_init), three appends instead of a dozen */
     enc_write(e, (const char *)e->stored_pre, e->stored_pre_len);
     msgpack_pack_uint64(&e->pk, hash);
-    enc_write(e, (const char *)e->stored_suf, e->stored_suf_len);
+    enc_write(e, (const char *)e->stored_suf[m], e->stored_suf_len[m]);
 }
 
-void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *h, size_t n)
+void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *h, size_t n, kvr_kvev_medium_t m)
 {
     e->events--;
     switch (e->fmt) {

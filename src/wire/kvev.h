@@ -22,15 +22,21 @@ typedef enum { KVR_KVEV_VLLM = 0,
                KVR_KVEV_VLLM_MAP = 1,
                KVR_KVEV_RFC1527 = 2 } kvr_kvev_format_t;
 
+/* Where the block is held: vLLM's `medium` field. */
+typedef enum { KVR_KVEV_CPU = 0, /* "CPU": the arena, host memory */
+               KVR_KVEV_DISK = 1 /* "DISK": the disk tier */ } kvr_kvev_medium_t;
+#define KVR_KVEV_MEDIUMS 2
+
 typedef struct {
     kvr_kvev_format_t fmt;
     uint64_t block_size;                 /* tokens per block, written in every stored event */
     const char *backend_id, *ns, *model; /* the rfc1527 fields of the batches being built */
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    /* vLLM's forms of BlockStored around its one hash, encoded once at init (len 0: none) */
-    uint8_t stored_pre[64], stored_suf[96];
-    size_t stored_pre_len, stored_suf_len;
+    /* vLLM's forms of BlockStored around its one hash, encoded once at init per medium (len 0:
+     * none) */
+    uint8_t stored_pre[64], stored_suf[KVR_KVEV_MEDIUMS][96];
+    size_t stored_pre_len, stored_suf_len[KVR_KVEV_MEDIUMS];
     int failed;    /* an append ran out of memory: the batch is lost (kvr_kvev_end says so) */
     size_t events; /* announced by begin, counted down by each event (asserted at end) */
 } kvr_kvev_enc_t;
@@ -44,8 +50,8 @@ void kvr_kvev_enc_destroy(kvr_kvev_enc_t *e);
 /* Starts a batch of `events` events for the pool (ns, model), timestamped ts (seconds since the
  * epoch); the buffer of the previous batch is reused. */
 void kvr_kvev_begin(kvr_kvev_enc_t *e, double ts, size_t events, const char *ns, const char *model);
-void kvr_kvev_stored(kvr_kvev_enc_t *e, uint64_t hash);
-void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *hashes, size_t n);
+void kvr_kvev_stored(kvr_kvev_enc_t *e, uint64_t hash, kvr_kvev_medium_t m);
+void kvr_kvev_removed(kvr_kvev_enc_t *e, const uint64_t *hashes, size_t n, kvr_kvev_medium_t m);
 void kvr_kvev_cleared(kvr_kvev_enc_t *e);
 /* Ends the batch. KVR_OK with the bytes in (*data, *len), valid until the next begin; KVR_ERR when
  * memory ran out or the events written were not the count announced. */

@@ -55,8 +55,8 @@ static void fuzz_encode(const uint8_t *data, size_t size)
     kvr_kvev_begin(&e, 1.0, nh + 2, "default", "m");
     kvr_kvev_cleared(&e);
     for (size_t i = 0; i < nh; i++)
-        kvr_kvev_stored(&e, h[i]);
-    kvr_kvev_removed(&e, h, nh);
+        kvr_kvev_stored(&e, h[i], (kvr_kvev_medium_t)((h[i] >> 7) & 1));
+    kvr_kvev_removed(&e, h, nh, (kvr_kvev_medium_t)(size & 1));
     check(kvr_kvev_end(&e, &out, &n) == KVR_OK);
     msgpack_unpacked_init(&u);
     check(msgpack_unpack_next(&u, (const char *)out, n, &off) == MSGPACK_UNPACK_SUCCESS && off == n);

@@ -70,8 +70,8 @@ Test(kvev, vllm_arrays_in_vllms_field_order)
     kvr_kvev_enc_init(&e, KVR_KVEV_VLLM, 256, "pod-1");
     kvr_kvev_begin(&e, 1700000000.25, 3, "default", "llama");
     kvr_kvev_cleared(&e);
-    kvr_kvev_stored(&e, big);
-    kvr_kvev_removed(&e, rm, 3);
+    kvr_kvev_stored(&e, big, KVR_KVEV_CPU);
+    kvr_kvev_removed(&e, rm, 3, KVR_KVEV_CPU);
     ev = batch(unpack(&u, &e), 1700000000.25, 3);
     cr_assert_eq(ev.via.array.ptr[0].via.array.size, 1);
     cr_assert(str_is(ev.via.array.ptr[0].via.array.ptr[0], "AllBlocksCleared"));
@@ -104,8 +104,8 @@ Test(kvev, vllm_maps_tagged_by_type)
 
     kvr_kvev_enc_init(&e, KVR_KVEV_VLLM_MAP, 16, "pod-1");
     kvr_kvev_begin(&e, 2.5, 3, "default", "m");
-    kvr_kvev_stored(&e, h);
-    kvr_kvev_removed(&e, &h, 1);
+    kvr_kvev_stored(&e, h, KVR_KVEV_CPU);
+    kvr_kvev_removed(&e, &h, 1, KVR_KVEV_CPU);
     kvr_kvev_cleared(&e);
     ev = batch(unpack(&u, &e), 2.5, 3);
     cr_assert(str_is(map_get(ev.via.array.ptr[0], "type"), "BlockStored"));
@@ -130,8 +130,8 @@ Test(kvev, rfc1527_envelope_with_the_vllm_aliases)
 
     kvr_kvev_enc_init(&e, KVR_KVEV_RFC1527, 32, "node-a");
     kvr_kvev_begin(&e, 3.0, 2, "team-x", "qwen");
-    kvr_kvev_stored(&e, h[0]);
-    kvr_kvev_removed(&e, h, 2);
+    kvr_kvev_stored(&e, h[0], KVR_KVEV_CPU);
+    kvr_kvev_removed(&e, h, 2, KVR_KVEV_CPU);
     ev = batch(unpack(&u, &e), 3.0, 2);
     cr_assert(str_is(map_get(ev.via.array.ptr[0], "event_type"), "stored"));
     cr_assert(str_is(map_get(ev.via.array.ptr[0], "type"), "BlockStored"));
@@ -207,4 +207,33 @@ Test(kvev, replay_request_each_limit)
     cr_assert_eq(parse(3, "", 0, "12345678", 8, big, KVR_KVEV_TOPIC_MAX + 1, &from, &tl), KVR_EINVAL,
                  "a topic over the limit");
     cr_assert_eq(parse(3, "", 0, "12345678", 8, big, KVR_KVEV_TOPIC_MAX, &from, &tl), KVR_OK, "at the limit");
+}
+
+Test(kvev, disk_medium_in_every_form)
+{
+    kvr_kvev_format_t forms[3] = {KVR_KVEV_VLLM, KVR_KVEV_VLLM_MAP, KVR_KVEV_RFC1527};
+    uint64_t h = 99;
+
+    for (int f = 0; f < 3; f++) {
+        kvr_kvev_enc_t e;
+        msgpack_unpacked u;
+        msgpack_object ev;
+        kvr_kvev_enc_init(&e, forms[f], 16, "pod-1");
+        kvr_kvev_begin(&e, 4.0, 4, "default", "m");
+        kvr_kvev_stored(&e, h, KVR_KVEV_DISK);
+        kvr_kvev_stored(&e, h, KVR_KVEV_CPU); /* the fast path keeps each medium's bytes */
+        kvr_kvev_removed(&e, &h, 1, KVR_KVEV_DISK);
+        kvr_kvev_removed(&e, &h, 1, KVR_KVEV_CPU);
+        ev = batch(unpack(&u, &e), 4.0, 4);
+        const char *want[4] = {"DISK", "CPU", "DISK", "CPU"};
+        for (int i = 0; i < 4; i++) {
+            msgpack_object x = ev.via.array.ptr[i];
+            msgpack_object m = forms[f] == KVR_KVEV_VLLM ? x.via.array.ptr[i < 2 ? 6 : 2] : map_get(x, "medium");
+            cr_assert(str_is(m, want[i]), "form %d event %d", f, i);
+            if (forms[f] == KVR_KVEV_VLLM)
+                check_hashes(x.via.array.ptr[1], &h, 1);
+        }
+        msgpack_unpacked_destroy(&u);
+        kvr_kvev_enc_destroy(&e);
+    }
 }

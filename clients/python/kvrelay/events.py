@@ -183,7 +183,10 @@ class TopicState:
     """What the subscriber knows of one pool (one topic)."""
 
     topic: str
-    hashes: set = dataclasses.field(default_factory=set)
+    hashes: set = dataclasses.field(default_factory=set)  # held in any medium
+    # medium ("CPU": the server's RAM, "DISK": its disk tier) -> the hashes held there; each
+    # medium has its own BlockStored and BlockRemoved (a block copied to disk is in both)
+    media: dict = dataclasses.field(default_factory=dict)
     seq: Optional[int] = None  # the last applied seq; None before the first
     ts: float = 0.0  # the ts of the last applied batch
     batches: int = 0  # batches applied (live and replayed)
@@ -196,7 +199,7 @@ class TopicState:
     late_joins: int = 0  # first batch seen with seq > 0
     dropped: int = 0  # live batches dropped as already applied (covered by a replay)
     overflows: int = 0  # times the held batches exceeded max_held and were dropped
-    anomalies: int = 0  # stored of a hash already held, removed of one not held
+    anomalies: int = 0  # stored of a hash already held in that medium, removed of one not held there
     held: collections.deque = dataclasses.field(default_factory=collections.deque, repr=False)
     waiting: bool = False  # a replay is queued or running for this topic
     inexact: bool = False  # applied across a gap that no replay could repair
@@ -529,17 +532,23 @@ class Subscriber:
             st.stream_ts = batch.ts
         for ev in batch.events:
             if ev.kind == STORED:
+                held = st.media.setdefault(ev.fields.get("medium") or "CPU", set())
                 for h in ev.hashes:
-                    if h in st.hashes:
+                    if h in held:
                         st.anomalies += 1
+                    held.add(h)
                     st.hashes.add(h)
             elif ev.kind == REMOVED:
+                held = st.media.setdefault(ev.fields.get("medium") or "CPU", set())
                 for h in ev.hashes:
-                    if h not in st.hashes:
+                    if h not in held:
                         st.anomalies += 1
-                    st.hashes.discard(h)
+                    held.discard(h)
+                    if not any(h in other for other in st.media.values()):
+                        st.hashes.discard(h)
             else:
                 st.hashes.clear()
+                st.media.clear()
                 st.inexact = False
             if self.on_event is not None:
                 self.on_event(st.topic, seq, ev)

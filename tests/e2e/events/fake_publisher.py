@@ -18,36 +18,37 @@ import zmq
 END_SEQ = b"\xff" * 8
 
 
-def encode_event(kind, hashes, fmt, block_size=256, topic_info=("be", "default", "m")):
+def encode_event(kind, hashes, fmt, block_size=256, topic_info=("be", "default", "m"), medium="CPU"):
     backend, ns, model = topic_info
     if fmt == "vllm":
         if kind == "stored":
-            return ["BlockStored", list(hashes), None, [], block_size, None, "CPU", None]
+            return ["BlockStored", list(hashes), None, [], block_size, None, medium, None]
         if kind == "removed":
-            return ["BlockRemoved", list(hashes), "CPU"]
+            return ["BlockRemoved", list(hashes), medium]
         return ["AllBlocksCleared"]
     if fmt == "vllm-map":
         if kind == "stored":
             return {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": None, "token_ids": [],
-                    "block_size": block_size, "lora_id": None, "medium": "CPU", "lora_name": None}
+                    "block_size": block_size, "lora_id": None, "medium": medium, "lora_name": None}
         if kind == "removed":
-            return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": "CPU"}
+            return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": medium}
         return {"type": "AllBlocksCleared"}
     assert fmt == "rfc1527", fmt
     base = {"backend_id": backend, "tenant_id": ns, "model_name": model}
     if kind == "stored":
         return {"event_type": "stored", "type": "BlockStored", "seq_hashes": list(hashes),
-                "block_hashes": list(hashes), "medium": "CPU", "block_size": block_size, **base}
+                "block_hashes": list(hashes), "medium": medium, "block_size": block_size, **base}
     if kind == "removed":
         return {"event_type": "removed", "type": "BlockRemoved", "seq_hashes": list(hashes),
-                "block_hashes": list(hashes), "medium": "CPU", **base}
+                "block_hashes": list(hashes), "medium": medium, **base}
     return {"event_type": "cleared", "type": "AllBlocksCleared", **base}
 
 
 class Stream:
     def __init__(self):
         self.next_seq = 0
-        self.hashes = set()
+        self.hashes = set()  # held in any medium
+        self.media = {}  # medium -> hashes held there
 
 
 class FakePublisher:
@@ -108,19 +109,22 @@ class FakePublisher:
         from kvrelay.events import parse_topic
 
         info = parse_topic(topic)
-        evs = [encode_event(k, h, self.fmt, topic_info=info) for k, h in events]
+        evs = [encode_event(k, h, self.fmt, topic_info=info, medium=(m[0] if m else "CPU")) for k, h, *m in events]
         return msgpack.packb([time.time() if ts is None else ts, evs, 0], use_bin_type=True)
 
     def publish(self, topic, events, send=True):
-        """One batch of events [(kind, hashes)] as the topic's next seq; returns the seq."""
+        """One batch of events [(kind, hashes[, medium])] (medium "CPU" unless given) as the
+        topic's next seq; returns the seq."""
         s = self.stream(topic)
-        for kind, hashes in events:
+        for kind, hashes, *m in events:
+            held = s.media.setdefault(m[0] if m else "CPU", set())
             if kind == "stored":
-                s.hashes.update(hashes)
+                held.update(hashes)
             elif kind == "removed":
-                s.hashes.difference_update(hashes)
+                held.difference_update(hashes)
             else:
-                s.hashes.clear()
+                s.media.clear()
+            s.hashes = set().union(*s.media.values())
         seq = s.next_seq
         s.next_seq += 1
         data = self.payload(events, topic)

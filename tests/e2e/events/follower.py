@@ -36,7 +36,8 @@ class Violation(AssertionError):
 class TopicView:
     def __init__(self, topic):
         self.topic = topic
-        self.hashes = set()
+        self.hashes = set()  # held in any medium
+        self.media = {}  # medium -> the hashes held in it (CPU: the server's RAM, DISK: its disk tier)
         self.seq = None  # the last applied seq
         self.ts = 0.0
         self.replayed_through = -1
@@ -204,18 +205,28 @@ class StrictFollower:
         for ev in batch.events:
             if isinstance(ev, vk.AllBlocksCleared):
                 v.hashes.clear()
+                v.media.clear()
             elif isinstance(ev, vk.BlockStored):
                 if len(ev.block_hashes) != 1:
                     self._violate(f"{v.topic} seq {seq}: BlockStored of {len(ev.block_hashes)} hashes, one expected")
+                if ev.medium not in ("CPU", "DISK"):
+                    self._violate(f"{v.topic} seq {seq}: BlockStored of medium {ev.medium!r}")
+                held = v.media.setdefault(ev.medium, set())
                 for h in ev.block_hashes:
-                    if self.strict_sets and h in v.hashes:
-                        self._violate(f"{v.topic} seq {seq}: BlockStored({h}) of a hash the pool holds already")
+                    if self.strict_sets and h in held:
+                        self._violate(f"{v.topic} seq {seq}: BlockStored({h}, {ev.medium}) of a hash the pool "
+                                      "holds there already")
+                    held.add(h)
                     v.hashes.add(h)
             else:
+                held = v.media.setdefault(ev.medium, set())
                 for h in ev.block_hashes:
-                    if self.strict_sets and h not in v.hashes:
-                        self._violate(f"{v.topic} seq {seq}: BlockRemoved({h}) of a hash the pool does not hold")
-                    v.hashes.discard(h)
+                    if self.strict_sets and h not in held:
+                        self._violate(f"{v.topic} seq {seq}: BlockRemoved({h}, {ev.medium}) of a hash the pool "
+                                      "does not hold there")
+                    held.discard(h)
+                    if not any(h in other for other in v.media.values()):
+                        v.hashes.discard(h)
         v.seq = seq
         v.ts = max(v.ts, batch.ts) if seq else batch.ts
         v.batches += 1

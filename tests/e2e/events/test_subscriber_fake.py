@@ -313,3 +313,24 @@ def test_package_imports_without_zmq_and_msgpack():
     out = r.stdout.decode()
     assert "subscriber: kvrelay.events needs pyzmq (Debian: python3-zmq" in out, out
     assert "decode: kvrelay.events needs msgpack (Debian: python3-msgpack" in out, out
+
+
+def test_media_are_sets_of_their_own(fake, subscriber):
+    """A hash is held per medium (CPU, DISK: kvrelay's RAM and disk tiers), each stored and removed
+    apart; the pool holds the union; a stored of a hash already held in that medium is an
+    anomaly, one held in the other is not."""
+    sub = subscriber(topics=[T])
+    fake.open(T)
+    fake.publish(T, [("stored", [5], "CPU"), ("stored", [5], "DISK"), ("stored", [6], "DISK")])
+    fake.publish(T, [("removed", [5], "CPU")])
+    follow(sub, fake, T)
+    st = sub.pools[T]
+    assert st.hashes == {5, 6} and st.media == {"CPU": set(), "DISK": {5, 6}}, st.media
+    assert st.anomalies == 0
+    fake.publish(T, [("removed", [5, 6], "DISK"), ("stored", [6], "CPU")])
+    follow(sub, fake, T)
+    assert st.hashes == {6} and st.media == {"CPU": {6}, "DISK": set()}, st.media
+    assert st.anomalies == 0
+    fake.publish(T, [("stored", [6], "CPU")])  # held there already
+    follow(sub, fake, T)
+    assert st.anomalies == 1
