@@ -25,7 +25,7 @@ struct kvr_ssdw_s {
     size_t iov_max;
     kvr_demote_t *picks;
     /* The round's picks in flight, settled in pick order from `head` (docs/ssd-tier.md,
-     * "The writer"): each pick's record and state; picks [head, next) are reserved. */
+     * "The writer's queue"): each pick's record and state; picks [head, next) are reserved. */
     struct commit_s *pc;
     uint8_t *ps; /* PICK_* */
     unsigned head, next;
