@@ -208,10 +208,13 @@ def test_sigterm_under_load_drains(kvrelay):
     results = {}
     started = threading.Barrier(5 + 1, timeout=20 * SLOW)
     sigterm_at = []
+    done_at = {}
 
     def slow_upload(n):
         key = f"up{n}"
-        data = make_block(16 * MiB, key)
+        # 8 MiB in 32 paced steps: about 1.1 s here, so it is in flight at the SIGTERM and done
+        # well inside the 5 s grace even on a loaded machine (16 MiB took 2.9 s, too close).
+        data = make_block(8 * MiB, key)
         try:
             s = _healthz_first(srv)
             try:
@@ -223,6 +226,7 @@ def test_sigterm_under_load_drains(kvrelay):
                         started.wait()
                     time.sleep(0.03)  # pacing: a slow upload is still in flight at the SIGTERM
                 results[key] = read_one_response(s, 10 * SLOW)
+                done_at[key] = time.monotonic()
             finally:
                 s.close()
         except Exception as e:  # recorded, asserted below
@@ -339,6 +343,7 @@ def test_sigterm_under_load_drains(kvrelay):
     for n in range(3):
         r = results.get(f"up{n}")
         assert not isinstance(r, Exception) and r is not None and r.status == 201, f"in-flight upload up{n} cut short: {r!r}"
+        assert done_at[f"up{n}"] > t0, f"upload up{n} finished before the SIGTERM: not in flight"
     for n in range(2):
         r = results.get(f"down{n}")
         assert not isinstance(r, Exception) and r is not None, f"in-flight download down{n}: {r!r}"
