@@ -21,6 +21,8 @@ Every loop is bounded in count and time; servers are stopped by PID.
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -246,3 +248,94 @@ def test_a_promotion_is_a_hit_and_a_disk_read_not_a_miss_or_a_put(start, ssd_dir
     assert d["kvrelay_get_hits_total"] == N, d
     assert d["kvrelay_get_misses_total"] == 1, d
     assert d["kvrelay_put_new_total"] == 0, d
+
+
+def test_reads_past_the_workers_budget_are_503_and_served_on_retry(tmp_path, ssd_dir):
+    """KVR_API_DISK_READS_MAX (64) reads from disk in flight in one worker: a burst of 100 GETs of
+    blocks on disk only, sent while the worker is stopped (SIGSTOP) so that all of them are in
+    its ring when it resumes, gets 200 byte-exact for the ones within the budget and 503 with
+    Retry-After for the rest, each counted in kvrelay_disk_read_busy_total; every 503 is served
+    byte-exact on retry, and no process dies (docs/ssd-tier.md, "Faults")."""
+    size, n, burst = 64 << 10, 800, 100  # 50 MiB of 64 KiB blocks through a 32 MiB arena
+    srv = Server(tmp_path, args=["--memory", ARENA, "--workers", "1", "--ssd-path", str(ssd_dir / "tier"), *SSD],
+                 name="budget").start()
+    try:
+        conn = srv.connection()
+        for i in range(n):
+            key = f"small/{i:05d}"
+            conn.request("PUT", f"/kv/{key}", body=block(i, size))
+            r = conn.getresponse()
+            r.read()
+            assert r.status in (200, 201), (key, r.status)
+            assert get(conn, key) == (200, block(i, size)), key  # read once: admitted
+            if i >= 100:
+                wait_until(lambda: metrics(srv)["kvrelay_disk_writes_total"] >= i - 100, 10 * SLOW, interval=0.01,
+                           what=f"the disk writer to copy block {i - 100}")
+        conn.close()
+        wait_until(lambda: metrics(srv)["kvrelay_disk_writes_total"] >= n, 10 * SLOW, what="every block copied")
+        m0 = metrics(srv)
+        assert m0["kvrelay_evictions_total"] >= burst + 50, f"too few blocks left RAM for the burst: {m0}"
+
+        (worker,) = srv.worker_pids()
+        socks = []
+        try:
+            for _ in range(burst):  # connected and served once: each has its receive armed in the worker
+                s = socket.create_connection((srv.host, srv.port), timeout=10 * SLOW)
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                status = _read_response(s)[0]
+                assert status == 200
+                socks.append(s)
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                for i, s in enumerate(socks):  # the first `burst` blocks: evicted first, on disk only
+                    s.sendall(f"GET /kv/small/{i:05d} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                time.sleep(0.2)
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            answers = [_read_response(s) for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        ok = [i for i, a in enumerate(answers) if a[0] == 200]
+        busy = [i for i, a in enumerate(answers) if a[0] == 503]
+        wrong = [i for i in ok if answers[i][1] != block(i, size)]
+        other = {i: a[0] for i, a in enumerate(answers) if a[0] not in (200, 503)}
+        m1 = metrics(srv)
+        print(f"budget: {len(ok)} served, {len(busy)} answered 503 of a burst of {burst}")
+        assert not wrong and not other, (wrong, other)
+        assert busy, "no GET of the burst went past the budget of 64 reads in flight"
+        assert len(ok) >= 64, f"fewer than the budget were served: {len(ok)}"
+        assert all(answers[i][2] == "1" for i in busy), "a 503 without Retry-After: 1"
+        assert m1["kvrelay_disk_read_busy_total"] - m0["kvrelay_disk_read_busy_total"] == len(busy), m1
+        assert m1["kvrelay_disk_reads_total"] - m0["kvrelay_disk_reads_total"] == len(ok), m1
+        conn = srv.connection()
+        again = {i: get(conn, f"small/{i:05d}") for i in busy}
+        conn.close()
+        assert all(v == (200, block(i, size)) for i, v in again.items()), {i: v[0] for i, v in again.items()}
+        m2 = metrics(srv)
+        assert m2["kvrelay_worker_restarts_total"] == 0 and m2["kvrelay_workers"] == 1, m2
+    finally:
+        srv.stop()
+
+
+def _read_response(s):
+    """One HTTP/1.1 response with a Content-Length from socket s: (status, body, Retry-After)."""
+    buf = b""
+    deadline = time.monotonic() + 10 * SLOW
+    while b"\r\n\r\n" not in buf and time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    length = int(hdrs.get("content-length", "0"))
+    while len(body) < length and time.monotonic() < deadline:
+        chunk = s.recv(max(65536, length - len(body)))
+        if not chunk:
+            break
+        body += chunk
+    assert len(body) == length, f"a response cut short: {len(body)} of {length} bytes"
+    return status, body, hdrs.get("retry-after")
