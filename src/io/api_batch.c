@@ -124,6 +124,31 @@ size_t kvr_api_multi_iov(kvr_api_t *a, const struct kvr_api_multi_s *m, uint64_t
     return n;
 }
 
+/* A key of a batch GET that missed in RAM: when the disk tier holds it, its record is read
+ * into a reservation at once, with blocking reads (kvr_api_disk_sync, as the h2o transport
+ * reads a single GET), promoted and pinned into *ref. KVR_OK, KVR_ENOTFOUND (neither tier
+ * serves it: counted as a miss), or the HTTP status the whole batch is to get instead (503 or
+ * 507: the client fetches its keys one by one). docs/ssd-tier.md, "Reads and promotion". */
+static int batch_disk(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, kvr_block_ref_t *ref)
+{
+    static kvr_api_res_t r; /* 8 KiB, off the stack; a worker has one thread */
+
+    memset(&r, 0, sizeof(r));
+    r.ns = ns;
+    if (kvr_api_disk_get(a, &r, key, klen) && r.dk != NULL)
+        kvr_api_disk_sync(a, &r);
+    else if (r.status == 0) { /* not on disk, or in RAM again meanwhile */
+        if (kvr_store_get_counted(a->store, ns, key, klen, ref, KVR_GET_COUNT_HIT | KVR_GET_COUNT_MISS) == KVR_OK)
+            return KVR_OK;
+        return KVR_ENOTFOUND;
+    }
+    if (r.status == 200 && r.pinned) {
+        *ref = r.ref;
+        return KVR_OK;
+    }
+    return r.status == 404 ? KVR_ENOTFOUND : r.status; /* a 404 counted its miss */
+}
+
 /* Pins every found key and frames the answer; any failure releases them all. */
 static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, const size_t *lens, size_t count,
                       kvr_api_res_t *res)
@@ -160,7 +185,13 @@ static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, cons
             multi_fail(a, res, 400, "InvalidRequest", msg);
             return;
         }
-        rc = kvr_store_get(a->store, res->ns, key, klen, &m->k[i].ref);
+        /* a miss in RAM is counted once the disk tier misses too (api.c, handle_get) */
+        rc = kvr_store_get_counted(a->store, res->ns, key, klen, &m->k[i].ref, KVR_GET_COUNT_HIT);
+        if (rc == KVR_ENOTFOUND && (rc = batch_disk(a, res->ns, key, klen, &m->k[i].ref)) > KVR_OK) {
+            multi_fail(a, res, rc, rc == 503 ? "Busy" : "InsufficientStorage",
+                       "a block of the batch could not be read from the disk tier now; GET it alone");
+            return;
+        }
         if (rc == KVR_ENOTFOUND)
             continue; /* the record stays all zero: not found */
         if (rc != KVR_OK) {

@@ -19,6 +19,7 @@ Every loop is bounded in count and time; servers are stopped by PID.
 
 import hashlib
 import os
+import re
 import signal
 import sys
 import time
@@ -188,6 +189,51 @@ def test_a_flipped_byte_is_a_miss_and_its_neighbours_are_served(start, ssd_dir):
     assert b.get("ssd/00004").body == block(4)
     assert b.get("ssd/00006").body == block(6)
     wait_until(lambda: "torn or not this key's" in b.log_text(), 5 * SLOW, what="the corruption logged")
+
+
+def disk_metrics(srv):
+    body = srv.request("GET", "/metrics").body.decode()
+    return {k: float(v) for k, v in re.findall(r"^(kvrelay_(?:disk_reads|get_hits|get_misses)_total) (\S+)$", body, re.M)}
+
+
+def test_a_batch_get_serves_disk_blocks_and_the_client_loads_them(start, ssd_dir):
+    """POST /batch/get of blocks on disk only, in RAM and nowhere: each disk block is read back
+    (promoted) and framed byte-exact with the others; the missing one alone is not found. The
+    Python client's get_many_into (LMCache's and SGLang's batched loads) fills every buffer of
+    disk-only blocks the same way (docs/ssd-tier.md, "Reads and promotion")."""
+    a = start(ssd_dir / "tier")
+    fill(a, 64)
+    assert a.stats()["evictions"] >= 32
+    want = [2, 3, None, 63, 4]  # on disk only, on disk only, nowhere, in RAM, on disk only
+    keys = [f"ssd/{i:05d}" if i is not None else "ssd/nothing" for i in want]
+    m0 = disk_metrics(a)
+    r = a.request("POST", "/batch/get", body="\n".join(keys).encode())
+    assert r.status == 200, r
+    body = r.body
+    assert body[:4] == b"KVRB" and int.from_bytes(body[4:8], "little") == len(keys), body[:8]
+    pos, got = 8, []
+    for _ in keys:
+        found, length = body[pos], int.from_bytes(body[pos + 8:pos + 16], "little")
+        pos += 16
+        got.append(body[pos:pos + length] if found else None)
+        pos += length
+    assert pos == len(body), (pos, len(body))
+    for i, g in zip(want, got):
+        assert g == (block(i) if i is not None else None), f"block {i}: {None if g is None else len(g)} bytes"
+    m1 = disk_metrics(a)
+    d = {k: m1[k] - m0[k] for k in m1}
+    assert d == {"kvrelay_disk_reads_total": 3, "kvrelay_get_hits_total": 4, "kvrelay_get_misses_total": 1}, d
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
+    from kvrelay import Client
+
+    idx = list(range(5, 13))  # on disk only
+    bufs = [bytearray(MiB) for _ in idx]
+    with Client(url=f"http://{a.host}:{a.port}") as c:
+        ok = c.get_many_into([f"ssd/{i:05d}" for i in idx], bufs)
+    assert ok == [True] * len(idx), ok
+    assert all(bytes(b) == block(i) for i, b in zip(idx, bufs))
+    assert disk_metrics(a)["kvrelay_disk_reads_total"] - m1["kvrelay_disk_reads_total"] == len(idx)
 
 
 def in_filter(srv, i):
