@@ -218,6 +218,8 @@ int kvr_store_exists(kvr_store_t *st, uint16_t ns, const void *key, size_t klen,
  * else 0. Returns the prefix: how many consecutive hashes from h[0] are held. A pool that does
  * not exist (>= kvr_store_pool_count) holds nothing. Lock-free under the index's seqlock; the
  * hashes whose walk writers kept interfering with are answered together under one store lock.
+ * With the disk tier on, a block on disk is held too (the disk index's canonical chains,
+ * lock-free; a chain its writer kept changing answers "not held").
  */
 size_t kvr_store_lookup_hashes(kvr_store_t *st, uint32_t pool, const uint64_t *h, size_t n, uint8_t *held);
 

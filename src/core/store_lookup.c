@@ -6,7 +6,8 @@
  * No lock on the common path: each hash is walked under the index's seqlock
  * (kvr_index_canon_lockfree). A hash whose walk kept meeting writers is left for a second pass
  * that takes the store lock once for all of them, so a batch of 4,096 hashes takes the lock at
- * most once, however busy the writers are.
+ * most once, however busy the writers are. Then the hashes not held in RAM are looked up in
+ * the disk index (shm/dindex.h, kvr_dindex_has_canon): a block on disk is held too.
  */
 #include "core/store.h"
 
@@ -37,6 +38,12 @@ size_t kvr_store_lookup_hashes(kvr_store_t *st, uint32_t pool, const uint64_t *h
         if (locked)
             store_unlock(st);
     }
+    /* the disk tier's blocks are held too (slower hits): its index by canonical hash, lock-free;
+     * a chain the writer kept changing answers "not held" */
+    if (st->dx.sh != NULL)
+        for (size_t k = 0; k < n; k++)
+            if (!held[k])
+                held[k] = kvr_dindex_has_canon(&st->dx, (uint8_t)pool, h[k]) == 1;
     while (prefix < n && held[prefix])
         prefix++;
     return prefix;

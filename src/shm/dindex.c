@@ -24,21 +24,36 @@ static uint64_t pow2_at_least(uint64_t n)
     return p;
 }
 
+/* The region: state, slots, key buckets, canonical links, canonical buckets; each array from a
+ * cache line. */
+static uint64_t words(uint64_t n)
+{
+    return KVR_ALIGN_UP(n * sizeof(uint32_t), (uint64_t)KVR_CACHELINE);
+}
+
 uint64_t kvr_dindex_bytes(uint64_t nslots)
 {
-    return sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t) +
-           KVR_ALIGN_UP(pow2_at_least(nslots) * sizeof(uint32_t), (uint64_t)KVR_CACHELINE);
+    uint64_t nb = pow2_at_least(nslots);
+
+    return sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t) + 2 * words(nb) + words(nslots);
 }
 
 void kvr_dindex_map(kvr_dindex_t *dx, void *base, uint64_t nslots)
 {
     uint8_t *p = base;
+    uint64_t nb = pow2_at_least(nslots);
 
     dx->sh = (kvr_dindex_sh_t *)p;
-    dx->slot = (kvr_dslot_t *)(p + sizeof(kvr_dindex_sh_t));
-    dx->buckets = (_Atomic uint32_t *)(p + sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t));
+    p += sizeof(kvr_dindex_sh_t);
+    dx->slot = (kvr_dslot_t *)p;
+    p += nslots * sizeof(kvr_dslot_t);
+    dx->buckets = (_Atomic uint32_t *)p;
+    p += words(nb);
+    dx->canon_next = (_Atomic uint32_t *)p;
+    p += words(nslots);
+    dx->canon_buckets = (_Atomic uint32_t *)p;
     dx->nslots = nslots;
-    dx->nbuckets = pow2_at_least(nslots);
+    dx->nbuckets = nb;
 }
 
 static void seq_begin(kvr_dindex_t *dx)
@@ -62,13 +77,16 @@ void kvr_dindex_format(kvr_dindex_t *dx)
     seq_begin(dx);
     dx->sh->nslots = n; /* for a reader of the segment (debugging): the handles carry their own */
     dx->sh->nbuckets = dx->nbuckets;
-    for (uint64_t b = 0; b < dx->nbuckets; b++)
+    for (uint64_t b = 0; b < dx->nbuckets; b++) {
         kvr_atomic_store_relaxed(&dx->buckets[b], KVR_NIL);
+        kvr_atomic_store_relaxed(&dx->canon_buckets[b], KVR_NIL);
+    }
     for (uint64_t i = 0; i < n; i++) {
         kvr_dslot_t *s = &dx->slot[i];
         uint32_t gen = KVR_DSLOT_GEN(kvr_atomic_load_relaxed(&s->sw)) + 1;
         kvr_atomic_store_relaxed(&s->sw, gen << 2 | KVR_DSLOT_FREE);
         kvr_atomic_store_relaxed(&s->chain_next, i + 1 < n ? (uint32_t)(i + 1) : KVR_NIL);
+        kvr_atomic_store_relaxed(&dx->canon_next[i], KVR_NIL);
     }
     dx->sh->free_head = n > 0 ? 0 : KVR_NIL;
     kvr_atomic_store_relaxed(&dx->sh->live, 0);
@@ -87,6 +105,35 @@ void kvr_dindex_hash(uint64_t seed, const void *key, size_t klen, uint64_t *h1, 
 static uint64_t bucket_of(const kvr_dindex_t *dx, uint64_t h1)
 {
     return h1 & (dx->nbuckets - 1);
+}
+
+/* Canonical hashes come from clients (X-KV-Sequence-Hash: perhaps small counters), so they
+ * are hashed again, with the pool as the seed. */
+static uint64_t canon_bucket_of(const kvr_dindex_t *dx, uint8_t pool, uint64_t canon)
+{
+    return XXH3_64bits_withSeed(&canon, sizeof(canon), pool) & (dx->nbuckets - 1);
+}
+
+/* Inside a section: slot i into the canonical chain of its (pool, canon), at the head. */
+static void canon_link(kvr_dindex_t *dx, uint32_t i)
+{
+    _Atomic uint32_t *b = &dx->canon_buckets[canon_bucket_of(dx, dx->slot[i].pool, dx->slot[i].canon)];
+
+    kvr_atomic_store_relaxed(&dx->canon_next[i], kvr_atomic_load_relaxed(b));
+    kvr_atomic_store_relaxed(b, i);
+}
+
+/* Inside a section: slot i out of the canonical chain of (pool, canon), which it is on. */
+static void canon_unlink(kvr_dindex_t *dx, uint32_t i, uint8_t pool, uint64_t canon)
+{
+    _Atomic uint32_t *link = &dx->canon_buckets[canon_bucket_of(dx, pool, canon)];
+    uint32_t j;
+
+    while ((j = kvr_atomic_load_relaxed(link)) != KVR_NIL && j != i)
+        link = &dx->canon_next[j];
+    if (j == i)
+        kvr_atomic_store_relaxed(link, kvr_atomic_load_relaxed(&dx->canon_next[i]));
+    kvr_atomic_store_relaxed(&dx->canon_next[i], KVR_NIL);
 }
 
 /* The writer's own walk (no other process relinks, so plain reads). */
@@ -146,7 +193,9 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
         kvr_dslot_t *s = &dx->slot[i];
         kvr_dindex_get(dx, i, old);
         seq_begin(dx);
+        canon_unlink(dx, i, old->pool, old->canon);
         fill(s, v);
+        canon_link(dx, i);
         set_state(s, KVR_DSLOT_LIVE);
         seq_end(dx);
         gauges(dx, 0, v->length - old->length);
@@ -161,6 +210,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
     dx->sh->free_head = dx->slot[i].chain_next;
     fill(&dx->slot[i], v);
     kvr_atomic_store_relaxed(&dx->slot[i].chain_next, kvr_atomic_load_relaxed(&dx->buckets[b]));
+    canon_link(dx, i);
     set_state(&dx->slot[i], KVR_DSLOT_LIVE);
     kvr_atomic_store_relaxed(&dx->buckets[b], i);
     seq_end(dx);
@@ -181,6 +231,7 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
         return; /* not linked: free already */
     seq_begin(dx);
     kvr_atomic_store_relaxed(link, s->chain_next);
+    canon_unlink(dx, id, s->pool, s->canon);
     set_state(s, KVR_DSLOT_FREE);
     kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
     seq_end(dx);
@@ -310,6 +361,42 @@ int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t
 
     for (int t = 0; t < LOOKUP_TRIES; t++) {
         int rc = lookup_once(dx, ns, h1, h2, key_len, out, id, &sw);
+        if (rc != KVR_AGAIN)
+            return rc;
+        kvr_cpu_relax();
+    }
+    return KVR_AGAIN;
+}
+
+/* One lock-free walk of a canonical chain: 1, 0, or KVR_AGAIN when the section moved. */
+static int canon_once(const kvr_dindex_t *dx, uint8_t pool, uint64_t canon)
+{
+    /* Pairs with seq_end's release store: the chains of the last section are visible. */
+    uint64_t s1 = kvr_atomic_load_acquire(&dx->sh->seq), steps = 0, n = dx->nslots;
+    uint32_t i;
+    int found = 0;
+
+    if (s1 & 1)
+        return KVR_AGAIN;
+    i = kvr_atomic_load_relaxed(&dx->canon_buckets[canon_bucket_of(dx, pool, canon)]);
+    while (i != KVR_NIL && i < n && steps++ < n) {
+        const kvr_dslot_t *s = &dx->slot[i];
+        if (kvr_atomic_load_relaxed(&s->canon) == canon && kvr_atomic_load_relaxed(&s->pool) == pool &&
+            KVR_DSLOT_STATE(kvr_atomic_load_relaxed(&s->sw)) == KVR_DSLOT_LIVE) {
+            found = 1;
+            break;
+        }
+        i = kvr_atomic_load_relaxed(&dx->canon_next[i]);
+    }
+    /* Orders the loads above before the re-check: pairs with seq_begin's release fence. */
+    kvr_atomic_fence_acquire();
+    return kvr_atomic_load_relaxed(&dx->sh->seq) == s1 ? found : KVR_AGAIN;
+}
+
+int kvr_dindex_has_canon(const kvr_dindex_t *dx, uint8_t pool, uint64_t canon)
+{
+    for (int t = 0; t < LOOKUP_TRIES; t++) {
+        int rc = canon_once(dx, pool, canon);
         if (rc != KVR_AGAIN)
             return rc;
         kvr_cpu_relax();

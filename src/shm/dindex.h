@@ -2,7 +2,8 @@
  * dindex.h — the disk index: where each block the disk tier holds lies in its file, in the
  * shared segment so that any worker can find it (docs/ssd-tier.md, "The disk index").
  *
- * One 64-byte slot per disk record, on hash chains like the RAM index's. A slot holds no key
+ * One 64-byte slot per disk record, on hash chains like the RAM index's (by key, and a second
+ * set by pool and canonical hash for lookups by hash). A slot holds no key
  * bytes: a key is matched by two independent 64-bit hashes seeded with its namespace's secret
  * seed, its namespace and its length; a reader of the block then compares the full key with the
  * record's own copy.
@@ -61,10 +62,15 @@ typedef struct {
     kvr_dindex_sh_t *sh;
     kvr_dslot_t *slot;
     _Atomic uint32_t *buckets;
+    /* The second set of chains, by (pool, canonical hash): /batch/lookup's question. One link
+     * per slot, beside the slots (a slot is one cache line, full), and buckets of their own. */
+    _Atomic uint32_t *canon_next;
+    _Atomic uint32_t *canon_buckets;
     uint64_t nslots, nbuckets;
 } kvr_dindex_t;
 
-/* Bytes of the region for nslots slots (state, slots, buckets). */
+/* Bytes of the region for nslots slots (state, slots, key buckets, canonical links and
+ * buckets). */
 uint64_t kvr_dindex_bytes(uint64_t nslots);
 /* Points dx at a region of kvr_dindex_bytes(nslots) bytes at base; kvr_dindex_format empties
  * it (before anyone reads it, or by the writer inside a seqlock section when it rebuilds). */
@@ -107,6 +113,10 @@ uint64_t kvr_dindex_kills(const kvr_dindex_t *dx);
  */
 int kvr_dindex_lookup(const kvr_dindex_t *dx, uint16_t ns, uint64_t h1, uint64_t h2, uint16_t key_len,
                       kvr_dslot_t *out, uint32_t *id);
+/* Reader, lock-free: 1 when a LIVE slot of pool holds a block with canonical hash canon, 0 when
+ * none does, KVR_AGAIN when the writer kept changing the chains (the caller answers "not
+ * held": a lookup's "no" costs a recomputation, never a wrong block). */
+int kvr_dindex_has_canon(const kvr_dindex_t *dx, uint8_t pool, uint64_t canon);
 /* Reader, lock-free, by slot index: 1 with a copy of slot id when it is LIVE, 0 when it is not,
  * KVR_AGAIN when the writer kept changing it. */
 int kvr_dindex_peek(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);

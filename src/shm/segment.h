@@ -49,8 +49,10 @@
  * hdr->relay_pools). 5: the canonical-hash chains of the index (an entry's canon_next, taken from
  * its inline key tail: KVR_KEY_TAIL 15 -> 11; the canon buckets at hdr->off_cbuckets), and stats
  * blocks of 4 KiB (the KV events' counters, shm/stats.h). 6: the disk tier's index (hdr->ssd_slots,
- * hdr->off_dindex, shm/dindex.h). 7: the disk tier's counters in the stats blocks. */
-#define KVR_SEG_LAYOUT_VERSION 8u
+ * hdr->off_dindex, shm/dindex.h). 7: the disk tier's counters in the stats blocks. 8: its latency
+ * histograms in the stats blocks. 9: the disk
+ * index's chains by canonical hash (shm/dindex.h). */
+#define KVR_SEG_LAYOUT_VERSION 9u
 #define KVR_MAX_PROCS          64
 #define KVR_HUGE_PAGE          (2u << 20)
 #define KVR_SEG_LOCK_WAIT_MS   10000u /* the supervisor's bound on waiting for a gone run's lock */

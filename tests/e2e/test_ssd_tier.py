@@ -251,9 +251,19 @@ def test_a_block_on_disk_only_stays_visible_to_routers(start, ssd_dir):
     assert a.stats()["evictions"] >= 32
     wait_until(lambda: all(in_filter(a, i) for i in range(64)), 5 * SLOW,
                what="every block, RAM or disk, in the relay's filter")
+    # the exact lookup by hash (docs/kv-lookup.md) holds the disk blocks too
+    assert lookup(a, list(range(64)) + [999]) == ([True] * 64 + [False], 64)
     assert a.delete(key).status == 200
     wait_until(lambda: not in_filter(a, 2), 5 * SLOW, what="the deleted block out of the filter")
     assert in_filter(a, 3)
+    assert lookup(a, range(6)) == ([True, True, False, True, True, True], 2)
+
+
+def lookup(srv, idx):
+    r = srv.request("POST", "/batch/lookup", body="\n".join(str(seqhash(i)) for i in idx).encode())
+    assert r.status == 200, r
+    j = r.json()
+    return j["held"], j["prefix"]
 
 
 def refused(*args):

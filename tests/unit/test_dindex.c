@@ -99,6 +99,61 @@ Test(dindex, put_move_remove_and_full)
     }
 }
 
+/* Lookups by (pool, canonical hash): a hash held by several keys, a move to another hash, a
+ * DEAD slot, a removal and a page dropped; small counters as hashes share buckets with nothing
+ * wrong (the chains compare both fields). */
+Test(dindex, canonical_chains_follow_every_put_move_kill_and_removal)
+{
+    kvr_dslot_t v, old;
+    uint32_t id[8];
+
+    for (uint64_t k = 0; k < 8; k++) {
+        v = slot_of(k, 1 + (uint32_t)(k % 2));
+        v.canon = 100 + k / 2; /* keys 2j and 2j+1 hold the same canonical hash */
+        v.pool = (uint8_t)(k < 6 ? 2 : 5);
+        cr_assert_eq(kvr_dindex_put(&dx, &v, &id[k], &old), KVR_OK);
+    }
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 100), 1);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 102), 1);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 103), 0, "held by pool 5 only");
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 5, 103), 1);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 5, 100), 0, "another pool's hash");
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 99), 0);
+
+    kvr_dindex_remove(&dx, id[0]); /* one of two keys of 100 goes: still held */
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 100), 1);
+    kvr_dindex_get(&dx, id[1], &v);
+    cr_assert_eq(kvr_dindex_kill_seen(&dx, id[1], v.sw), 1); /* a DELETE: DEAD is not held */
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 100), 0);
+
+    v = slot_of(2, 3); /* key 2 written again with another canonical hash: moved chains */
+    v.canon = 777;
+    cr_assert_eq(kvr_dindex_put(&dx, &v, &id[2], &old), KVR_OK);
+    cr_assert_eq(old.canon, 101);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 777), 1);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 101), 1, "key 3 still holds 101");
+    kvr_dindex_remove(&dx, id[3]);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 101), 0, "moved away and removed");
+
+    /* page 2 (keys 1, DEAD, 5 and 7) recycled: 102 keeps key 4 (page 1), 103 key 6 (page 1) */
+    cr_assert_eq(kvr_dindex_drop_page(&dx, 2, 2 * 7 + 5, NULL, NULL), 3);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 2, 102), 1);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 5, 103), 1);
+    kvr_dindex_remove(&dx, id[6]);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, 5, 103), 0);
+
+    /* every slot taken and freed again: the chains end empty */
+    for (uint64_t k = 100; k < 100 + NSLOTS; k++) {
+        v = slot_of(k, 9);
+        v.canon = k % 3;
+        if (kvr_dindex_put(&dx, &v, &id[0], &old) != KVR_OK)
+            break;
+    }
+    kvr_dindex_format(&dx);
+    for (uint64_t c = 0; c < 3; c++)
+        cr_assert_eq(kvr_dindex_has_canon(&dx, 2, c), 0, "a format empties the canonical chains");
+}
+
 Test(dindex, kill_reap_and_revive)
 {
     kvr_dslot_t v = slot_of(5, 1), old, got;
