@@ -229,8 +229,11 @@ int kvr_store_release(kvr_store_t *st, uint16_t ns, const void *key, size_t klen
 void kvr_store_stats(kvr_store_t *st, kvr_store_stats_t *out);
 
 /* The supervisor, at every publication of the tenants table: each namespace's memory= in
- * payload bytes (0: none), which its PUTs then keep to by evicting their own blocks. */
-void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX]);
+ * payload bytes (0: none), which its PUTs then keep to by evicting their own blocks, and its
+ * ssd= (0: none), which the disk writer keeps to by dropping its oldest disk copies. */
+void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX], const uint64_t ssd[KVR_NS_MAX]);
+/* ssd= of namespace ns (a relaxed load: the disk writer's, without the lock). */
+uint64_t kvr_store_ssd_quota(const kvr_store_t *st, uint16_t ns);
 
 /* One namespace's share: what it holds now, and its counters summed over every process. */
 typedef struct {

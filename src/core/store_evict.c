@@ -160,10 +160,17 @@ int kvr_store_make_room_locked(kvr_store_t *st, uint16_t ns, uint64_t len, uint6
     return KVR_OK;
 }
 
-void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX])
+void kvr_store_set_quotas(kvr_store_t *st, const uint64_t quota[KVR_NS_MAX], const uint64_t ssd[KVR_NS_MAX])
 {
     if (store_lock(st) != KVR_OK)
         return;
     memcpy(st->sh->ns_quota, quota, sizeof(st->sh->ns_quota));
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) /* the disk writer reads them without the lock */
+        kvr_atomic_store_relaxed(&st->sh->ns_ssd_quota[ns], ssd[ns]);
     store_unlock(st);
+}
+
+uint64_t kvr_store_ssd_quota(const kvr_store_t *st, uint16_t ns)
+{
+    return ns < KVR_NS_MAX ? kvr_atomic_load_relaxed(&st->sh->ns_ssd_quota[ns]) : 0;
 }

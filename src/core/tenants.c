@@ -148,51 +148,67 @@ static int token_of(ctx_t *c, span_t f, uint8_t d[KVR_SHA256_LEN])
     return KVR_OK;
 }
 
-static int memory_of(ctx_t *c, span_t v, uint64_t *q)
+/* A quota's SIZE (memory= or ssd=, named by key): a size above 0. */
+static int size_of(ctx_t *c, const char *key, span_t v, uint64_t *q)
 {
     char buf[KVR_TENANTS_LINE_MAX + 1], qb[QUOTE_MAX * 4 + 8];
 
     memcpy(buf, v.p, v.n);
     buf[v.n] = '\0';
     if (kvr_config_parse_size(buf, q) != KVR_OK)
-        return fail(c, "memory=%s is not a size (like 512M, 8G, 1TiB)", quote(qb, sizeof(qb), v));
+        return fail(c, "%s=%s is not a size (like 512M, 8G, 1TiB)", key, quote(qb, sizeof(qb), v));
     if (*q == 0)
-        return fail(c, "memory=0: a quota is above 0 (leave memory= out for none)");
+        return fail(c, "%s=0: a quota is above 0 (leave %s= out for none)", key, key);
     return KVR_OK;
 }
 
-/* memory= and model= of one line: checked, then agreed with earlier lines of the namespace. */
+/* A quota of this line, agreed with the one an earlier line gave the namespace (*line: where,
+ * 0 never). */
+static int quota_of(ctx_t *c, const kvr_tenant_ns_t *ns, const char *key, span_t v, uint64_t *quota, uint32_t *line)
+{
+    uint64_t q;
+
+    if (v.p == NULL)
+        return KVR_OK;
+    if (size_of(c, key, v, &q) != KVR_OK)
+        return KVR_EINVAL;
+    if (*line != 0 && *quota != q)
+        return fail(c, "namespace \"%s\" has %s= %llu bytes here but %llu bytes on line %u", ns->name, key,
+                    (unsigned long long)q, (unsigned long long)*quota, *line);
+    if (*line == 0)
+        *quota = q, *line = c->line;
+    return KVR_OK;
+}
+
+/* memory=, ssd= and model= of one line: checked, then agreed with earlier lines of the
+ * namespace. */
 static int options_of(ctx_t *c, kvr_tenant_ns_t *ns, const span_t *f, size_t nf)
 {
     char qb[QUOTE_MAX * 4 + 8];
-    span_t mem = {NULL, 0}, model = {NULL, 0};
+    span_t mem = {NULL, 0}, ssd = {NULL, 0}, model = {NULL, 0};
 
     for (size_t i = 0; i < nf; i++) {
         const char *eq = memchr(f[i].p, '=', f[i].n);
         size_t kl = eq ? (size_t)(eq - f[i].p) : 0;
         span_t *slot = NULL;
         if (eq == NULL)
-            return fail(c, "field %zu is neither memory=SIZE nor model=NAME", i + 3);
+            return fail(c, "field %zu is none of memory=SIZE, ssd=SIZE, model=NAME", i + 3);
         if (kl == 6 && memcmp(f[i].p, "memory", 6) == 0)
             slot = &mem;
+        else if (kl == 3 && memcmp(f[i].p, "ssd", 3) == 0)
+            slot = &ssd;
         else if (kl == 5 && memcmp(f[i].p, "model", 5) == 0)
             slot = &model;
         else
-            return fail(c, "unknown key \"%s=\" (memory= and model= are known)", quote(qb, sizeof(qb), (span_t){f[i].p, kl}));
+            return fail(c, "unknown key \"%s=\" (memory=, ssd= and model= are known)",
+                        quote(qb, sizeof(qb), (span_t){f[i].p, kl}));
         if (slot->p != NULL)
             return fail(c, "%.*s= is given twice", (int)kl, f[i].p);
         *slot = (span_t){eq + 1, f[i].n - kl - 1};
     }
-    if (mem.p != NULL) {
-        uint64_t q;
-        if (memory_of(c, mem, &q) != KVR_OK)
-            return KVR_EINVAL;
-        if (ns->quota_line != 0 && ns->quota != q)
-            return fail(c, "namespace \"%s\" has memory= %llu bytes here but %llu bytes on line %u", ns->name,
-                        (unsigned long long)q, (unsigned long long)ns->quota, ns->quota_line);
-        if (ns->quota_line == 0)
-            ns->quota = q, ns->quota_line = c->line;
-    }
+    if (quota_of(c, ns, "memory", mem, &ns->quota, &ns->quota_line) != KVR_OK ||
+        quota_of(c, ns, "ssd", ssd, &ns->ssd_quota, &ns->ssd_line) != KVR_OK)
+        return KVR_EINVAL;
     if (model.p != NULL) {
         if (!kvr_model_valid(model.p, model.n))
             return fail(c, "model=%s is not 1 to %d printable bytes without spaces", quote(qb, sizeof(qb), model),
@@ -227,7 +243,7 @@ static int split(ctx_t *c, const char *p, size_t n, span_t *f, size_t maxf)
                             (unsigned char)p[i], i + 1),
                      -1;
         if (nf == maxf)
-            return fail(c, "more than %zu fields (NAMESPACE TOKEN [memory=SIZE] [model=NAME])", maxf), -1;
+            return fail(c, "more than %zu fields (NAMESPACE TOKEN [memory=SIZE] [ssd=SIZE] [model=NAME])", maxf), -1;
         f[nf++] = (span_t){p + start, i - start};
     }
     return (int)nf;
@@ -236,7 +252,7 @@ static int split(ctx_t *c, const char *p, size_t n, span_t *f, size_t maxf)
 static int parse_line(ctx_t *c, const char *p, size_t n)
 {
     kvr_tenants_t *t = c->t;
-    span_t f[4];
+    span_t f[5];
     uint8_t d[KVR_SHA256_LEN];
     int nf = split(c, p, n, f, KVR_ARRAY_SIZE(f)), ns;
     char q[QUOTE_MAX * 4 + 8];

@@ -4,15 +4,16 @@
  *
  * One entry per line, fields separated by spaces or tabs:
  *
- *     NAMESPACE TOKEN [memory=SIZE] [model=NAME]
+ *     NAMESPACE TOKEN [memory=SIZE] [ssd=SIZE] [model=NAME]
  *
  * `#` at the start of a field starts a comment that runs to the end of the line (a `#` inside
  * a token is part of it); blank lines are ignored; a CR before the newline is dropped.
  * NAMESPACE is 1-32 bytes of [A-Za-z0-9._-]. TOKEN is the literal bearer token (1-256 bytes of
  * visible ASCII, not starting with "sha256:") or "sha256:" and the 64 hex digits of its SHA-256.
  * SIZE is read by the configuration's size parser (kvr_config_parse_size), above 0. NAME is
- * 1-128 bytes of visible ASCII. One namespace may have several tokens (rotation); memory= and
- * model= given for it on several lines must agree.
+ * 1-128 bytes of visible ASCII. memory= caps the namespace's bytes in RAM, ssd= on the disk
+ * tier. One namespace may have several tokens (rotation); memory=, ssd= and model= given for it
+ * on several lines must agree.
  *
  * Limits: the file at most 1 MiB, a line at most 1024 bytes, at most 1024 tokens, at most
  * KVR_NS_MAX - 1 namespaces besides "default"; the same token twice (equal digests) is refused.
@@ -32,9 +33,11 @@
 typedef struct {
     char name[KVR_NS_NAME_MAX + 1];
     char model[KVR_MODEL_MAX + 1];   /* "" none */
-    uint64_t quota;                  /* bytes; 0 none */
+    uint64_t quota;                  /* memory=: bytes; 0 none */
+    uint64_t ssd_quota;              /* ssd=: bytes; 0 none */
     uint32_t line;                   /* first line naming it (0: "default", not in the file) */
     uint32_t quota_line, model_line; /* where memory= / model= was first given (0: never) */
+    uint32_t ssd_line;               /* where ssd= was */
 } kvr_tenant_ns_t;
 
 typedef struct {

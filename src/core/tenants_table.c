@@ -132,7 +132,7 @@ static void write_table(kvr_tenants_sh_t *sh, const kvr_tenants_t *t, const uint
 
     for (int j = 1; j < KVR_NS_MAX; j++)
         sh->ns[j].configured = 0;
-    sh->ns[KVR_NS_DEFAULT].quota = 0;
+    sh->ns[KVR_NS_DEFAULT].quota = sh->ns[KVR_NS_DEFAULT].ssd_quota = 0;
     sh->ns[KVR_NS_DEFAULT].model[0] = '\0';
     for (uint32_t i = 0; i < t->nns; i++) {
         kvr_ns_sh_t *s = &sh->ns[id[i]];
@@ -143,12 +143,13 @@ static void write_table(kvr_tenants_sh_t *sh, const kvr_tenants_t *t, const uint
         }
         s->configured = 1;
         s->quota = t->ns[i].quota;
+        s->ssd_quota = t->ns[i].ssd_quota;
         memset(s->model, 0, sizeof(s->model));
         memcpy(s->model, t->ns[i].model, strlen(t->ns[i].model));
     }
     for (int j = 0; j < KVR_NS_MAX; j++)
         if (sh->ns[j].in_use && !sh->ns[j].configured) {
-            sh->ns[j].quota = 0; /* removed: its name and id stay, nothing else */
+            sh->ns[j].quota = sh->ns[j].ssd_quota = 0; /* removed: its name and id stay, nothing else */
             sh->ns[j].model[0] = '\0';
         }
     for (uint32_t i = 0; i < t->ntokens; i++, n++) {
@@ -324,6 +325,12 @@ uint64_t kvr_tenants_ns_quota(const kvr_tenants_view_t *v, uint16_t ns)
 {
     const kvr_ns_sh_t *s = slot_of(v, ns);
     return s ? s->quota : 0;
+}
+
+uint64_t kvr_tenants_ns_ssd_quota(const kvr_tenants_view_t *v, uint16_t ns)
+{
+    const kvr_ns_sh_t *s = slot_of(v, ns);
+    return s ? s->ssd_quota : 0;
 }
 
 const char *kvr_tenants_ns_model(const kvr_tenants_view_t *v, uint16_t ns)

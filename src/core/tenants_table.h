@@ -91,6 +91,8 @@ const char *kvr_tenants_ns_name(const kvr_tenants_view_t *v, uint16_t ns);
 int kvr_tenants_ns_configured(const kvr_tenants_view_t *v, uint16_t ns);
 /* memory= in bytes; 0: none. */
 uint64_t kvr_tenants_ns_quota(const kvr_tenants_view_t *v, uint16_t ns);
+/* ssd= in bytes; 0: none. */
+uint64_t kvr_tenants_ns_ssd_quota(const kvr_tenants_view_t *v, uint16_t ns);
 /* model=, or NULL: none. */
 const char *kvr_tenants_ns_model(const kvr_tenants_view_t *v, uint16_t ns);
 /* The id of name, or -1. */

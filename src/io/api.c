@@ -476,8 +476,7 @@ static void handle_stats(kvr_api_t *a, kvr_api_res_t *res)
         kvr_json_str(&j, name != NULL ? name : "", name != NULL ? strlen(name) : 0);
     }
     api_json_field(&j, "max_block_size", a->cfg->max_block_size, 0); /* effective: clamped to the arena */
-    if (!scoped)
-        kvr_api_disk_stats(a, &j);
+    kvr_api_disk_stats(a, &j, scoped ? (int)res->ns : -1);           /* a tenant sees its own disk blocks only */
     kvr_json_raw(&j, "}");
     send_json(res, 200, &j);
 }

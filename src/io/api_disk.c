@@ -254,10 +254,12 @@ void kvr_api_disk_sync(kvr_api_t *a, kvr_api_res_t *res)
     }
 }
 
-void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j)
+void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j, int ns)
 {
+    const kvr_dindex_t *dx = &a->store->dx;
+
     if (a->store->dx.sh == NULL)
         return;
-    api_json_field(j, "disk_blocks", kvr_dindex_live(&a->store->dx), 0);
-    api_json_field(j, "disk_bytes", kvr_dindex_live_bytes(&a->store->dx), 0);
+    api_json_field(j, "disk_blocks", ns < 0 ? kvr_dindex_live(dx) : kvr_dindex_ns_live(dx, (uint16_t)ns), 0);
+    api_json_field(j, "disk_bytes", ns < 0 ? kvr_dindex_live_bytes(dx) : kvr_dindex_ns_bytes(dx, (uint16_t)ns), 0);
 }

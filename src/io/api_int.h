@@ -73,7 +73,8 @@ int kvr_api_exists(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, u
  * tier held the key (*left: references left), KVR_ENOTFOUND, or the store's error. */
 int kvr_api_release(kvr_api_t *a, uint16_t ns, const uint8_t *key, size_t klen, uint32_t *left);
 
-/* /kv/stats' disk tier fields (disk_blocks, disk_bytes), when the tier is on. */
-void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j);
+/* /kv/stats' disk tier fields (disk_blocks, disk_bytes), when the tier is on: of namespace ns, or
+ * of all (ns < 0). */
+void kvr_api_disk_stats(kvr_api_t *a, kvr_json_t *j, int ns);
 
 #endif

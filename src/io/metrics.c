@@ -225,6 +225,23 @@ static void render_namespaces(out_t *o, kvr_store_t *st, const char *const names
         if (names[ns] != NULL)
             emit(o, "kvrelay_namespace_quota_bytes{namespace=\"%s\"} %llu\n", names[ns],
                  (unsigned long long)quota[ns]);
+    if (st->dx.sh == NULL)
+        return;
+    family(o, "kvrelay_namespace_disk_blocks", "gauge", "Blocks of the namespace on the disk tier.");
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        if (names[ns] != NULL)
+            emit(o, "kvrelay_namespace_disk_blocks{namespace=\"%s\"} %llu\n", names[ns],
+                 (unsigned long long)kvr_dindex_ns_live(&st->dx, (uint16_t)ns));
+    family(o, "kvrelay_namespace_disk_bytes", "gauge", "Payload bytes of the namespace's blocks on the disk tier.");
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        if (names[ns] != NULL)
+            emit(o, "kvrelay_namespace_disk_bytes{namespace=\"%s\"} %llu\n", names[ns],
+                 (unsigned long long)kvr_dindex_ns_bytes(&st->dx, (uint16_t)ns));
+    family(o, "kvrelay_namespace_ssd_quota_bytes", "gauge", "The namespace's ssd= quota in bytes (0: none).");
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+        if (names[ns] != NULL)
+            emit(o, "kvrelay_namespace_ssd_quota_bytes{namespace=\"%s\"} %llu\n", names[ns],
+                 (unsigned long long)kvr_store_ssd_quota(st, (uint16_t)ns));
 }
 
 char *kvr_metrics_render(kvr_seg_t *seg, kvr_store_t *st, const char *const ns_names[KVR_NS_MAX],

@@ -326,6 +326,114 @@ int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max)
     return (int)n;
 }
 
+/* ------------------------------------------------------------------ ssd= quotas */
+
+typedef struct {
+    uint64_t version;
+    uint32_t page;
+} page_age_t;
+
+typedef struct {
+    uint32_t off4k, id;
+    uint32_t sw;
+    uint64_t length;
+} rec_at_t;
+
+static int by_version(const void *a, const void *b)
+{
+    uint64_t x = ((const page_age_t *)a)->version, y = ((const page_age_t *)b)->version;
+    return x < y ? -1 : x > y;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    uint32_t x = ((const rec_at_t *)a)->off4k, y = ((const rec_at_t *)b)->off4k;
+    return x < y ? -1 : x > y;
+}
+
+/* Slot id, LIVE as *s says, of ns in page version of the page it names: dropped (its record
+ * stays on the page, which is recycled in its turn). 1, or 0 when a worker killed it meanwhile. */
+static int quota_drop(kvr_ssdt_t *t, uint32_t id, const kvr_dslot_t *s)
+{
+    if (!kvr_dindex_remove_live(t->dx, id, s->sw))
+        return 0;
+    kvr_ssdp_forget(&t->p, s->page, s->version, slot_span(s));
+    if (t->on_slot != NULL)
+        t->on_slot(t->on_slot_ctx, id);
+    t->st.quota_evicted++;
+    t->st.quota_evicted_bytes += s->length;
+    return 1;
+}
+
+/* A LIVE slot of ns whose record is in its page's current incarnation (*s: its copy). */
+static int ns_slot(kvr_ssdt_t *t, uint32_t id, uint16_t ns, kvr_dslot_t *s)
+{
+    kvr_dindex_get(t->dx, id, s);
+    return KVR_DSLOT_STATE(s->sw) == KVR_DSLOT_LIVE && s->ns == ns && s->page < t->f.npages &&
+           t->p.pg[s->page].version == s->version;
+}
+
+uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota)
+{
+    uint64_t have = kvr_dindex_ns_bytes(t->dx, ns), need, acc = 0, vb = UINT64_MAX, rest = 0, freed = 0;
+    uint64_t np = t->f.npages, *bytes;
+    page_age_t *age = NULL;
+    rec_at_t *at = NULL;
+    size_t nage = 0, nat = 0, cap = 0;
+    uint32_t bpage = KVR_NIL;
+    kvr_dslot_t s;
+
+    if (quota == 0 || have <= quota)
+        return 0;
+    need = have - (quota - quota / 8);
+    if ((bytes = calloc(np, sizeof(*bytes))) == NULL || (age = malloc(np * sizeof(*age))) == NULL) {
+        free(bytes);
+        return 0; /* tried again next round */
+    }
+    /* one pass: the namespace's bytes in each page */
+    for (uint64_t i = 0; i < t->dx->nslots; i++)
+        if (ns_slot(t, (uint32_t)i, ns, &s))
+            bytes[s.page] += s.length;
+    for (uint64_t pg = 0; pg < np; pg++)
+        if (bytes[pg] > 0)
+            age[nage++] = (page_age_t){t->p.pg[pg].version, (uint32_t)pg};
+    qsort(age, nage, sizeof(*age), by_version);
+    /* the oldest pages go whole; the page where `need` is reached, from its start */
+    for (size_t k = 0; k < nage; k++) {
+        if (acc + bytes[age[k].page] >= need) {
+            vb = age[k].version;
+            bpage = age[k].page;
+            rest = need - acc;
+            cap = t->p.pg[bpage].nrecords;
+            break;
+        }
+        acc += bytes[age[k].page];
+    }
+    free(bytes);
+    free(age);
+    if (cap > 0 && (at = malloc(cap * sizeof(*at))) == NULL)
+        return 0;
+    /* a second pass: drop the older pages' slots, list the boundary page's */
+    for (uint64_t i = 0; i < t->dx->nslots; i++) {
+        if (!ns_slot(t, (uint32_t)i, ns, &s))
+            continue;
+        if (s.version < vb)
+            freed += quota_drop(t, (uint32_t)i, &s) ? s.length : 0;
+        else if (s.page == bpage && s.version == vb && nat < cap)
+            at[nat++] = (rec_at_t){s.off4k, (uint32_t)i, s.sw, s.length};
+    }
+    qsort(at, nat, sizeof(*at), by_offset);
+    for (size_t k = 0, got = 0; k < nat && got < rest; k++) {
+        kvr_dindex_get(t->dx, at[k].id, &s);
+        if (s.sw == at[k].sw && quota_drop(t, at[k].id, &s)) {
+            got += s.length;
+            freed += s.length;
+        }
+    }
+    free(at);
+    return freed;
+}
+
 int kvr_ssdt_read(kvr_ssdt_t *t, const kvr_dslot_t *s, const void *key, size_t klen, void *buf)
 {
     kvr_ssd_rec_t rec;

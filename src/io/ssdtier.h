@@ -25,10 +25,11 @@ typedef struct {
     uint64_t restore_unknown_ns; /* records of namespaces that are gone */
     uint64_t restore_index_full; /* records the index had no slot for */
     uint64_t demoted, demoted_bytes;
-    uint64_t demote_index_full; /* written, but the index had no slot: not kept */
-    uint64_t tombstones;        /* deletes written down */
-    uint64_t recycled_slots;    /* slots dropped with their page */
-    uint64_t read_ok, read_bad; /* kvr_ssdt_read: served, refused (stale, other key, checksum) */
+    uint64_t demote_index_full;                  /* written, but the index had no slot: not kept */
+    uint64_t tombstones;                         /* deletes written down */
+    uint64_t recycled_slots;                     /* slots dropped with their page */
+    uint64_t quota_evicted, quota_evicted_bytes; /* dropped to keep a namespace to its ssd= */
+    uint64_t read_ok, read_bad;                  /* kvr_ssdt_read: served, refused (stale, other key, checksum) */
 } kvr_ssdt_stats_t;
 
 typedef struct {
@@ -93,6 +94,17 @@ int kvr_ssdt_reserve(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec 
 /* Turns up to max slots that workers killed (DELETE) into tombstones and frees them. The
  * number reaped, or KVR_ERR on an I/O error (the slot stays DEAD and is tried again). */
 int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max);
+
+/*
+ * ssd= (docs/ssd-tier.md, "Namespaces"): when namespace ns holds more than `quota` bytes on
+ * disk (0: no quota), its oldest copies are dropped from the index until it holds 7/8 of it:
+ * pages in the order they were opened, records in a page in the order they were written. A
+ * dropped record stays on its page until the page is recycled (nothing is written: a restart
+ * may restore it, and the quota applies again). Two passes over the index's slots, so a
+ * namespace at its quota pays them once per eighth of its quota written. Returns the bytes
+ * dropped.
+ */
+uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota);
 
 /*
  * Reads the block a slot points at into buf (KVR_SSD_ALIGN-aligned, kvr_ssd_rec_span bytes of

@@ -221,7 +221,7 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
     commit_t *c = &w->pc[i];
     kvr_pool_info_t pi;
     kvr_dslot_t s;
-    uint64_t span;
+    uint64_t span, q;
     uint32_t id;
     int rc;
 
@@ -237,6 +237,12 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
     if (kvr_dindex_lookup(&w->st.dx, d->ns, s.h1, s.h2, d->key_len, &s, &id) == 1 && s.length == d->ref.length) {
         w->wrote[d->ref.entry] = d->ref.gen + 1; /* restored from the file: already there */
         w->now.already_on_disk++;
+        kvr_store_demote_release(&w->st, d);
+        return;
+    }
+    if ((q = kvr_store_ssd_quota(&w->st, d->ns)) > 0 && d->ref.length > q) {
+        w->wrote[d->ref.entry] = d->ref.gen + 1; /* larger than its namespace's ssd=: never */
+        w->now.quota_rejects++;
         kvr_store_demote_release(&w->st, d);
         return;
     }
@@ -265,6 +271,16 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
         ;
 }
 
+/* ssd= of every namespace (the supervisor's copy in the store, read without the lock). */
+static void quotas(kvr_ssdw_t *w)
+{
+    for (uint16_t ns = 0; ns < KVR_NS_MAX; ns++) {
+        uint64_t q = kvr_store_ssd_quota(&w->st, ns);
+        if (q > 0 && kvr_dindex_ns_bytes(&w->st.dx, ns) > q)
+            kvr_ssdt_quota(&w->tier, ns, q);
+    }
+}
+
 static void pause_ms(unsigned ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -280,6 +296,7 @@ static void *run(void *arg)
         kvr_atomic_store_release(&w->state, -1);
         return NULL;
     }
+    quotas(w);                               /* a quota lowered, or copies dropped for it before a restart: before anyone sees them */
     for (uint32_t i = 0; i < w->nslots; i++) /* the publisher learns every restored block */
         on_slot(w, i);
     wake(w);
@@ -299,6 +316,7 @@ static void *run(void *arg)
                     write_pick(w, i);
             drain(w); /* a pass ends with nothing in flight: reaping appends tombstones */
         }
+        quotas(w);
         if (kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
             kvr_ssdp_sync(&w->tier.p); /* started on the writer's ring; finished by a later round */
             last_sync = kvr_clock_ms();

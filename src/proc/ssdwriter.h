@@ -42,6 +42,7 @@ void kvr_ssdw_stop(kvr_ssdw_t *w);
 typedef struct {
     kvr_ssdt_stats_t tier;
     uint64_t rounds, picked, already_on_disk, stale, write_errors;
+    uint64_t quota_rejects;                   /* blocks larger than their namespace's ssd=: not copied */
     uint64_t write_hist[KVR_PUB_BUCKETS + 2]; /* the record writes' latency (io/ssdpages.h) */
 } kvr_ssdw_stats_t;
 void kvr_ssdw_stats(kvr_ssdw_t *w, kvr_ssdw_stats_t *out);

@@ -647,17 +647,20 @@ static void kill_stragglers(sup_t *s, uint64_t t)
 }
 
 /* After every publication of the tenants table (we are its only writer, so it is read
- * plainly): the namespaces' memory= for the store's evictions (one store lock), and the pool
+ * plainly): the namespaces' memory= for the store's evictions and ssd= for the disk writer's
+ * (one store lock), and the pool
  * of each configured namespace's default model, made now so that other namespaces' models can
  * never take its place (docs/tenancy.md, "Pools"). */
 static void push_tenants(sup_t *s)
 {
     const kvr_tenants_sh_t *t = kvr_seg_at(&s->seg, s->seg.hdr->off_tenants);
-    uint64_t q[KVR_NS_MAX];
+    uint64_t q[KVR_NS_MAX], ssd[KVR_NS_MAX];
 
-    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++)
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
         q[ns] = t->ns[ns].configured ? t->ns[ns].quota : 0;
-    kvr_store_set_quotas(&s->store, q);
+        ssd[ns] = t->ns[ns].configured ? t->ns[ns].ssd_quota : 0;
+    }
+    kvr_store_set_quotas(&s->store, q, ssd);
     for (unsigned ns = 1; ns < KVR_NS_MAX; ns++) {
         const char *m = t->ns[ns].model[0] ? t->ns[ns].model : s->cfg->model;
         int rc;

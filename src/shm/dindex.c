@@ -35,7 +35,8 @@ uint64_t kvr_dindex_bytes(uint64_t nslots)
 {
     uint64_t nb = pow2_at_least(nslots);
 
-    return sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t) + 2 * words(nb) + words(nslots);
+    return sizeof(kvr_dindex_sh_t) + nslots * sizeof(kvr_dslot_t) + 2 * words(nb) + words(nslots) +
+           2 * KVR_NS_MAX * sizeof(uint64_t);
 }
 
 void kvr_dindex_map(kvr_dindex_t *dx, void *base, uint64_t nslots)
@@ -52,6 +53,9 @@ void kvr_dindex_map(kvr_dindex_t *dx, void *base, uint64_t nslots)
     dx->canon_next = (_Atomic uint32_t *)p;
     p += words(nslots);
     dx->canon_buckets = (_Atomic uint32_t *)p;
+    p += words(nb);
+    dx->ns_live = (uint64_t *)p;
+    dx->ns_bytes = dx->ns_live + KVR_NS_MAX;
     dx->nslots = nslots;
     dx->nbuckets = nb;
 }
@@ -91,6 +95,10 @@ void kvr_dindex_format(kvr_dindex_t *dx)
     dx->sh->free_head = n > 0 ? 0 : KVR_NIL;
     kvr_atomic_store_relaxed(&dx->sh->live, 0);
     kvr_atomic_store_relaxed(&dx->sh->live_bytes, 0);
+    for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
+        kvr_atomic_store_relaxed(&dx->ns_live[ns], 0);
+        kvr_atomic_store_relaxed(&dx->ns_bytes[ns], 0);
+    }
     seq_end(dx);
 }
 
@@ -178,10 +186,14 @@ static void set_state(kvr_dslot_t *s, uint32_t st)
 
 /* The writer's gauges, read by workers (/kv/stats): relaxed stores of its own last values
  * (modular adds: a decrease is the two's complement). */
-static void gauges(kvr_dindex_t *dx, uint64_t dlive, uint64_t dbytes)
+static void gauges(kvr_dindex_t *dx, uint16_t ns, uint64_t dlive, uint64_t dbytes)
 {
     kvr_atomic_store_relaxed(&dx->sh->live, kvr_atomic_load_relaxed(&dx->sh->live) + dlive);
     kvr_atomic_store_relaxed(&dx->sh->live_bytes, kvr_atomic_load_relaxed(&dx->sh->live_bytes) + dbytes);
+    if (ns < KVR_NS_MAX) {
+        kvr_atomic_store_relaxed(&dx->ns_live[ns], kvr_atomic_load_relaxed(&dx->ns_live[ns]) + dlive);
+        kvr_atomic_store_relaxed(&dx->ns_bytes[ns], kvr_atomic_load_relaxed(&dx->ns_bytes[ns]) + dbytes);
+    }
 }
 
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old)
@@ -198,7 +210,7 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
         canon_link(dx, i);
         set_state(s, KVR_DSLOT_LIVE);
         seq_end(dx);
-        gauges(dx, 0, v->length - old->length);
+        gauges(dx, v->ns, 0, v->length - old->length); /* one key: one namespace */
         *id = i;
         return KVR_OK;
     }
@@ -214,12 +226,15 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
     set_state(&dx->slot[i], KVR_DSLOT_LIVE);
     kvr_atomic_store_relaxed(&dx->buckets[b], i);
     seq_end(dx);
-    gauges(dx, 1, v->length);
+    gauges(dx, v->ns, 1, v->length);
     *id = i;
     return KVR_OK;
 }
 
-void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
+/* Frees slot id; with want != NULL only while its state word is still *want (a CAS to the
+ * next generation, FREE: a worker's kill of that word then fails). 1 freed, 0 not (not
+ * linked, or the word moved). */
+static int remove_slot(kvr_dindex_t *dx, uint32_t id, const uint32_t *want)
 {
     kvr_dslot_t *s = &dx->slot[id];
     _Atomic uint32_t *link = &dx->buckets[bucket_of(dx, s->h1)];
@@ -228,15 +243,32 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
     while ((i = kvr_atomic_load_relaxed(link)) != KVR_NIL && i != id)
         link = (_Atomic uint32_t *)&dx->slot[i].chain_next;
     if (i != id)
-        return; /* not linked: free already */
+        return 0; /* not linked: free already */
+    if (want != NULL) {
+        uint32_t w = *want;
+        if (!kvr_atomic_cas_seq_cst(&s->sw, &w, (KVR_DSLOT_GEN(*want) + 1) << 2 | KVR_DSLOT_FREE))
+            return 0;
+    }
     seq_begin(dx);
     kvr_atomic_store_relaxed(link, s->chain_next);
     canon_unlink(dx, id, s->pool, s->canon);
-    set_state(s, KVR_DSLOT_FREE);
+    if (want == NULL)
+        set_state(s, KVR_DSLOT_FREE);
     kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
     seq_end(dx);
     dx->sh->free_head = id;
-    gauges(dx, (uint64_t)-1, (uint64_t)0 - s->length);
+    gauges(dx, s->ns, (uint64_t)-1, (uint64_t)0 - s->length);
+    return 1;
+}
+
+void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
+{
+    remove_slot(dx, id, NULL);
+}
+
+int kvr_dindex_remove_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw)
+{
+    return KVR_DSLOT_STATE(sw) == KVR_DSLOT_LIVE && id < dx->nslots && remove_slot(dx, id, &sw);
 }
 
 uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
@@ -272,6 +304,16 @@ uint64_t kvr_dindex_live(const kvr_dindex_t *dx)
 uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx)
 {
     return kvr_atomic_load_relaxed(&dx->sh->live_bytes);
+}
+
+uint64_t kvr_dindex_ns_live(const kvr_dindex_t *dx, uint16_t ns)
+{
+    return ns < KVR_NS_MAX ? kvr_atomic_load_relaxed(&dx->ns_live[ns]) : 0;
+}
+
+uint64_t kvr_dindex_ns_bytes(const kvr_dindex_t *dx, uint16_t ns)
+{
+    return ns < KVR_NS_MAX ? kvr_atomic_load_relaxed(&dx->ns_bytes[ns]) : 0;
 }
 
 uint32_t kvr_dindex_scan_dead(const kvr_dindex_t *dx, uint64_t *cursor, uint64_t limit, uint64_t *scanned)

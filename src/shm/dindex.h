@@ -66,11 +66,14 @@ typedef struct {
      * per slot, beside the slots (a slot is one cache line, full), and buckets of their own. */
     _Atomic uint32_t *canon_next;
     _Atomic uint32_t *canon_buckets;
+    /* Per namespace: slots in use (LIVE or DEAD) and their payload bytes, the writer's gauges
+     * as live and live_bytes are (an ssd= quota is checked against them). */
+    uint64_t *ns_live, *ns_bytes;
     uint64_t nslots, nbuckets;
 } kvr_dindex_t;
 
 /* Bytes of the region for nslots slots (state, slots, key buckets, canonical links and
- * buckets). */
+ * buckets, the per-namespace gauges). */
 uint64_t kvr_dindex_bytes(uint64_t nslots);
 /* Points dx at a region of kvr_dindex_bytes(nslots) bytes at base; kvr_dindex_format empties
  * it (before anyone reads it, or by the writer inside a seqlock section when it rebuilds). */
@@ -89,6 +92,10 @@ void kvr_dindex_hash(uint64_t seed, const void *key, size_t klen, uint64_t *h1, 
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old);
 /* Writer: frees slot id (its block left the disk). */
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
+/* Writer: frees slot id only while it is still the LIVE word sw (as kvr_dindex_get read it),
+ * by a CAS that a worker's kill of it would make fail: 1 freed; 0 when a worker killed it
+ * meanwhile (it stays DEAD for the reaper, whose tombstone keeps the delete across restarts). */
+int kvr_dindex_remove_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw);
 /* Writer: frees every slot that points into page `page` of incarnation `version` (the page is
  * being recycled); returns how many. cb (optional) is told each slot freed. */
 uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
@@ -98,6 +105,9 @@ void kvr_dindex_get(const kvr_dindex_t *dx, uint32_t id, kvr_dslot_t *out);
 /* Slots in use (LIVE or DEAD): a gauge, exact for the writer. */
 uint64_t kvr_dindex_live(const kvr_dindex_t *dx);
 uint64_t kvr_dindex_live_bytes(const kvr_dindex_t *dx);
+/* The same for namespace ns (< KVR_NS_MAX). */
+uint64_t kvr_dindex_ns_live(const kvr_dindex_t *dx, uint16_t ns);
+uint64_t kvr_dindex_ns_bytes(const kvr_dindex_t *dx, uint16_t ns);
 /* Writer: the next DEAD slot from *cursor on (wrapping once), or KVR_NIL; *cursor moves past it. */
 uint32_t kvr_dindex_next_dead(const kvr_dindex_t *dx, uint64_t *cursor);
 /* Writer: the same over at most `limit` slots from *cursor; *scanned says how many it looked

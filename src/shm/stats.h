@@ -86,7 +86,11 @@
      * submission to completion, the writer's record write likewise (copied as its counts) */ \
     X(DISK_READ_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
     X(DISK_WRITE_HIST, KVR_PUB_BUCKETS + 2, NULL, NULL) \
-    X(DISK_SPARE, 5, NULL, NULL) \
+    X(DISK_QUOTA_EVICTIONS, 1, "kvrelay_disk_quota_evictions_total", \
+      "Blocks dropped from the disk tier to keep a namespace within its ssd= quota.") \
+    X(DISK_QUOTA_REJECTS, 1, "kvrelay_disk_quota_rejects_total", \
+      "Blocks not copied to the disk tier: larger than their namespace's ssd= quota.") \
+    X(DISK_SPARE, 3, NULL, NULL) \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \

@@ -90,6 +90,9 @@ typedef struct {
     /* memory= of each namespace in payload bytes (0: none): the supervisor copies it from the
      * tenants table under the lock at every publication (kvr_store_set_quotas) */
     uint64_t ns_quota[KVR_NS_MAX];
+    /* ssd= of each namespace in payload bytes (0: none), copied with ns_quota; the disk writer
+     * reads it with relaxed loads, no lock (a quota one publication late is harmless) */
+    uint64_t ns_ssd_quota[KVR_NS_MAX];
     kvr_ns_stats_t ns_stats[KVR_MAX_PROCS + 1][KVR_NS_MAX]; /* by process slot, as `stats` */
 
     _Atomic uint32_t npools; /* pool slots in use (the protocol above) */

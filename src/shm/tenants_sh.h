@@ -36,7 +36,8 @@ typedef struct {
     uint8_t pad0_[5];
     uint64_t quota;                /* memory= in bytes; 0: none */
     char model[KVR_MODEL_MAX + 1]; /* model=; "" none */
-    uint8_t pad_[15];
+    uint8_t pad_[7];
+    uint64_t ssd_quota; /* ssd= in bytes; 0: none */
 } kvr_ns_sh_t;
 static_assert(sizeof(kvr_ns_sh_t) == 192, "namespace slot layout");
 

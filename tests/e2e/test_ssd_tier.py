@@ -236,6 +236,66 @@ def test_a_batch_get_serves_disk_blocks_and_the_client_loads_them(start, ssd_dir
     assert disk_metrics(a)["kvrelay_disk_reads_total"] - m1["kvrelay_disk_reads_total"] == len(idx)
 
 
+def ns_metric(srv, name, ns):
+    m = re.search(rf'^{name}{{namespace="{ns}"}} (\S+)$', srv.request("GET", "/metrics").body.decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_an_ssd_quota_drops_its_namespace_s_oldest_disk_copies_only(start, ssd_dir, tmp_path):
+    """ssd= in the tenants file (docs/ssd-tier.md, "Namespaces"): namespace a (ssd=8M) and b
+    (none) each store 40 blocks of 1 MiB through a 32 MiB arena; a keeps at most 8 MiB on disk,
+    its newest, and its oldest are gone from both tiers; b keeps all it copied; a's scoped
+    /kv/stats shows its own disk bytes only; a restart on the same file keeps the quota."""
+    tenants = tmp_path / "tenants"
+    tenants.write_text("a tok-a ssd=8M\nb tok-b\n")
+    tier = ssd_dir / "tier"
+
+    def run(name):
+        return start(tier, "--tenants", str(tenants), "--admin-token", "tok-admin", name=name,
+                     cls=lambda *a, **k: Server(*a, token="tok-admin", **k))
+
+    srv = run("quota")
+    for i in range(40):
+        for ns in ("a", "b"):
+            key, tok = f"q/{i:03d}", f"tok-{ns}"
+            r = srv.request("PUT", kv_path(key), body=block(1000 * (ns == "b") + i), token=tok)
+            assert r.status == 201, (ns, key, r.status)
+            assert srv.request("GET", kv_path(key), token=tok).status == 200  # read once: admitted
+        wait_until(lambda: disk_metrics_all(srv)["kvrelay_disk_writes_total"] >= 2 * (i + 1) - 12, 10 * SLOW,
+                   interval=0.01, what=f"the disk writer to keep up with block {i}")
+    # every block copied (the writer drops a's oldest at the end of each round: a round's copies
+    # may take a past its quota until then)
+    wait_until(lambda: disk_metrics_all(srv)["kvrelay_disk_writes_total"] >= 80, 10 * SLOW, what="every copy")
+    wait_until(lambda: ns_metric(srv, "kvrelay_namespace_disk_bytes", "a") <= 8 * MiB, 5 * SLOW,
+               what=lambda: f"a within its quota: {ns_metric(srv, 'kvrelay_namespace_disk_bytes', 'a')}")
+    a_bytes = ns_metric(srv, "kvrelay_namespace_disk_bytes", "a")
+    b_bytes = ns_metric(srv, "kvrelay_namespace_disk_bytes", "b")
+    m = disk_metrics_all(srv)
+    print(f"ssd=8M: a {a_bytes / MiB:.0f} MiB on disk, b {b_bytes / MiB:.0f} MiB; "
+          f"{m['kvrelay_disk_quota_evictions_total']:.0f} dropped for the quota")
+    assert 0 < a_bytes <= 8 * MiB, a_bytes
+    assert m["kvrelay_disk_quota_evictions_total"] >= 40 - 12 - 8, m
+    assert ns_metric(srv, "kvrelay_namespace_ssd_quota_bytes", "a") == 8 * MiB
+    assert ns_metric(srv, "kvrelay_namespace_ssd_quota_bytes", "b") == 0
+    st = srv.request("GET", "/kv/stats", token="tok-a").json()
+    assert st["namespace"] == "a" and st["disk_bytes"] == a_bytes, st
+    # a's oldest are gone from both tiers; its newest and all of b's copies are served
+    assert srv.request("GET", kv_path("q/000"), token="tok-a").status == 404
+    assert srv.request("GET", kv_path("q/039"), token="tok-a").body == block(39)
+    assert srv.request("GET", kv_path("q/000"), token="tok-b").body == block(1000)
+    srv.stop()
+
+    again = run("quota-again")
+    assert ns_metric(again, "kvrelay_namespace_disk_bytes", "a") <= 8 * MiB, "the quota holds after a restart"
+    assert again.request("GET", kv_path("q/001"), token="tok-b").body == block(1001)
+    assert again.request("GET", kv_path("q/038"), token="tok-a").body == block(38)
+
+
+def disk_metrics_all(srv):
+    body = srv.request("GET", "/metrics").body.decode()
+    return {k: float(v) for k, v in re.findall(r"^(kvrelay_disk_[a-z_]+) (\S+)$", body, re.M)}
+
+
 def in_filter(srv, i):
     r = srv.request("GET", "/debug/filter", timeout=30)
     assert r.status == 200, r

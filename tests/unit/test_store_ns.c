@@ -191,7 +191,7 @@ Test(store_ns, a_quota_evicts_the_namespaces_own_blocks_only)
 
     fx_open(&f, 1 << 20, 4096, 1024, 0);
     q[NS_A] = 5 * 4000;
-    kvr_store_set_quotas(&f.st, q);
+    kvr_store_set_quotas(&f.st, q, (uint64_t[KVR_NS_MAX]){0});
     cr_assert_eq(fill(&f, NS_B, "b", 0, 8), 8);
     cr_assert_eq(fill(&f, NS_A, "a", 0, 12), 12);
     kvr_store_ns_stats(&f.st, NS_A, &a);
@@ -219,7 +219,7 @@ Test(store_ns, a_quota_counts_puts_in_flight_and_pins_hold)
 
     fx_open(&f, 1 << 20, 4096, 1024, 0);
     q[NS_A] = 3 * 4000;
-    kvr_store_set_quotas(&f.st, q);
+    kvr_store_set_quotas(&f.st, q, (uint64_t[KVR_NS_MAX]){0});
     /* two reservations in flight hold 8000 of the 12000: a third 4000 fits, a fourth not
      * while the first two are all that could go (they are not resident yet) */
     cr_assert_eq(kvr_store_put_begin(&f.st, NS_A, ns_pool(&f.st, NS_A), "r1", 2, 4000, 1, &t1), KVR_OK);

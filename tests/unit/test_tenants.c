@@ -131,7 +131,7 @@ Test(tenants_parse, bad_tokens)
 
 Test(tenants_parse, errors_never_show_the_token)
 {
-    refused("a topsecret bogus\n", "line 1: field 3 is neither memory=SIZE nor model=NAME");
+    refused("a topsecret bogus\n", "line 1: field 3 is none of memory=SIZE, ssd=SIZE, model=NAME");
     cr_assert(strstr(err, "topsecret") == NULL);
     refused("a topsecret\nb topsecret\n", "line 2: the same token as line 1");
     cr_assert(strstr(err, "topsecret") == NULL);
@@ -139,7 +139,11 @@ Test(tenants_parse, errors_never_show_the_token)
 
 Test(tenants_parse, options)
 {
-    refused("a t color=red\n", "line 1: unknown key \"color=\" (memory= and model= are known)");
+    refused("a t color=red\n", "line 1: unknown key \"color=\" (memory=, ssd= and model= are known)");
+    refused("a t ssd=\n", "line 1: ssd= is not a size");
+    refused("a t ssd=2X\n", "ssd=2X is not a size");
+    refused("a t ssd=0\n", "ssd=0: a quota is above 0 (leave ssd= out for none)");
+    refused("a t ssd=1G ssd=1G\n", "line 1: ssd= is given twice");
     refused("a t memory=\n", "line 1: memory= is not a size");
     refused("a t memory=12Q\n", "memory=12Q is not a size");
     refused("a t memory=-1\n", "memory=-1 is not a size");
@@ -152,10 +156,14 @@ Test(tenants_parse, options)
     strcpy(line, "a t model=");
     memset(line + strlen(line), 'm', 129);
     refused(line, "is not 1 to 128 printable bytes without spaces");
-    refused("a t memory=1G model=x extra=1 more=2\n", "more than 4 fields");
+    refused("a t memory=1G ssd=1G model=x extra=1\n", "more than 5 fields");
     cr_assert_eq(parse("a t model=org/Model-7B:v1 memory=512K\n"), KVR_OK, "%s", err);
     cr_assert_eq(tab.ns[1].quota, 512 << 10);
+    cr_assert_eq(tab.ns[1].ssd_quota, 0, "no ssd=: none");
     cr_assert_str_eq(tab.ns[1].model, "org/Model-7B:v1");
+    cr_assert_eq(parse("a t ssd=2T memory=1G model=m\n"), KVR_OK, "%s", err);
+    cr_assert_eq(tab.ns[1].ssd_quota, 2ull << 40);
+    cr_assert_eq(tab.ns[1].quota, 1ull << 30);
 }
 
 Test(tenants_parse, options_of_one_namespace_agree)
@@ -165,6 +173,9 @@ Test(tenants_parse, options_of_one_namespace_agree)
     refused("a t1 memory=1G\n\na t2 memory=2G\n",
             "line 3: namespace \"a\" has memory= 2147483648 bytes here but 1073741824 bytes on line 1");
     refused("a t1 model=x\nb t2\na t3 model=y\n", "line 3: namespace \"a\" has model=y here but model=x on line 1");
+    cr_assert_eq(parse("a t1 ssd=1G\na t2\na t3 ssd=1024M\n"), KVR_OK, "%s", err);
+    cr_assert_eq(tab.ns[1].ssd_quota, 1ull << 30);
+    refused("a t1 ssd=1G\na t2 ssd=2G\n", "line 2: namespace \"a\" has ssd= 2147483648 bytes here but 1073741824 bytes on line 1");
 }
 
 Test(tenants_parse, line_limit)

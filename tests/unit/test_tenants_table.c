@@ -110,7 +110,7 @@ Test(tenants_table, tokens_name_their_namespaces)
 {
     int admin = -1;
 
-    cr_assert_eq(publish_text("a ta1 memory=1G model=m-a\nb tb\na ta2\n", "legacy", "root"), KVR_OK, "%s", err);
+    cr_assert_eq(publish_text("a ta1 memory=1G ssd=2G model=m-a\nb tb\na ta2\n", "legacy", "root"), KVR_OK, "%s", err);
     kvr_tenants_view_init(&view, &seg);
     cr_assert_not(kvr_tenants_open_access(&view));
     cr_assert_eq(auth("ta1", &admin), 1);
@@ -124,6 +124,8 @@ Test(tenants_table, tokens_name_their_namespaces)
     cr_assert_eq(auth("ta", NULL), -1);
     cr_assert_eq(auth("", NULL), -1);
     cr_assert_eq(kvr_tenants_ns_quota(&view, 1), 1ull << 30);
+    cr_assert_eq(kvr_tenants_ns_ssd_quota(&view, 1), 2ull << 30);
+    cr_assert_eq(kvr_tenants_ns_ssd_quota(&view, 2), 0);
     cr_assert_str_eq(kvr_tenants_ns_model(&view, 1), "m-a");
     cr_assert_null(kvr_tenants_ns_model(&view, 2));
 }
@@ -159,7 +161,7 @@ Test(tenants_table, ids_survive_reorder_remove_and_readd)
     cr_assert_eq(id_of("a"), a);
     cr_assert_eq(id_of("b"), b);
     cr_assert_eq(id_of("c"), c);
-    cr_assert_eq(publish_text("c t3\na t1 memory=1M\n", NULL, NULL), KVR_OK, "b removed");
+    cr_assert_eq(publish_text("c t3\na t1 memory=1M ssd=1G\n", NULL, NULL), KVR_OK, "b removed");
     cr_assert_eq(id_of("b"), b, "a removed namespace keeps its slot");
     cr_assert_not(kvr_tenants_ns_configured(&view, (uint16_t)b));
     cr_assert_eq(auth("t2", NULL), -1, "and its tokens are gone");
@@ -171,6 +173,7 @@ Test(tenants_table, ids_survive_reorder_remove_and_readd)
     int d = id_of("d");
     cr_assert(d != a && d != b && d != c, "a new name takes a free slot, not a removed one's");
     cr_assert_eq(kvr_tenants_ns_quota(&view, (uint16_t)a), 0, "a removed namespace has no quota");
+    cr_assert_eq(kvr_tenants_ns_ssd_quota(&view, (uint16_t)a), 0, "nor an ssd= one");
 }
 
 Test(tenants_table, a_full_registry_refuses_a_new_name_and_keeps_the_table)
