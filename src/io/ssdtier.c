@@ -326,8 +326,6 @@ int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max)
     return (int)n;
 }
 
-/* ------------------------------------------------------------------ ssd= quotas */
-
 typedef struct {
     uint64_t version;
     uint32_t page;
@@ -350,6 +348,102 @@ static int by_offset(const void *a, const void *b)
     uint32_t x = ((const rec_at_t *)a)->off4k, y = ((const rec_at_t *)b)->off4k;
     return x < y ? -1 : x > y;
 }
+
+/* ------------------------------------------------------------------ compaction */
+
+/* Copies the record of slot id (LIVE, on page `page` of its current version, *s) to the write
+ * head and points the slot at the copy. 1 moved, 0 not (unreadable: it goes with its page),
+ * KVR_ERR (a write failed: the page was sealed where it was, as for any failed write). */
+static int compact_one(kvr_ssdt_t *t, uint32_t id, const kvr_dslot_t *s, uint8_t *buf)
+{
+    uint64_t off = (uint64_t)s->off4k * KVR_SSD_ALIGN;
+    kvr_ssd_rec_t rec;
+    kvr_ssdp_loc_t loc;
+    kvr_dslot_t v = *s;
+
+    if (kvr_ssdf_rec_read(&t->f, s->page, s->version, off, &rec) != KVR_SSD_OK || (rec.flags & KVR_SSD_REC_TOMBSTONE) ||
+        rec.length != s->length || rec.key_len != s->key_len ||
+        kvr_ssdf_body_read(&t->f, s->page, off, &rec, buf) != KVR_OK)
+        return 0;
+    if (kvr_ssdp_append(&t->p, &rec, &(struct iovec){buf, (size_t)rec.key_len + rec.length}, 1, &loc) != KVR_OK)
+        return KVR_ERR;
+    v.page = (uint32_t)loc.page;
+    v.off4k = (uint32_t)(loc.off / KVR_SSD_ALIGN);
+    v.version = loc.version;
+    /* a DELETE that killed the slot meanwhile wins: the copy is left unindexed, and a
+     * tombstone written after it keeps it dead at the next restart (the reaper's would find
+     * nothing to say once this page is recycled) */
+    if (!kvr_dindex_move_live(t->dx, id, s->sw, &v)) {
+        kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span);
+        rec.flags = KVR_SSD_REC_TOMBSTONE;
+        rec.length = 0;
+        rec.written_ns = 0;
+        if (kvr_ssdp_append(&t->p, &rec, &(struct iovec){buf, rec.key_len}, 1, &loc) != KVR_OK)
+            return KVR_ERR;
+        kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span);
+        t->st.tombstones++;
+        return 0;
+    }
+    kvr_ssdp_forget(&t->p, s->page, s->version, slot_span(s));
+    if (t->on_slot != NULL)
+        t->on_slot(t->on_slot_ctx, id);
+    t->st.compacted++;
+    t->st.compacted_bytes += s->length;
+    return 1;
+}
+
+int kvr_ssdt_compact(kvr_ssdt_t *t)
+{
+    uint64_t vp = kvr_ssdp_victim(&t->p), used, room, max = 0;
+    const kvr_ssdp_page_t *g, *o;
+    rec_at_t *at;
+    size_t nat = 0, cap;
+    uint8_t *buf;
+    kvr_dslot_t s;
+    int rc = 0;
+
+    if (vp == KVR_SSDP_NONE || t->p.open == KVR_SSDP_NONE || t->p.inflight > 0)
+        return 0;
+    g = &t->p.pg[vp];
+    o = &t->p.pg[t->p.open];
+    used = g->used > KVR_SSD_ALIGN ? g->used - KVR_SSD_ALIGN : 0;
+    /* live over half of it; room for all of it in the open page (its summary's share
+     * included: one 4 KiB page of summary per 64 records is plenty); one page compacted for
+     * each page opened otherwise */
+    room = t->p.f->page_size - o->used;
+    if (g->live_bytes * 2 <= used || g->live_bytes + (g->live_records / 64 + 2) * KVR_SSD_ALIGN > room ||
+        2 * t->st.compacted_pages + 1 > t->p.st.opened)
+        return 0;
+    cap = g->live_records;
+    if (cap == 0 || (at = malloc(cap * sizeof(*at))) == NULL)
+        return 0;
+    for (uint64_t i = 0; i < t->dx->nslots && nat < cap; i++) {
+        kvr_dindex_get(t->dx, (uint32_t)i, &s);
+        if (KVR_DSLOT_STATE(s.sw) == KVR_DSLOT_LIVE && s.page == vp && s.version == g->version) {
+            at[nat++] = (rec_at_t){s.off4k, (uint32_t)i, s.sw, s.length};
+            if (slot_span(&s) > max)
+                max = slot_span(&s);
+        }
+    }
+    qsort(at, nat, sizeof(*at), by_offset); /* the page read in its order */
+    if ((buf = kvr_ssdf_buf(max)) == NULL) {
+        free(at);
+        return 0;
+    }
+    for (size_t k = 0; k < nat && rc != KVR_ERR; k++) {
+        kvr_dindex_get(t->dx, at[k].id, &s);
+        if (s.sw == at[k].sw && compact_one(t, at[k].id, &s, buf) == KVR_ERR)
+            rc = KVR_ERR;
+    }
+    free(buf);
+    free(at);
+    if (rc == KVR_ERR)
+        return KVR_ERR;
+    t->st.compacted_pages++;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ ssd= quotas */
 
 /* Slot id, LIVE as *s says, of ns in page version of the page it names: dropped (its record
  * stays on the page, which is recycled in its turn). 1, or 0 when a worker killed it meanwhile. */

@@ -29,7 +29,9 @@ typedef struct {
     uint64_t tombstones;                         /* deletes written down */
     uint64_t recycled_slots;                     /* slots dropped with their page */
     uint64_t quota_evicted, quota_evicted_bytes; /* dropped to keep a namespace to its ssd= */
-    uint64_t read_ok, read_bad;                  /* kvr_ssdt_read: served, refused (stale, other key, checksum) */
+    uint64_t compacted, compacted_bytes;         /* records copied from a page about to be recycled */
+    uint64_t compacted_pages;
+    uint64_t read_ok, read_bad; /* kvr_ssdt_read: served, refused (stale, other key, checksum) */
 } kvr_ssdt_stats_t;
 
 typedef struct {
@@ -94,6 +96,16 @@ int kvr_ssdt_reserve(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec 
 /* Turns up to max slots that workers killed (DELETE) into tombstones and frees them. The
  * number reaped, or KVR_ERR on an I/O error (the slot stays DEAD and is tried again). */
 int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max);
+
+/*
+ * Compaction (docs/ssd-tier.md, "Compaction"): when every page is in use, the sealed page the
+ * next opening would recycle holds live records over half of what it used, the open page has
+ * room for all of them, and fewer pages were compacted than half the pages opened, its live
+ * records are copied to the write head (synchronous appends: call it with nothing in flight)
+ * and their slots moved, so the recycle drops nothing still indexed. 1 compacted, 0 not,
+ * KVR_ERR on a failed write (what was copied stays copied).
+ */
+int kvr_ssdt_compact(kvr_ssdt_t *t);
 
 /*
  * ssd= (docs/ssd-tier.md, "Namespaces"): when namespace ns holds more than `quota` bytes on

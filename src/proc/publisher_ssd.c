@@ -101,6 +101,8 @@ void pub_ssd_apply(pub_t *p)
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_EVICTIONS, ws.tier.recycled_slots);
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_QUOTA_EVICTIONS, ws.tier.quota_evicted);
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_QUOTA_REJECTS, ws.quota_rejects);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_COMPACTED_PAGES, ws.tier.compacted_pages);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_COMPACTED, ws.tier.compacted);
     for (unsigned i = 0; i < KVR_PUB_BUCKETS + 2; i++)
         kvr_stat_set(p->store.my_stats, KVR_ST_DISK_WRITE_HIST + i, ws.write_hist[i]);
     while ((n = kvr_ssdw_take_dirty(d->w, d->ids, DIRTY_BATCH)) > 0) {

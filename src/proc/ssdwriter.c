@@ -306,6 +306,8 @@ static void *run(void *arg)
     last_sync = kvr_clock_ms();
     while (!kvr_atomic_load_acquire(&w->stop)) {
         int reaped = kvr_ssdt_reap(&w->tier, 256);
+        if (kvr_ssdt_compact(&w->tier) == KVR_ERR) /* before the picks: nothing is in flight */
+            w->failed = 1;
         unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, w);
         for (w->pass = 0; w->pass < ROUND_PASSES && (w->pass == 0 || w->retries > 0); w->pass++) {
             w->head = w->next = 0;

@@ -261,6 +261,35 @@ static int remove_slot(kvr_dindex_t *dx, uint32_t id, const uint32_t *want)
     return 1;
 }
 
+int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_dslot_t *v)
+{
+    kvr_dslot_t *s;
+    uint32_t w = sw;
+    uint64_t len;
+
+    if (KVR_DSLOT_STATE(sw) != KVR_DSLOT_LIVE || id >= dx->nslots)
+        return 0;
+    s = &dx->slot[id];
+    seq_begin(dx);
+    /* the next generation, LIVE: a worker's kill of the word it read fails from here on */
+    if (!kvr_atomic_cas_seq_cst(&s->sw, &w, (KVR_DSLOT_GEN(sw) + 1) << 2 | KVR_DSLOT_LIVE)) {
+        seq_end(dx);
+        return 0;
+    }
+    len = s->length;
+    canon_unlink(dx, id, s->pool, s->canon);
+    kvr_atomic_store_relaxed(&s->canon, v->canon);
+    kvr_atomic_store_relaxed(&s->pool, v->pool);
+    kvr_atomic_store_relaxed(&s->length, v->length);
+    kvr_atomic_store_relaxed(&s->version, v->version);
+    kvr_atomic_store_relaxed(&s->page, v->page);
+    kvr_atomic_store_relaxed(&s->off4k, v->off4k);
+    canon_link(dx, id);
+    seq_end(dx);
+    gauges(dx, s->ns, 0, v->length - len);
+    return 1;
+}
+
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
 {
     remove_slot(dx, id, NULL);

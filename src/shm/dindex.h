@@ -92,6 +92,11 @@ void kvr_dindex_hash(uint64_t seed, const void *key, size_t klen, uint64_t *h1, 
 int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dslot_t *old);
 /* Writer: frees slot id (its block left the disk). */
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
+/* Writer: points slot id, still the LIVE word sw as kvr_dindex_get read it, at v's place
+ * (page, off4k, version; length, canon and pool too), by a CAS to the next generation that a
+ * worker's kill of it would make fail: 1 moved; 0 when a worker killed it meanwhile (it stays
+ * DEAD: compaction never revives a deleted key). The key's fields stay. */
+int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_dslot_t *v);
 /* Writer: frees slot id only while it is still the LIVE word sw (as kvr_dindex_get read it),
  * by a CAS that a worker's kill of it would make fail: 1 freed; 0 when a worker killed it
  * meanwhile (it stays DEAD for the reaper, whose tombstone keeps the delete across restarts). */

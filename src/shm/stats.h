@@ -90,7 +90,10 @@
       "Blocks dropped from the disk tier to keep a namespace within its ssd= quota.") \
     X(DISK_QUOTA_REJECTS, 1, "kvrelay_disk_quota_rejects_total", \
       "Blocks not copied to the disk tier: larger than their namespace's ssd= quota.") \
-    X(DISK_SPARE, 3, NULL, NULL) \
+    X(DISK_COMPACTED_PAGES, 1, "kvrelay_disk_compacted_pages_total", \
+      "Pages whose live blocks were copied to the write head before the page was recycled.") \
+    X(DISK_COMPACTED, 1, "kvrelay_disk_compacted_blocks_total", "Blocks those compactions copied.") \
+    X(DISK_SPARE, 1, NULL, NULL) \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \

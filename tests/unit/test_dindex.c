@@ -188,7 +188,7 @@ Test(dindex, kill_reap_and_revive)
  * stops there, to go on from where it stopped. */
 /* The writer's conditional free (a quota's drop): it frees the LIVE word it read, and never a
  * slot a worker killed since (that one stays DEAD for the reaper's tombstone). */
-Test(dindex, a_conditional_free_loses_to_a_kill)
+Test(dindex, a_conditional_free_or_move_loses_to_a_kill)
 {
     kvr_dslot_t v = slot_of(7, 1), old, got;
     uint32_t id, id2;
@@ -209,6 +209,22 @@ Test(dindex, a_conditional_free_loses_to_a_kill)
     cr_assert_eq(kvr_dindex_ns_bytes(&dx, v.ns), 0);
     cr_assert_eq(kvr_dindex_has_canon(&dx, v.pool, v.canon), 0);
     cr_assert_eq(kvr_dindex_remove_live(&dx, id, got.sw), 0, "freed already");
+
+    /* a compaction's move loses to a kill the same way, and wins without one */
+    v = slot_of(8, 1);
+    cr_assert_eq(kvr_dindex_put(&dx, &v, &id, &old), KVR_OK);
+    kvr_dindex_get(&dx, id, &got);
+    kvr_dslot_t to = got;
+    to.page = 5, to.off4k = 16, to.version = 40;
+    cr_assert_eq(kvr_dindex_move_live(&dx, id, got.sw, &to), 1);
+    cr_assert_eq(look(8, &got, &id2), 1);
+    cr_assert(got.page == 5 && got.off4k == 16 && got.version == 40 && id2 == id);
+    cr_assert_eq(kvr_dindex_has_canon(&dx, v.pool, v.canon), 1);
+    cr_assert_eq(kvr_dindex_kill(&dx, v.ns, v.h1, v.h2, v.key_len), 1);
+    to.page = 6;
+    cr_assert_eq(kvr_dindex_move_live(&dx, id, got.sw, &to), 0, "killed since it was read");
+    cr_assert_eq(KVR_DSLOT_STATE(dx.slot[id].sw), KVR_DSLOT_DEAD);
+    cr_assert_eq(dx.slot[id].page, 5, "not moved");
 }
 
 Test(dindex, kills_are_counted_and_a_scan_is_bounded)

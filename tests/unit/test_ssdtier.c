@@ -245,6 +245,61 @@ Test(ssdtier, a_quota_drops_the_namespace_s_oldest_down_to_seven_eighths)
     }
 }
 
+static void kill_block(int k)
+{
+    char key[32];
+    size_t klen = (size_t)snprintf(key, sizeof(key), "block/%04d", k);
+    uint64_t h1, h2;
+
+    kvr_dindex_hash(1111, key, klen, &h1, &h2);
+    cr_assert_eq(kvr_dindex_kill(&dx, 0, h1, h2, (uint16_t)klen), 1, "block %d", k);
+}
+
+/* Compaction: with every page in use, the page to be recycled next (page 0) is two thirds
+ * live: its 6 live records are copied to the open page, so its recycle drops none of them;
+ * a page under half live (page 1) is not compacted; the copies survive a restart. */
+Test(ssdtier, compaction_keeps_a_mostly_live_page_s_records)
+{
+    kvr_ssdt_t t;
+
+    open_tier(&t);
+    for (int k = 0; k < 46; k++) /* 9 a page: pages 0-4 full, page 5 open with one */
+        demote(&t, k, 0, 0);
+    cr_assert_eq(kvr_ssdp_victim(&t.p), 0, "every page in use: page 0 goes next");
+    cr_assert_eq(kvr_ssdt_compact(&t), 0, "page 0 is all live: it does not fit in the open page");
+    for (int k = 0; k < 3; k++)
+        kill_block(k);
+    cr_assert_eq(kvr_ssdt_reap(&t, 16), 3);
+    cr_assert_eq(t.p.pg[0].live_records, 6);
+    cr_assert_eq(kvr_ssdt_compact(&t), 1);
+    cr_assert_eq(t.st.compacted, 6);
+    cr_assert_eq(t.st.compacted_pages, 1);
+    cr_assert_eq(t.p.pg[0].live_records, 0, "page 0 holds nothing indexed now");
+    cr_assert_eq(kvr_ssdt_compact(&t), 0, "and is not compacted again");
+    for (int k = 3; k < 9; k++)
+        cr_assert(fetch(&t, k, 0, 0), "block %d read from its copy", k);
+
+    for (int k = 46; k < 56; k++) /* page 5 fills: page 0 is recycled */
+        demote(&t, k, 0, 0);
+    cr_assert_eq(t.p.st.recycled, 1);
+    cr_assert_eq(t.st.recycled_slots, 0, "the recycle dropped no indexed record");
+    cr_assert_eq(kvr_ssdp_victim(&t.p), 1);
+    for (int k = 9; k < 14; k++) /* page 1: 4 of 9 live */
+        kill_block(k);
+    cr_assert_eq(kvr_ssdt_reap(&t, 16), 5);
+    cr_assert_eq(kvr_ssdt_compact(&t), 0, "under half live: left to its recycle");
+    uint64_t live = dx.sh->live;
+    kvr_ssdt_close(&t);
+
+    open_tier(&t);
+    cr_assert_eq(t.st.restored, live);
+    for (int k = 0; k < 56; k++) {
+        int expect = k >= 3 && (k < 9 || k >= 14);
+        cr_assert_eq(fetch(&t, k, expect ? 0 : -1, 0), expect, "block %d", k);
+    }
+    kvr_ssdt_close(&t);
+}
+
 Test(ssdtier, a_flipped_byte_is_a_miss)
 {
     kvr_ssdt_t t;
