@@ -374,7 +374,11 @@ static int compact_one(kvr_ssdt_t *t, uint32_t id, const kvr_dslot_t *s, uint8_t
      * tombstone written after it keeps it dead at the next restart (the reaper's would find
      * nothing to say once this page is recycled) */
     if (!kvr_dindex_move_live(t->dx, id, s->sw, &v)) {
+        kvr_dslot_t now;
         kvr_ssdp_forget(&t->p, loc.page, loc.version, loc.span);
+        kvr_dindex_get(t->dx, id, &now);
+        if (KVR_DSLOT_STATE(now.sw) != KVR_DSLOT_DEAD || KVR_DSLOT_GEN(now.sw) != KVR_DSLOT_GEN(s->sw))
+            return 0; /* not a kill (the room check keeps its page from being recycled under it) */
         rec.flags = KVR_SSD_REC_TOMBSTONE;
         rec.length = 0;
         rec.written_ns = 0;
@@ -407,12 +411,13 @@ int kvr_ssdt_compact(kvr_ssdt_t *t)
     g = &t->p.pg[vp];
     o = &t->p.pg[t->p.open];
     used = g->used > KVR_SSD_ALIGN ? g->used - KVR_SSD_ALIGN : 0;
-    /* live over half of it; room for all of it in the open page (its summary's share
-     * included: one 4 KiB page of summary per 64 records is plenty); one page compacted for
-     * each page opened otherwise */
+    /* live over half of it; room for all of it in the open page, with their summary entries
+     * at their largest beside the summary so far (else an append would open a page: this
+     * one, recycled under the copy); one page compacted for each page opened otherwise */
     room = t->p.f->page_size - o->used;
-    if (g->live_bytes * 2 <= used || g->live_bytes + (g->live_records / 64 + 2) * KVR_SSD_ALIGN > room ||
-        2 * t->st.compacted_pages + 1 > t->p.st.opened)
+    if (g->live_bytes * 2 <= used || 2 * t->st.compacted_pages + 1 > t->p.st.opened ||
+        g->live_bytes + KVR_ALIGN_UP(t->p.sum_len + (uint64_t)g->live_records * KVR_SSD_SUMENT_MAX, KVR_SSD_ALIGN) >
+            room)
         return 0;
     cap = g->live_records;
     if (cap == 0 || (at = malloc(cap * sizeof(*at))) == NULL)
