@@ -112,12 +112,14 @@ def main():
     ap.add_argument("--blocks", type=int, default=1024)
     ap.add_argument("--path", default="/var/tmp")
     ap.add_argument("--build", default=str(Path(__file__).resolve().parent.parent / "build"))
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="one more flag for the server, e.g. --server-arg=--ssd-page-size=1G (repeatable)")
     a = ap.parse_args()
     size, n = a.size, a.blocks
     mem = size * n + (256 << 20)
     srv = Server(a.build, a.path, "demote", ["--memory", str(mem), "--max-block-size", str(size),
                                              "--ssd-size", str(2 * size * n + (1 << 30)), "--ssd-window", str(mem),
-                                             "--hang-timeout", "60s"])  # the publisher is stopped meanwhile
+                                             "--hang-timeout", "60s", *a.server_arg])  # the publisher is stopped meanwhile
     try:
         put_blocks(srv, size, n, "d")
         os.kill(srv.pub, signal.SIGSTOP)

@@ -155,7 +155,7 @@ static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, cons
 {
     struct kvr_api_multi_s *m;
     uint8_t key[KVR_KEY_MAX];
-    uint64_t total = 0;
+    uint64_t total = 0, dlen = 0;
     char msg[96];
 
     if (count > KVR_API_BATCH_GET_MAX_KEYS) {
@@ -185,8 +185,13 @@ static void batch_get(kvr_api_t *a, const char *body, const size_t *starts, cons
             multi_fail(a, res, 400, "InvalidRequest", msg);
             return;
         }
-        /* a miss in RAM is counted once the disk tier misses too (api.c, handle_get) */
+        /* a miss in RAM is counted once the disk tier misses too (api.c, handle_get); a block
+         * on disk that would take the batch past its bound is refused before it is read */
         rc = kvr_store_get_counted(a->store, res->ns, key, klen, &m->k[i].ref, KVR_GET_COUNT_HIT);
+        if (rc == KVR_ENOTFOUND && kvr_api_exists(a, res->ns, key, klen, &dlen) && total + dlen > a->cfg->max_block_size) {
+            multi_fail(a, res, 413, "EntityTooLarge", "a batch get's blocks total more than --max-block-size");
+            return;
+        }
         if (rc == KVR_ENOTFOUND && (rc = batch_disk(a, res->ns, key, klen, &m->k[i].ref)) > KVR_OK) {
             multi_fail(a, res, rc, rc == 503 ? "Busy" : "InsufficientStorage",
                        "a block of the batch could not be read from the disk tier now; GET it alone");

@@ -171,6 +171,7 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
     kvr_ssd_sum_t *sum = kvr_ssd_sum_new();
     uint64_t from = 0;
     size_t n;
+    int rc;
     int ok = sum != NULL &&
              kvr_ssd_rec_decode(dk->hdr, dk->s.version, in_page, a->cfg->ssd_page_size, &rec) == KVR_SSD_OK &&
              rec.key_len == res->klen && memcmp(rec.key, res->key, res->klen) == 0 && rec.length == dk->s.length &&
@@ -200,7 +201,14 @@ static void finish(kvr_api_t *a, kvr_api_res_t *res)
     kvr_stat_add(a->store->my_stats, KVR_ST_DISK_READ_BYTES, dk->s.length);
     kvr_stat_hist(a->store->my_stats, KVR_ST_DISK_READ_HIST, kvr_clock_us() - dk->t0_us);
     disk_free(a, res);
-    if (kvr_store_get_counted(a->store, res->ns, res->key, res->klen, &res->ref, KVR_GET_COUNT_HIT) != KVR_OK) {
+    rc = kvr_store_get_counted(a->store, res->ns, res->key, res->klen, &res->ref, KVR_GET_COUNT_HIT);
+    if (rc == KVR_EBUSY) { /* promoted, but this worker's pin table is full: as a RAM GET's 503 */
+        kvr_api_error(res, 503, "Busy", "too many blocks in flight in this worker");
+        res->hdr_name = "retry-after";
+        res->hdr_value = "1";
+        return;
+    }
+    if (rc != KVR_OK) {
         kvr_store_count_miss(a->store, res->ns); /* a GET the disk tier could not serve */
         kvr_api_error(res, 404, "NoSuchBlock", "no such block");
         return;

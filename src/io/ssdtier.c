@@ -401,22 +401,24 @@ int kvr_ssdt_compact(kvr_ssdt_t *t)
     uint64_t vp = kvr_ssdp_victim(&t->p), used, room, max = 0;
     const kvr_ssdp_page_t *g, *o;
     rec_at_t *at;
-    size_t nat = 0, cap;
+    size_t nat = 0, cap, copied = 0;
     uint8_t *buf;
     kvr_dslot_t s;
-    int rc = 0;
+    int rc = 0, moved;
 
     if (vp == KVR_SSDP_NONE || t->p.open == KVR_SSDP_NONE || t->p.inflight > 0)
         return 0;
     g = &t->p.pg[vp];
     o = &t->p.pg[t->p.open];
     used = g->used > KVR_SSD_ALIGN ? g->used - KVR_SSD_ALIGN : 0;
-    /* live over half of it; room for all of it in the open page, with their summary entries
-     * at their largest beside the summary so far (else an append would open a page: this
-     * one, recycled under the copy); one page compacted for each page opened otherwise */
+    /* live over half of it; room for all of it in the open page, with a tombstone each (a
+     * DELETE may win any of them) and their summary entries at their largest beside the
+     * summary so far (else an append would open a page: this one, recycled under the copy);
+     * one page compacted for each page opened otherwise */
     room = t->p.f->page_size - o->used;
     if (g->live_bytes * 2 <= used || 2 * t->st.compacted_pages + 1 > t->p.st.opened ||
-        g->live_bytes + KVR_ALIGN_UP(t->p.sum_len + (uint64_t)g->live_records * KVR_SSD_SUMENT_MAX, KVR_SSD_ALIGN) >
+        g->live_bytes + (uint64_t)g->live_records * kvr_ssd_rec_span(KVR_KEY_MAX, 0) +
+                KVR_ALIGN_UP(t->p.sum_len + 2 * (uint64_t)g->live_records * KVR_SSD_SUMENT_MAX, KVR_SSD_ALIGN) >
             room)
         return 0;
     cap = g->live_records;
@@ -437,28 +439,26 @@ int kvr_ssdt_compact(kvr_ssdt_t *t)
     }
     for (size_t k = 0; k < nat && rc != KVR_ERR; k++) {
         kvr_dindex_get(t->dx, at[k].id, &s);
-        if (s.sw == at[k].sw && compact_one(t, at[k].id, &s, buf) == KVR_ERR)
+        if (s.sw == at[k].sw && (moved = compact_one(t, at[k].id, &s, buf)) == KVR_ERR)
             rc = KVR_ERR;
+        else if (s.sw == at[k].sw)
+            copied += moved;
     }
     free(buf);
     free(at);
-    if (rc == KVR_ERR)
-        return KVR_ERR;
-    t->st.compacted_pages++;
-    return 1;
+    t->st.compacted_pages += copied > 0; /* the rate's count: pages something was copied from */
+    return rc == KVR_ERR ? KVR_ERR : copied > 0;
 }
 
 /* ------------------------------------------------------------------ ssd= quotas */
 
-/* Slot id, LIVE as *s says, of ns in page version of the page it names: dropped (its record
- * stays on the page, which is recycled in its turn). 1, or 0 when a worker killed it meanwhile. */
+/* Slot id, LIVE as *s says: dropped as a DELETE drops it (LIVE to DEAD, counted in the kills),
+ * so that the reaper writes its tombstone and frees it: a dropped copy never comes back at a
+ * restart. 1, or 0 when a worker killed it meanwhile (the reaper has it either way). */
 static int quota_drop(kvr_ssdt_t *t, uint32_t id, const kvr_dslot_t *s)
 {
-    if (!kvr_dindex_remove_live(t->dx, id, s->sw))
+    if (!kvr_dindex_kill_seen(t->dx, id, s->sw))
         return 0;
-    kvr_ssdp_forget(&t->p, s->page, s->version, slot_span(s));
-    if (t->on_slot != NULL)
-        t->on_slot(t->on_slot_ctx, id);
     t->st.quota_evicted++;
     t->st.quota_evicted_bytes += s->length;
     return 1;
@@ -474,7 +474,7 @@ static int ns_slot(kvr_ssdt_t *t, uint32_t id, uint16_t ns, kvr_dslot_t *s)
 
 uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota)
 {
-    uint64_t have = kvr_dindex_ns_bytes(t->dx, ns), need, acc = 0, vb = UINT64_MAX, rest = 0, freed = 0;
+    uint64_t have = 0, need, acc = 0, vb = UINT64_MAX, rest = 0, freed = 0;
     uint64_t np = t->f.npages, *bytes;
     page_age_t *age = NULL;
     rec_at_t *at = NULL;
@@ -482,17 +482,26 @@ uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota)
     uint32_t bpage = KVR_NIL;
     kvr_dslot_t s;
 
-    if (quota == 0 || have <= quota)
+    /* the gauge counts DEAD slots too (deletes and earlier drops not reaped yet): a cheap
+     * filter; and the drops of the last call first reaped (their tombstones written) */
+    if (quota == 0 || ns >= KVR_NS_MAX || kvr_dindex_ns_bytes(t->dx, ns) <= quota || t->quota_kills[ns] > t->kills_seen)
         return 0;
-    need = have - (quota - quota / 8);
     if ((bytes = calloc(np, sizeof(*bytes))) == NULL || (age = malloc(np * sizeof(*age))) == NULL) {
         free(bytes);
         return 0; /* tried again next round */
     }
-    /* one pass: the namespace's bytes in each page */
+    /* one pass: the namespace's LIVE bytes in each page */
     for (uint64_t i = 0; i < t->dx->nslots; i++)
-        if (ns_slot(t, (uint32_t)i, ns, &s))
+        if (ns_slot(t, (uint32_t)i, ns, &s)) {
             bytes[s.page] += s.length;
+            have += s.length;
+        }
+    if (have <= quota) {
+        free(bytes);
+        free(age);
+        return 0;
+    }
+    need = have - (quota - quota / 8);
     for (uint64_t pg = 0; pg < np; pg++)
         if (bytes[pg] > 0)
             age[nage++] = (page_age_t){t->p.pg[pg].version, (uint32_t)pg};
@@ -530,6 +539,7 @@ uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota)
         }
     }
     free(at);
+    t->quota_kills[ns] = kvr_dindex_kills(t->dx); /* the next call waits for their reaping */
     return freed;
 }
 

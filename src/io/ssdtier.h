@@ -41,9 +41,10 @@ typedef struct {
     kvr_ssdt_resolve_fn resolve;
     void *resolve_ctx;
     uint64_t reap_cursor;
-    uint64_t kills_seen;  /* every kill up to this count is reaped (or its slot gone) */
-    uint64_t cycle_kills; /* the kill count when the scan in progress started */
-    uint64_t cycle_left;  /* slots that scan has still to look at (0: none in progress) */
+    uint64_t kills_seen;              /* every kill up to this count is reaped (or its slot gone) */
+    uint64_t cycle_kills;             /* the kill count when the scan in progress started */
+    uint64_t cycle_left;              /* slots that scan has still to look at (0: none in progress) */
+    uint64_t quota_kills[KVR_NS_MAX]; /* the kill count after a namespace's last ssd= drops */
     kvr_ssdt_stats_t st;
     kvr_ssdf_scan_t scan; /* what the last open's scan found */
     /* told each slot that was filled, moved or freed after the restore (the relay's owners of
@@ -109,12 +110,12 @@ int kvr_ssdt_compact(kvr_ssdt_t *t);
 
 /*
  * ssd= (docs/ssd-tier.md, "Namespaces"): when namespace ns holds more than `quota` bytes on
- * disk (0: no quota), its oldest copies are dropped from the index until it holds 7/8 of it:
- * pages in the order they were opened, records in a page in the order they were written. A
- * dropped record stays on its page until the page is recycled (nothing is written: a restart
- * may restore it, and the quota applies again). Two passes over the index's slots, so a
- * namespace at its quota pays them once per eighth of its quota written. Returns the bytes
- * dropped.
+ * disk in LIVE copies (0: no quota), its oldest are dropped until it holds 7/8 of it: pages in
+ * the order they were opened, records in a page in the order they were written. A drop is a
+ * DELETE's kill (LIVE to DEAD, CAS on the word read): kvr_ssdt_reap writes its tombstone and
+ * frees it, so a dropped copy stays dropped across restarts; the next drops of ns wait until
+ * the reaper has seen these. Two passes over the index's slots, so a namespace at its quota
+ * pays them once per eighth of its quota written. Returns the bytes dropped.
  */
 uint64_t kvr_ssdt_quota(kvr_ssdt_t *t, uint16_t ns, uint64_t quota);
 

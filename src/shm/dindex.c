@@ -231,36 +231,6 @@ int kvr_dindex_put(kvr_dindex_t *dx, const kvr_dslot_t *v, uint32_t *id, kvr_dsl
     return KVR_OK;
 }
 
-/* Frees slot id; with want != NULL only while its state word is still *want (a CAS to the
- * next generation, FREE: a worker's kill of that word then fails). 1 freed, 0 not (not
- * linked, or the word moved). */
-static int remove_slot(kvr_dindex_t *dx, uint32_t id, const uint32_t *want)
-{
-    kvr_dslot_t *s = &dx->slot[id];
-    _Atomic uint32_t *link = &dx->buckets[bucket_of(dx, s->h1)];
-    uint32_t i;
-
-    while ((i = kvr_atomic_load_relaxed(link)) != KVR_NIL && i != id)
-        link = (_Atomic uint32_t *)&dx->slot[i].chain_next;
-    if (i != id)
-        return 0; /* not linked: free already */
-    if (want != NULL) {
-        uint32_t w = *want;
-        if (!kvr_atomic_cas_seq_cst(&s->sw, &w, (KVR_DSLOT_GEN(*want) + 1) << 2 | KVR_DSLOT_FREE))
-            return 0;
-    }
-    seq_begin(dx);
-    kvr_atomic_store_relaxed(link, s->chain_next);
-    canon_unlink(dx, id, s->pool, s->canon);
-    if (want == NULL)
-        set_state(s, KVR_DSLOT_FREE);
-    kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
-    seq_end(dx);
-    dx->sh->free_head = id;
-    gauges(dx, s->ns, (uint64_t)-1, (uint64_t)0 - s->length);
-    return 1;
-}
-
 int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_dslot_t *v)
 {
     kvr_dslot_t *s;
@@ -292,12 +262,22 @@ int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_d
 
 void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id)
 {
-    remove_slot(dx, id, NULL);
-}
+    kvr_dslot_t *s = &dx->slot[id];
+    _Atomic uint32_t *link = &dx->buckets[bucket_of(dx, s->h1)];
+    uint32_t i;
 
-int kvr_dindex_remove_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw)
-{
-    return KVR_DSLOT_STATE(sw) == KVR_DSLOT_LIVE && id < dx->nslots && remove_slot(dx, id, &sw);
+    while ((i = kvr_atomic_load_relaxed(link)) != KVR_NIL && i != id)
+        link = (_Atomic uint32_t *)&dx->slot[i].chain_next;
+    if (i != id)
+        return; /* not linked: free already */
+    seq_begin(dx);
+    kvr_atomic_store_relaxed(link, s->chain_next);
+    canon_unlink(dx, id, s->pool, s->canon);
+    set_state(s, KVR_DSLOT_FREE);
+    kvr_atomic_store_relaxed(&s->chain_next, dx->sh->free_head);
+    seq_end(dx);
+    dx->sh->free_head = id;
+    gauges(dx, s->ns, (uint64_t)-1, (uint64_t)0 - s->length);
 }
 
 uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),

@@ -97,10 +97,6 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
  * worker's kill of it would make fail: 1 moved; 0 when a worker killed it meanwhile (it stays
  * DEAD: compaction never revives a deleted key). The key's fields stay. */
 int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_dslot_t *v);
-/* Writer: frees slot id only while it is still the LIVE word sw (as kvr_dindex_get read it),
- * by a CAS that a worker's kill of it would make fail: 1 freed; 0 when a worker killed it
- * meanwhile (it stays DEAD for the reaper, whose tombstone keeps the delete across restarts). */
-int kvr_dindex_remove_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw);
 /* Writer: frees every slot that points into page `page` of incarnation `version` (the page is
  * being recycled); returns how many. cb (optional) is told each slot freed. */
 uint64_t kvr_dindex_drop_page(kvr_dindex_t *dx, uint32_t page, uint64_t version, void (*cb)(void *, uint32_t),
