@@ -296,7 +296,7 @@ static void *run(void *arg)
         kvr_atomic_store_release(&w->state, -1);
         return NULL;
     }
-    quotas(w);                               /* a quota lowered, or copies dropped for it before a restart: before anyone sees them */
+    quotas(w);                               /* a quota lowered while the server was down: before the publisher learns the blocks */
     for (uint32_t i = 0; i < w->nslots; i++) /* the publisher learns every restored block */
         on_slot(w, i);
     wake(w);

@@ -248,12 +248,7 @@ int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_d
     }
     len = s->length;
     canon_unlink(dx, id, s->pool, s->canon);
-    kvr_atomic_store_relaxed(&s->canon, v->canon);
-    kvr_atomic_store_relaxed(&s->pool, v->pool);
-    kvr_atomic_store_relaxed(&s->length, v->length);
-    kvr_atomic_store_relaxed(&s->version, v->version);
-    kvr_atomic_store_relaxed(&s->page, v->page);
-    kvr_atomic_store_relaxed(&s->off4k, v->off4k);
+    fill(s, v); /* the same key: its chain by key stays */
     canon_link(dx, id);
     seq_end(dx);
     gauges(dx, s->ns, 0, v->length - len);

@@ -95,7 +95,8 @@ void kvr_dindex_remove(kvr_dindex_t *dx, uint32_t id);
 /* Writer: points slot id, still the LIVE word sw as kvr_dindex_get read it, at v's place
  * (page, off4k, version; length, canon and pool too), by a CAS to the next generation that a
  * worker's kill of it would make fail: 1 moved; 0 when a worker killed it meanwhile (it stays
- * DEAD: compaction never revives a deleted key). The key's fields stay. */
+ * DEAD: compaction never revives a deleted key). v is the slot's own key (h1, h2, ns, key_len
+ * as read): only the place and what the record says may differ. */
 int kvr_dindex_move_live(kvr_dindex_t *dx, uint32_t id, uint32_t sw, const kvr_dslot_t *v);
 /* Writer: frees every slot that points into page `page` of incarnation `version` (the page is
  * being recycled); returns how many. cb (optional) is told each slot freed. */
