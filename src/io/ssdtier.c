@@ -404,7 +404,7 @@ int kvr_ssdt_compact(kvr_ssdt_t *t)
     size_t nat = 0, cap, copied = 0;
     uint8_t *buf;
     kvr_dslot_t s;
-    int rc = 0, moved;
+    int rc = 0;
 
     if (vp == KVR_SSDP_NONE || t->p.open == KVR_SSDP_NONE || t->p.inflight > 0)
         return 0;
@@ -438,11 +438,14 @@ int kvr_ssdt_compact(kvr_ssdt_t *t)
         return 0;
     }
     for (size_t k = 0; k < nat && rc != KVR_ERR; k++) {
+        int moved;
         kvr_dindex_get(t->dx, at[k].id, &s);
-        if (s.sw == at[k].sw && (moved = compact_one(t, at[k].id, &s, buf)) == KVR_ERR)
+        if (s.sw != at[k].sw)
+            continue; /* moved, freed or killed since the pass */
+        if ((moved = compact_one(t, at[k].id, &s, buf)) == KVR_ERR)
             rc = KVR_ERR;
-        else if (s.sw == at[k].sw)
-            copied += moved;
+        else
+            copied += (size_t)moved;
     }
     free(buf);
     free(at);
