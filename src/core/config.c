@@ -65,6 +65,7 @@ static const opt_t opts[] = {
     {"ssd-size", T_SIZE, "0", 0, 1ull << 52, N(ssd_size), "with --ssd-path: the file's size (preallocated); required"},
     {"ssd-page-size", T_SIZE, "256M", 1 << 20, 4ull << 30, N(ssd_page_size), "with --ssd-path: the disk tier's unit of allocation and eviction; blocks larger than half of it are not kept on disk"},
     {"ssd-slots", T_UINT, "0", 0, 1u << 31, N(ssd_slots), "with --ssd-path: blocks the disk index can hold, 76 to 84 bytes of segment each (0: --ssd-size / 64 KiB, at least 1024)"},
+    {"ssd-sync-interval", T_DURATION, "5s", 100, 3600000, N(ssd_sync_interval_ms), "with --ssd-path: the longest the disk writer goes on writing without an fdatasync (it also syncs whenever it runs out of work): the power-loss bound (docs/ssd-tier.md)"},
     {"ssd-window", T_SIZE, "0", 0, 1ull << 52, N(ssd_window), "with --ssd-path: how much of each namespace's least recently used end the disk writer keeps copied, so that eviction finds copies (0: a quarter of --memory)"},
     {"log-format", T_STR, "text", 0, 0, S(log_format), "text | json (one object per line)"},
     {"arena-prefault", T_SIZE, "64M", 0, 1ull << 42, N(arena_prefault), "each worker maps the arena into its own page tables in the background, this far past the highest page used yet, so that no PUT pays a page fault (0: off; docs/dataplane.md)"},

@@ -60,6 +60,7 @@ typedef struct {
     uint64_t ssd_size;                  /* its size in bytes */
     uint64_t ssd_page_size;             /* its pages */
     uint64_t ssd_slots;                 /* disk index slots (0: ssd_size / 64 KiB) */
+    uint64_t ssd_sync_interval_ms;      /* the longest the disk writer writes without a sync */
     uint64_t ssd_window;                /* bytes from each LRU tail kept copied (0: a quarter of memory) */
     char log_format[16];                /* text | json */
     char io_engine[16];                 /* auto | uring | epoll (docs/dataplane.md) */

@@ -8,11 +8,13 @@
  * oldest version: versions are handed out in order, so that is the page written longest ago.
  *
  * Syncs run on a small ring of the writer's own (IORING_OP_FSYNC, datasync), one at a time,
- * at most once a sync interval while writing: each fdatasync took 120-180 ms on this project's
- * test machine (the device's cache flush), and one per sealed page cost the writer 40 % of its
- * time. A sync covers every write that completed before it started; a page is sealed only with
- * none of its writes in flight (below), so the first sync to start after its summary covers
- * the page, and its completion lets the header say sealed. The user data of a sync is its
+ * started by the writer when it runs out of work and at least once a sync interval while it
+ * writes, and here when half the seal slots wait: on this project's test machine a flush
+ * stalled the writes behind it for about 0.5 ms per MiB written since the last one, and one
+ * per sealed page had cost the writer 40 % of its time. A sync covers every write that
+ * completed before it started; a page is sealed only with none of its writes in flight
+ * (below), so the first sync to start after its summary covers the page, and its completion
+ * lets the header say sealed. The user data of a sync is its
  * generation. An SQE once taken counts as submitted: liburing hands it to the kernel with the
  * next io_uring_enter even when this one failed, and every wait here enters with
  * io_uring_submit_and_wait, so nothing queued is left behind.
@@ -274,6 +276,16 @@ void kvr_ssdp_reap(kvr_ssdp_t *p, int wait)
         seal_drain(p, KVR_SSDP_NONE);
 }
 
+/* Sealed pages whose header waits for a sync. */
+static unsigned seals_waiting(const kvr_ssdp_t *p)
+{
+    unsigned n = 0;
+
+    for (unsigned k = 0; k < KVR_SSDP_SEALS_MAX; k++)
+        n += p->seal_gen[k] != 0;
+    return n;
+}
+
 /* A free seal slot, or -1. */
 static int seal_free(const kvr_ssdp_t *p)
 {
@@ -307,6 +319,8 @@ static int seal_open(kvr_ssdp_t *p)
         p->seal[k] = p->open_hdr;
         p->seal_gen[k] = p->sync_gen + 1; /* the next sync to start */
         p->unsynced += KVR_SSD_ALIGN;     /* ... which the next kvr_ssdp_sync starts */
+        if (!p->sync_busy && seals_waiting(p) >= KVR_SSDP_SEALS_MAX / 2)
+            (void)sync_start(p); /* a ring that fails: seal_drain syncs at the slots' end */
     }
     if (rc != KVR_OK) /* left open on disk: the next scan walks it with every body checked */
         kvr_error("ssd: sealing page %llu failed; it is no longer written", (unsigned long long)p->open);

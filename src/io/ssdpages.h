@@ -20,8 +20,10 @@
 struct io_uring;
 
 #define KVR_SSDP_NONE UINT64_MAX
-/* Sealed pages whose header waits for a sync; one more makes the writer wait for one. */
-#define KVR_SSDP_SEALS_MAX 16
+/* Sealed pages whose header waits for a sync; one more makes the writer wait for one. Half of
+ * them waiting starts a sync without waiting for it (seal_open), so that under a long burst of
+ * writes the slots free up before they run out. */
+#define KVR_SSDP_SEALS_MAX 32
 
 enum { KVR_SSDP_FREE = 0,
        KVR_SSDP_OPEN = 1,

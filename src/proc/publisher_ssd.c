@@ -33,7 +33,7 @@ int pub_ssd_start(pub_t *p)
 {
     const kvr_config_t *cfg = p->cfg;
     struct pub_ssd *d;
-    kvr_ssdw_config_t sc = {.path = cfg->ssd_path, .size = cfg->ssd_size, .page_size = cfg->ssd_page_size, .window = cfg->ssd_window, .batch = 16, .interval_ms = 10, .sync_ms = 1000, .wake_fd = p->wake_fd};
+    kvr_ssdw_config_t sc = {.path = cfg->ssd_path, .size = cfg->ssd_size, .page_size = cfg->ssd_page_size, .window = cfg->ssd_window, .batch = 16, .interval_ms = 10, .sync_ms = (unsigned)cfg->ssd_sync_interval_ms, .wake_fd = p->wake_fd};
 
     if (cfg->ssd_path[0] == '\0')
         return KVR_OK;
@@ -103,6 +103,7 @@ void pub_ssd_apply(pub_t *p)
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_QUOTA_REJECTS, ws.quota_rejects);
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_COMPACTED_PAGES, ws.tier.compacted_pages);
     kvr_stat_set(p->store.my_stats, KVR_ST_DISK_COMPACTED, ws.tier.compacted);
+    kvr_stat_set(p->store.my_stats, KVR_ST_DISK_SYNCS, ws.syncs);
     for (unsigned i = 0; i < KVR_PUB_BUCKETS + 2; i++)
         kvr_stat_set(p->store.my_stats, KVR_ST_DISK_WRITE_HIST + i, ws.write_hist[i]);
     while ((n = kvr_ssdw_take_dirty(d->w, d->ids, DIRTY_BATCH)) > 0) {

@@ -319,7 +319,9 @@ static void *run(void *arg)
             drain(w); /* a pass ends with nothing in flight: reaping appends tombstones */
         }
         quotas(w);
-        if (kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
+        /* A flush stalls the writes behind it (docs/ssd-tier.md, "Syncs"): started when the
+         * writer has nothing left to copy, and at least every sync_ms while it copies. */
+        if ((n == 0 && reaped <= 0) || kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
             kvr_ssdp_sync(&w->tier.p); /* started on the writer's ring; finished by a later round */
             last_sync = kvr_clock_ms();
         }
@@ -328,6 +330,7 @@ static void *run(void *arg)
         w->now.picked += n;
         w->now.tier = w->tier.st;
         memcpy(w->now.write_hist, w->tier.p.st.write_hist, sizeof(w->now.write_hist));
+        w->now.syncs = w->tier.p.st.syncs;
         pthread_mutex_lock(&w->mu);
         w->out = w->now;
         pthread_mutex_unlock(&w->mu);

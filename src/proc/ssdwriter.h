@@ -4,8 +4,8 @@
  *
  * It restores the disk index from the file when it starts, then, every round, turns workers'
  * deletes into tombstones, pins admitted blocks near the end of each namespace's LRU list,
- * copies them to the file and indexes the copies, and syncs the file at least every sync_ms
- * while it writes. It never makes a PUT wait: it only ever holds the store lock for a pick or a
+ * copies them to the file and indexes the copies, and syncs the file when it runs out of work
+ * and at least every sync_ms while it writes. It never makes a PUT wait: it only ever holds the store lock for a pick or a
  * commit, and the blocks it pins are at most `batch` at a time.
  *
  * Its store handle shares the publisher's process slot (pins, lock holder): a death of either
@@ -25,7 +25,7 @@ typedef struct {
     uint64_t window;      /* bytes from each namespace's LRU tail that it keeps copied */
     unsigned batch;       /* blocks pinned and written per round */
     unsigned interval_ms; /* the pause when a round found nothing to do */
-    unsigned sync_ms;     /* fdatasync at least this often while writing (the power-loss bound) */
+    unsigned sync_ms;     /* fdatasync at least this often while writing (--ssd-sync-interval) */
     int wake_fd;          /* an eventfd written when slots changed (the publisher's), or -1 */
 } kvr_ssdw_config_t;
 
@@ -43,6 +43,7 @@ typedef struct {
     kvr_ssdt_stats_t tier;
     uint64_t rounds, picked, already_on_disk, stale, write_errors;
     uint64_t quota_rejects;                   /* blocks larger than their namespace's ssd=: not copied */
+    uint64_t syncs;                           /* fdatasyncs of the file started (io/ssdpages.h) */
     uint64_t write_hist[KVR_PUB_BUCKETS + 2]; /* the record writes' latency (io/ssdpages.h) */
 } kvr_ssdw_stats_t;
 void kvr_ssdw_stats(kvr_ssdw_t *w, kvr_ssdw_stats_t *out);

@@ -93,7 +93,8 @@
     X(DISK_COMPACTED_PAGES, 1, "kvrelay_disk_compacted_pages_total", \
       "Pages whose live blocks were copied to the write head before the page was recycled.") \
     X(DISK_COMPACTED, 1, "kvrelay_disk_compacted_blocks_total", "Blocks those compactions copied.") \
-    X(DISK_SPARE, 1, NULL, NULL) \
+    X(DISK_SYNCS, 1, "kvrelay_disk_syncs_total", \
+      "fdatasyncs of the disk tier's file: when the writer runs out of work, at least every --ssd-sync-interval while it writes.") \
     /* Levels (gauges), from here to the end: each is its process's own value now, so a reap \
      * zeroes them instead of folding them into the retired block (kvr_stats_retire). */ \
     X(PUT_RESERVATIONS, 1, NULL, NULL)   /* io/api.c: PUT reservations held */ \

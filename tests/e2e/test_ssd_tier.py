@@ -12,6 +12,7 @@ The disk tier (issue 26; docs/ssd-tier.md), end to end on the real supervisor wi
     are served;
   - a block on disk only stays in the relay's filter (/debug/filter), and leaves it when it is
     deleted;
+  - a burst of copies is synced once the writer runs out of work, not only by the clock;
   - a file that is not a disk tier file is refused at start, untouched.
 
 Every loop is bounded in count and time; servers are stopped by PID.
@@ -294,6 +295,26 @@ def test_an_ssd_quota_drops_its_namespace_s_oldest_disk_copies_only(start, ssd_d
 def disk_metrics_all(srv):
     body = srv.request("GET", "/metrics").body.decode()
     return {k: float(v) for k, v in re.findall(r"^(kvrelay_disk_[a-z_]+) (\S+)$", body, re.M)}
+
+
+def test_a_burst_of_copies_is_synced_once_the_writer_runs_out_of_work(start, ssd_dir):
+    """--ssd-sync-interval 60m: no sync is due by the clock, yet once the writer has copied a
+    burst and has nothing left to copy, it syncs the file (docs/ssd-tier.md, "Syncs"): a flush
+    stalls the writes behind it, so it waits for the writer's idle time. With nothing written
+    since, an idle writer does not sync again."""
+    srv = start(ssd_dir / "tier", "--ssd-sync-interval", "60m")
+    syncs0 = disk_metrics_all(srv)["kvrelay_disk_syncs_total"]
+    conn = srv.connection()
+    for i in range(20):  # 20 MiB: a 16 MiB page sealed, the next one open
+        put_and_read(srv, conn, i)
+    conn.close()
+    wait_until(lambda: disk_metrics_all(srv)["kvrelay_disk_writes_total"] >= 20, 10 * SLOW,
+               what="the writer to copy the 20 blocks")
+    synced = wait_until(lambda: disk_metrics_all(srv)["kvrelay_disk_syncs_total"] > syncs0 and
+                        disk_metrics_all(srv)["kvrelay_disk_syncs_total"], 5 * SLOW,
+                        what="a sync once the writer had nothing left to copy")
+    time.sleep(1.0)  # 100 idle rounds of the writer (10 ms each)
+    assert disk_metrics_all(srv)["kvrelay_disk_syncs_total"] == synced, "an idle writer with nothing new synced again"
 
 
 def in_filter(srv, i):

@@ -321,6 +321,20 @@ Test(config, publication_coalesce_max_default_and_limits)
     cr_assert_eq(load(&cfg, "--publication-coalesce-max=1025"), KVR_EINVAL);
 }
 
+Test(config, ssd_sync_interval_default_and_limits)
+{
+    static kvr_config_t cfg;
+
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_eq(cfg.ssd_sync_interval_ms, 5000, "docs/ssd-tier.md, \"Syncs\": 5 s by default");
+    cr_assert_eq(load(&cfg, "--ssd-sync-interval=250ms"), KVR_OK);
+    cr_assert_eq(cfg.ssd_sync_interval_ms, 250);
+    cr_assert_eq(load(&cfg, "--ssd-sync-interval=60m"), KVR_OK);
+    cr_assert_eq(cfg.ssd_sync_interval_ms, 3600000);
+    cr_assert_eq(load(&cfg, "--ssd-sync-interval=50ms"), KVR_EINVAL, "below 100 ms: a flush per round");
+    cr_assert_eq(load(&cfg, "--ssd-sync-interval=61m"), KVR_EINVAL, "above an hour");
+}
+
 /* The disk tier's flags (issue 26): all or nothing, sizes it can use, the derived defaults,
  * and an environment twin. */
 Test(config, ssd_flags_defaults_and_refusals)
