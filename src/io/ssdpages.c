@@ -414,6 +414,35 @@ static void cut(kvr_ssdp_t *p, const kvr_ssdp_loc_t *loc)
                         (unsigned long long)p->open);
 }
 
+/* A record's summary entry. */
+static size_t sument_len(const kvr_ssd_rec_t *rec)
+{
+    return KVR_SSD_SUMENT_FIXED + rec->ns_len + rec->model_len + rec->key_len;
+}
+
+int kvr_ssdp_full_for(const kvr_ssdp_t *p, const kvr_ssd_rec_t *rec)
+{
+    const kvr_ssdp_page_t *g;
+
+    if (p->open == KVR_SSDP_NONE)
+        return 1;
+    g = &p->pg[p->open];
+    return p->cut || g->used + kvr_ssd_rec_span(rec->key_len, rec->length) + align_up(p->sum_len + sument_len(rec)) >
+                         p->f->page_size;
+}
+
+int kvr_ssdp_turn(kvr_ssdp_t *p)
+{
+    if (p->inflight > 0)
+        return KVR_AGAIN;
+    kvr_ssdp_reap(p, 0);
+    if (p->open != KVR_SSDP_NONE) {
+        seal_open(p);
+        p->cut = 0;
+    }
+    return open_page(p);
+}
+
 /* Takes a record's place in the open page (sealing it first when it is full or was cut, and
  * opening another), and prepares its write in io: the record counts as the page's from here.
  * KVR_OK, KVR_AGAIN (a seal is due and writes are in flight), KVR_EINVAL, KVR_ERR. */
@@ -421,21 +450,18 @@ static int place(kvr_ssdp_t *p, kvr_ssd_rec_t *rec, const struct iovec *body, in
                  kvr_ssdf_wr_t *io)
 {
     uint64_t span = kvr_ssd_rec_span(rec->key_len, rec->length);
-    size_t ent = KVR_SSD_SUMENT_FIXED + rec->ns_len + rec->model_len + rec->key_len;
+    size_t ent = sument_len(rec);
     kvr_ssdp_page_t *g;
     int rc;
 
     if (span > p->f->page_size / 2)
         return KVR_EINVAL;
     kvr_ssdp_reap(p, 0);
-    if (p->open != KVR_SSDP_NONE) {
-        g = &p->pg[p->open];
-        if (p->cut || g->used + span + align_up(p->sum_len + ent) > p->f->page_size) {
-            if (p->inflight > 0)
-                return KVR_AGAIN;
-            seal_open(p);
-            p->cut = 0;
-        }
+    if (p->open != KVR_SSDP_NONE && kvr_ssdp_full_for(p, rec)) {
+        if (p->inflight > 0)
+            return KVR_AGAIN;
+        seal_open(p);
+        p->cut = 0;
     }
     if (p->open == KVR_SSDP_NONE && open_page(p) != KVR_OK)
         return KVR_ERR;

@@ -156,9 +156,19 @@ void kvr_ssdp_forget(kvr_ssdp_t *p, uint64_t page, uint64_t version, uint64_t sp
  * (kvr_ssdp_sync, kvr_ssdp_reap). */
 int kvr_ssdp_seal(kvr_ssdp_t *p);
 
+/* Whether rec's record would not go in the open page (its span and summary entry do not fit,
+ * the page was cut, or none is open): its reserve or append seals the page and opens another. */
+int kvr_ssdp_full_for(const kvr_ssdp_t *p, const kvr_ssd_rec_t *rec);
+
+/* Seals the open page, if any, and opens the next (a free one, else the oldest sealed one,
+ * recycled), as an append that does not fit does. KVR_OK, KVR_AGAIN (writes in flight),
+ * KVR_ERR (no page could be opened). */
+int kvr_ssdp_turn(kvr_ssdp_t *p);
+
 /* Starts an fdatasync when anything was appended, or a page sealed, since the last one
- * started, and none is in flight (the power-loss bound: the writer calls it at least every
- * second); without a ring, syncs here. KVR_OK or KVR_ERR (logged). */
+ * started, and none is in flight (the power-loss bound: the writer calls it when it runs out
+ * of work and at least every --ssd-sync-interval); without a ring, syncs here. KVR_OK or
+ * KVR_ERR (logged). */
 int kvr_ssdp_sync(kvr_ssdp_t *p);
 
 /* Finishes what completed on the ring: sealed pages' headers are written once a sync that

@@ -208,6 +208,20 @@ int kvr_ssdt_reserve(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const struct iovec 
     return kvr_ssdp_reserve(&t->p, &rec, body, nbody, loc, slot);
 }
 
+int kvr_ssdt_turn_due(const kvr_ssdt_t *t, const kvr_ssdt_blk_t *b)
+{
+    kvr_ssd_rec_t rec;
+
+    return fill_rec(&rec, b) == KVR_OK && kvr_ssdp_full_for(&t->p, &rec);
+}
+
+int kvr_ssdt_turn(kvr_ssdt_t *t)
+{
+    int rc = kvr_ssdp_turn(&t->p);
+
+    return rc != KVR_OK ? rc : (kvr_ssdt_compact(t) == KVR_ERR ? KVR_ERR : KVR_OK);
+}
+
 int kvr_ssdt_index(kvr_ssdt_t *t, const kvr_ssdt_blk_t *b, const kvr_ssdp_loc_t *loc)
 {
     kvr_dslot_t v, old;

@@ -108,6 +108,15 @@ int kvr_ssdt_reap(kvr_ssdt_t *t, unsigned max);
  */
 int kvr_ssdt_compact(kvr_ssdt_t *t);
 
+/* Whether block b's record would open a page (kvr_ssdp_full_for). */
+int kvr_ssdt_turn_due(const kvr_ssdt_t *t, const kvr_ssdt_blk_t *b);
+/* Seals the open page and opens the next (kvr_ssdp_turn), then tries compaction while the new
+ * page is empty: the writer calls it, with nothing in flight, before a record that would open
+ * a page, so that a round of many records does not fill the fresh page past the room a
+ * compaction needs before the next round's check. KVR_OK, KVR_AGAIN (writes in flight),
+ * KVR_ERR (no page opened, or a compaction's write failed). */
+int kvr_ssdt_turn(kvr_ssdt_t *t);
+
 /*
  * ssd= (docs/ssd-tier.md, "Namespaces"): when namespace ns holds more than `quota` bytes on
  * disk in LIVE copies (0: no quota), its oldest are dropped until it holds 7/8 of it: pages in

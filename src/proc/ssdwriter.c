@@ -246,6 +246,11 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
         kvr_store_demote_release(&w->st, d);
         return;
     }
+    if (kvr_ssdt_turn_due(&w->tier, &c->b)) { /* it opens a page: compaction's chance at it, empty */
+        drain(w);
+        if (w->tier.p.inflight == 0 && kvr_ssdt_turn(&w->tier) == KVR_ERR)
+            w->failed = 1;
+    }
     span = kvr_ssd_rec_span(d->key_len, d->ref.length);
     for (;;) {
         while (w->tier.p.inflight > 0 && w->tier.p.inflight_bytes + span > WRITE_BYTES_MAX && take(w, 1))
