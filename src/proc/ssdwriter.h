@@ -5,8 +5,8 @@
  * It restores the disk index from the file when it starts, then, every round, turns workers'
  * deletes into tombstones, pins admitted blocks near the end of each namespace's LRU list,
  * copies them to the file and indexes the copies, and syncs the file when it runs out of work
- * and at least every sync_ms while it writes. It never makes a PUT wait: it only ever holds the store lock for a pick or a
- * commit, and the blocks it pins are at most `batch` at a time.
+ * and at least every sync_ms while it writes. It never makes a PUT wait: it only ever holds the
+ * store lock for a pick or a commit, and the blocks it pins are at most `batch` at a time.
  *
  * Its store handle shares the publisher's process slot (pins, lock holder): a death of either
  * thread is the process's death, which the supervisor repairs as any. It writes no stats block
