@@ -180,6 +180,8 @@ static void finish(kvr_ssdp_t *p, uint64_t gen, int res)
         if (res < 0 || kvr_ssdf_page_seal_end(p->f, &p->seal[k]) != KVR_OK) /* left open on disk */
             kvr_error("ssd: sealing page %llu failed (%s); the next start walks its records",
                       (unsigned long long)p->seal[k].page, res < 0 ? strerror(-res) : "its header");
+        else
+            p->unsynced += KVR_SSD_ALIGN; /* the header too: the next sync makes it survive power */
     }
 }
 
@@ -262,8 +264,10 @@ static void seal_drain(kvr_ssdp_t *p, uint64_t page)
         if (!take(p, 1))
             break;
     }
-    if (seal_waits(p, page)) /* the ring failed: sync here, then the headers */
+    if (seal_waits(p, page)) { /* the ring failed: sync here, then the headers */
+        p->st.syncs++;
         finish(p, UINT64_MAX, kvr_ssdf_sync(p->f) == KVR_OK ? 0 : -EIO);
+    }
 }
 
 void kvr_ssdp_reap(kvr_ssdp_t *p, int wait)
@@ -336,6 +340,12 @@ int kvr_ssdp_seal(kvr_ssdp_t *p)
     int rc = seal_open(p);
 
     kvr_ssdp_reap(p, 1);
+    if (p->unsynced > 0) { /* the headers just written, and any append since the last sync */
+        p->unsynced = 0;
+        p->st.syncs++;
+        if (kvr_ssdf_sync(p->f) != KVR_OK)
+            rc = KVR_ERR;
+    }
     return rc;
 }
 
@@ -422,13 +432,15 @@ static size_t sument_len(const kvr_ssd_rec_t *rec)
 
 int kvr_ssdp_full_for(const kvr_ssdp_t *p, const kvr_ssd_rec_t *rec)
 {
+    uint64_t span = kvr_ssd_rec_span(rec->key_len, rec->length);
     const kvr_ssdp_page_t *g;
 
+    if (span > p->f->page_size / 2)
+        return 0; /* never kept on disk (place refuses it): no page is sealed for it */
     if (p->open == KVR_SSDP_NONE)
         return 1;
     g = &p->pg[p->open];
-    return p->cut || g->used + kvr_ssd_rec_span(rec->key_len, rec->length) + align_up(p->sum_len + sument_len(rec)) >
-                         p->f->page_size;
+    return p->cut || g->used + span + align_up(p->sum_len + sument_len(rec)) > p->f->page_size;
 }
 
 int kvr_ssdp_turn(kvr_ssdp_t *p)

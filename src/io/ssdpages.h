@@ -151,13 +151,14 @@ void kvr_ssdp_settle(kvr_ssdp_t *p, unsigned slot, const kvr_ssdp_loc_t *loc, in
 void kvr_ssdp_forget(kvr_ssdp_t *p, uint64_t page, uint64_t version, uint64_t span);
 
 /* Seals the open page, if any, with its summary, and waits until every sealed page's header
- * is down (a clean stop). KVR_OK or KVR_ERR (logged). A full page is sealed without waiting:
+ * is down, then syncs the headers (a clean stop). KVR_OK or KVR_ERR (logged). A full page is sealed without waiting:
  * its summary is written now, and its header says sealed once the next sync has completed
  * (kvr_ssdp_sync, kvr_ssdp_reap). */
 int kvr_ssdp_seal(kvr_ssdp_t *p);
 
 /* Whether rec's record would not go in the open page (its span and summary entry do not fit,
- * the page was cut, or none is open): its reserve or append seals the page and opens another. */
+ * the page was cut, or none is open): its reserve or append seals the page and opens another.
+ * 0 for a record larger than half a page, which no page takes. */
 int kvr_ssdp_full_for(const kvr_ssdp_t *p, const kvr_ssd_rec_t *rec);
 
 /* Seals the open page, if any, and opens the next (a free one, else the oldest sealed one,

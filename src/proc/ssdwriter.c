@@ -286,6 +286,27 @@ static void quotas(kvr_ssdw_t *w)
     }
 }
 
+/* A flush stalls the writes queued behind it (docs/ssd-tier.md, "Syncs"), so a sync starts
+ * when a round had nothing to copy or reap (idle), at most every IDLE_SYNC_MS so that a
+ * trickle of copies does not keep one always in flight, and in any round once sync_ms has
+ * passed since the last one started, or since the first write that none covers. */
+#define IDLE_SYNC_MS 250
+
+static void sync_round(kvr_ssdw_t *w, int idle, uint64_t *last_sync)
+{
+    uint64_t now = kvr_clock_ms(), since = now - *last_sync, syncs = w->tier.p.st.syncs;
+
+    if (w->tier.p.unsynced == 0 && !w->tier.p.sync_busy) {
+        *last_sync = now; /* nothing waits for a sync: the interval counts from the next write */
+        return;
+    }
+    if ((idle && since >= (IDLE_SYNC_MS < w->cfg.sync_ms ? IDLE_SYNC_MS : w->cfg.sync_ms)) || since >= w->cfg.sync_ms) {
+        kvr_ssdp_sync(&w->tier.p); /* started on the writer's ring; finished by a later round */
+        if (w->tier.p.st.syncs != syncs)
+            *last_sync = now; /* one started (none does while one is in flight: tried again) */
+    }
+}
+
 static void pause_ms(unsigned ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -324,12 +345,7 @@ static void *run(void *arg)
             drain(w); /* a pass ends with nothing in flight: reaping appends tombstones */
         }
         quotas(w);
-        /* A flush stalls the writes behind it (docs/ssd-tier.md, "Syncs"): started when the
-         * writer has nothing left to copy, and at least every sync_ms while it copies. */
-        if ((n == 0 && reaped <= 0) || kvr_clock_ms() - last_sync >= w->cfg.sync_ms) {
-            kvr_ssdp_sync(&w->tier.p); /* started on the writer's ring; finished by a later round */
-            last_sync = kvr_clock_ms();
-        }
+        sync_round(w, n == 0 && reaped <= 0, &last_sync);
         kvr_ssdp_reap(&w->tier.p, 0); /* sealed pages' headers, once their syncs are done */
         w->now.rounds++;
         w->now.picked += n;

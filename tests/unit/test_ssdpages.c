@@ -391,6 +391,56 @@ Test(ssdpages, ring_writes_land_where_reserved_and_a_full_page_waits_for_them)
     kvr_ssdf_close(&f);
 }
 
+/* kvr_ssdp_full_for says when a record would open a page (as place decides), never for one
+ * that no page takes; kvr_ssdp_turn seals and opens only with nothing in flight. */
+Test(ssdpages, full_for_and_turn)
+{
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc[8];
+    uint8_t *bufs[8];
+    int ok[8];
+    kvr_ssd_rec_t r, big;
+    char key[16];
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, SIZE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    uint8_t *b = make("q00009", 200000, 9, &r);
+    uint8_t *bb = make("big", PAGE / 2, 1, &big);
+    cr_assert(kvr_ssdp_full_for(&p, &r), "no page open yet");
+    cr_assert_not(kvr_ssdp_full_for(&p, &big), "larger than half a page: no page would take it");
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof(key), "k%05d", i);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)i, &loc[i]), KVR_OK);
+        cr_assert_not(kvr_ssdp_full_for(&p, &r), "room for a fifth after %d", i + 1);
+    }
+    cr_assert_eq(add(&p, "k00004", 200000, 4, &loc[4]), KVR_OK);
+    cr_assert(kvr_ssdp_full_for(&p, &r), "five fill the page: a sixth opens the next");
+    cr_assert_not(kvr_ssdp_full_for(&p, &big));
+    cr_assert_eq(add(&p, "big", PAGE / 2, 1, &loc[5]), KVR_EINVAL);
+    cr_assert(p.open == 0 && p.st.sealed == 0, "the refused record sealed nothing");
+
+    cr_assert_eq(kvr_ssdp_turn(&p), KVR_OK);
+    cr_assert(p.open == 1 && p.pg[0].state == KVR_SSDP_SEALED && p.st.sealed == 1);
+    cr_assert_not(kvr_ssdp_full_for(&p, &r), "the new page is empty");
+    reserve_n(&p, 20, 2, loc, bufs);
+    cr_assert_eq(kvr_ssdp_turn(&p), KVR_AGAIN, "writes in flight: not sealed under them");
+    cr_assert_eq(p.open, 1);
+    complete_n(&p, 2, ok);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(ok[i], 1);
+        kvr_ssdp_settle(&p, (unsigned)i, &loc[i], 1);
+        free(bufs[i]);
+    }
+    cr_assert_eq(kvr_ssdp_turn(&p), KVR_OK);
+    cr_assert(p.open == 2 && p.pg[1].state == KVR_SSDP_SEALED && p.st.sealed == 2);
+    free(b);
+    free(bb);
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+}
+
 Test(ssdpages, a_failed_ring_write_cuts_its_page_back_and_gives_up_the_rest)
 {
     kvr_ssdf_t f;
