@@ -28,7 +28,10 @@ set -euo pipefail
 size=${1:?SIZE}; keys=${2:?KEYS}; dir=${3:-/var/tmp}
 root=$(cd "$(dirname "$0")/.." && pwd)
 pf=$(mktemp); log=$(mktemp); file="$dir/kvr-ram-get-$$.ssd"; pid=""
-cleanup() { [ -n "$pid" ] && kill -TERM -- "-$pid" 2>/dev/null; rm -f "$pf" "$log" "$file"; }
+cleanup() { # also when a server already exited: a failed kill must not skip the rm (set -e)
+  if [ -n "$pid" ]; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
+  rm -f "$pf" "$log" "$file"
+}
 trap cleanup EXIT
 run() {
   local tier=$1 extra=()
@@ -62,7 +65,7 @@ print(t / os.sysconf("SC_CLK_TCK"))' "$1"
 }
 if [ -n "${WINDOWS:-}" ]; then
   pf2=$(mktemp); pid2=""; file2="$dir/kvr-ram-get-$$-on.ssd"
-  trap 'cleanup; [ -n "$pid2" ] && kill -TERM -- "-$pid2" 2>/dev/null; rm -f "$pf2" "$file2"' EXIT
+  trap 'cleanup; if [ -n "$pid2" ]; then kill -TERM -- "-$pid2" 2>/dev/null || true; fi; rm -f "$pf2" "$file2"' EXIT
   boot() { # boot PORTFILE [tier args...]: starts a server, prints its pid
     local p=$1; shift
     setsid "$root/build/kvrelay-supervisor" --http-bind 127.0.0.1:0 --grpc-bind off --port-file "$p" \
@@ -91,7 +94,7 @@ if [ -n "${WINDOWS:-}" ]; then
       echo "pair $w tier $t: cpu $(python3 -c "print(round($c1 - $c0, 3))") s, $out" | tee -a "$log"
     done
   done
-  python3 - "$log" <<'PY'
+  python3 - "$log" "$WINDOWS" <<'PY'
 import random, re, statistics, sys
 pairs = {}
 for line in open(sys.argv[1]):
@@ -100,6 +103,8 @@ for line in open(sys.argv[1]):
         n = int(re.search(r"get: (\d+) requests", line).group(1))
         pairs.setdefault(int(m.group(1)), {})[m.group(2)] = (float(m.group(4)), float(m.group(3)), n)
 ok = [p for p in pairs.values() if len(p) == 2]
+if len(ok) < int(sys.argv[2]):
+    print(f"{int(sys.argv[2]) - len(ok)} of {sys.argv[2]} pairs not parsed (a window failed): left out")
 gb = [p["on"][0] / p["off"][0] for p in ok]
 # CPU seconds per GB: cpu / (GB/s x window); the window cancels in the ratio
 cpu = [(p["on"][1] / p["on"][0]) / (p["off"][1] / p["off"][0]) for p in ok]
