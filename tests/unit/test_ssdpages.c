@@ -441,6 +441,46 @@ Test(ssdpages, full_for_and_turn)
     kvr_ssdf_close(&f);
 }
 
+/* The seal slots' bound (KVR_SSDP_SEALS_MAX): with no sync asked for, the 16th sealed page
+ * waiting starts one on the ring without waiting for it, and every header gets written. */
+Test(ssdpages, half_the_seal_slots_waiting_start_a_sync)
+{
+    enum { N = KVR_SSDP_SEALS_MAX / 2 + 2 };
+    kvr_ssdf_t f;
+    kvr_ssdp_t p;
+    kvr_ssdp_loc_t loc;
+    char key[16];
+    int k = 0;
+
+    cr_assert_eq(kvr_ssdf_open(&f, path, KVR_SSD_SUPER_BYTES + (N + 1) * PAGE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdp_init(&p, &f, NULL, NULL), KVR_OK);
+    cr_assert_not_null(p.ring);
+    while (p.st.sealed < KVR_SSDP_SEALS_MAX / 2 - 1) { /* 5 records of 200000 bytes a page */
+        snprintf(key, sizeof(key), "s%05d", k);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)k, &loc), KVR_OK);
+        k++;
+    }
+    cr_assert_eq(p.st.syncs, 0, "15 sealed pages wait: no sync yet");
+    while (p.st.sealed < KVR_SSDP_SEALS_MAX / 2) {
+        snprintf(key, sizeof(key), "s%05d", k);
+        cr_assert_eq(add(&p, key, 200000, (uint8_t)k, &loc), KVR_OK);
+        k++;
+    }
+    cr_assert_eq(p.st.syncs, 1, "the 16th started one");
+    cr_assert_eq(p.st.sync_waits, 0, "and nothing waited for it");
+    cr_assert_eq(kvr_ssdp_seal(&p), KVR_OK);
+    kvr_ssdp_free(&p);
+    kvr_ssdf_close(&f);
+
+    kvr_ssdf_scan_t st;
+    uint64_t n = 0;
+    cr_assert_eq(kvr_ssdf_open(&f, path, KVR_SSD_SUPER_BYTES + (N + 1) * PAGE, PAGE, NULL), KVR_OK);
+    cr_assert_eq(kvr_ssdf_scan(&f, count, &n, &st), KVR_OK);
+    cr_assert_eq(n, (uint64_t)k);
+    cr_assert_eq(st.pages_sealed, KVR_SSDP_SEALS_MAX / 2 + 1, "every page's header says sealed");
+    kvr_ssdf_close(&f);
+}
+
 Test(ssdpages, a_failed_ring_write_cuts_its_page_back_and_gives_up_the_rest)
 {
     kvr_ssdf_t f;
