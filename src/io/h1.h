@@ -44,7 +44,16 @@ typedef struct kvr_h1_s kvr_h1_t;
 kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
                         const int *accept_fds);
 
-/* Pushes queued submissions; the worker calls it once per loop iteration. */
+/* 1 when the worker's loop waits in this server's ring (kvr_h1_wait) rather than in h2o's
+ * (io_uring, and h2o's epoll descriptor found); then h2o runs only when kvr_h1_wait or
+ * kvr_http_idle_ms says it has work. */
+int kvr_h1_waits(const kvr_h1_t *s);
+/* Submits, waits up to max_ms for a completion or for h2o's descriptors to be ready, and runs
+ * the completions' callbacks. Returns 1 when h2o has events (run it), else 0. */
+int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms);
+
+/* Queues what waits for a loop turn (waiting PUTs, the accept turn) and, unless the loop waits
+ * in the ring, pushes queued submissions; the worker calls it once per loop iteration. */
 void kvr_h1_flush(kvr_h1_t *s);
 
 /* Timeouts, accept back-off, waiting PUTs; every 50 ms or so. */

@@ -79,6 +79,11 @@ struct kvr_h1_s {
     kvr_api_t *api;
     kvr_http_t *http;
     kvr_uring_t ring;
+    int own_wait;          /* the worker's loop waits in ring, not in h2o (kvr_h1_wait) */
+    int h2o_fd;            /* h2o's epoll descriptor, polled through ring (own_wait) */
+    int h2o_polled;        /* a poll of it is in flight */
+    int h2o_ready;         /* it reported readiness since the last kvr_h1_wait */
+    kvr_uring_op_t h2o_op; /* that poll */
     int listen_fd;
     kvr_uring_op_t accept_op;
     int accepting; /* an accept is in flight */

@@ -16,6 +16,7 @@
 #include <openssl/ssl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #define IOV_BATCH        64     /* arena spans handed to h2o per send */
 #define KVR_HTTP_TURN_US 200000 /* the budget's reading connection keeps its turn while it moves */
@@ -535,6 +536,46 @@ void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms)
         h->last_sweep_ms = t;
         sweep(h);
     }
+}
+
+int kvr_http_epoll_fd(const kvr_http_t *h)
+{
+    /* h2o 2.2's epoll loop is struct st_h2o_evloop_epoll_t { h2o_evloop_t super; int ep; },
+     * which its headers do not export (lib/common/socket/evloop/epoll.c.h). Read it through the
+     * same layout, and believe it only if the descriptor is an epoll instance. */
+    struct evloop_epoll_view {
+        h2o_evloop_t super;
+        int ep;
+    };
+    int fd = ((const struct evloop_epoll_view *)(const void *)h->loop)->ep;
+    char path[48], link[64];
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0 || (link[n] = '\0', strcmp(link, "anon_inode:[eventpoll]") != 0)) {
+        kvr_warn("h2o's epoll descriptor not found (%s): the loop waits in h2o", n <= 0 ? strerror(errno) : link);
+        return -1;
+    }
+    return fd;
+}
+
+int32_t kvr_http_idle_ms(kvr_http_t *h, int32_t max_ms)
+{
+    h2o_evloop_t *loop = h->loop;
+    struct timeval tv;
+    uint64_t wake, now;
+
+    if (loop->_statechanged.head != NULL || loop->_pending_as_client != NULL || loop->_pending_as_server != NULL)
+        return 0;
+    wake = h2o_timeout_get_wake_at(&loop->_timeouts);
+    if (wake == UINT64_MAX)
+        return max_ms;
+    gettimeofday(&tv, NULL); /* h2o's own clock: wake is in its milliseconds */
+    now = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+    if (wake <= now)
+        return 0;
+    return wake - now < (uint64_t)max_ms ? (int32_t)(wake - now) : max_ms;
 }
 
 void kvr_http_start_drain(kvr_http_t *h)

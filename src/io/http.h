@@ -39,6 +39,14 @@ int kvr_http_watch_fd(kvr_http_t *h, int fd, void (*cb)(void *data), void *data)
 /* Runs the loop once for at most max_wait_ms; does periodic housekeeping. */
 void kvr_http_run_once(kvr_http_t *h, int32_t max_wait_ms);
 
+/* h2o's epoll descriptor, for a loop that waits elsewhere and polls it (readable: h2o has an
+ * event; run it with kvr_http_run_once(h, 0)); -1 when it cannot be found (logged). */
+int kvr_http_epoll_fd(const kvr_http_t *h);
+
+/* How long h2o can go without a run: 0 when it has work queued (a socket state change, a
+ * pending callback, a timer due), else the time to its next timer, at most max_ms. */
+int32_t kvr_http_idle_ms(kvr_http_t *h, int32_t max_ms);
+
 /* Begins draining: no new keep-alive, idle connections close. */
 void kvr_http_start_drain(kvr_http_t *h);
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -156,7 +157,8 @@ static unsigned ring_process(kvr_uring_t *u)
     uint64_t v;
     unsigned n = 0;
 
-    (void)!read(u->efd, &v, sizeof(v));
+    if (u->efd >= 0)
+        (void)!read(u->efd, &v, sizeof(v));
     while (io_uring_peek_cqe(&u->ring, &cqe) == 0 && cqe != NULL) {
         kvr_uring_op_t *op = io_uring_cqe_get_data(cqe);
         int res = cqe->res;
@@ -578,7 +580,54 @@ void kvr_uring_exit(kvr_uring_t *u)
         return;
     }
     io_uring_queue_exit(&u->ring);
+    if (u->efd >= 0)
+        close(u->efd);
+}
+
+int kvr_uring_own_wait(kvr_uring_t *u)
+{
+    if (u->engine != KVR_IO_URING || u->efd < 0)
+        return KVR_ERR;
+    if (io_uring_unregister_eventfd(&u->ring) < 0)
+        return KVR_ERR;
     close(u->efd);
+    u->efd = -1;
+    return KVR_OK;
+}
+
+int kvr_uring_poll_in(kvr_uring_t *u, int fd, kvr_uring_op_t *op)
+{
+    struct io_uring_sqe *sqe;
+
+    if (u->engine != KVR_IO_URING)
+        return KVR_ERR;
+    if ((sqe = get_sqe(u)) == NULL)
+        return -EBUSY;
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data(sqe, op);
+    return KVR_OK;
+}
+
+unsigned kvr_uring_wait(kvr_uring_t *u, int32_t max_ms)
+{
+    struct io_uring_cqe *cqe;
+    int rc;
+
+    if (max_ms <= 0) {
+        ring_flush(u);
+        return ring_process(u);
+    }
+    /* Submits and waits in one io_uring_enter; none at all when a completion is there already
+     * and nothing is queued (liburing peeks first). -ETIME: the time passed; -EINTR: a signal
+     * (SIGTERM: the caller's loop sees it). Whatever the submit left queued stays in the
+     * submission ring and goes with the next enter. */
+    rc = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1,
+                                          &(struct __kernel_timespec){.tv_sec = max_ms / 1000, .tv_nsec = (long long)(max_ms % 1000) * 1000000},
+                                          NULL);
+    u->unsubmitted = 0;
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN)
+        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "io_uring_submit_and_wait_timeout: %s", strerror(-rc));
+    return ring_process(u);
 }
 
 void kvr_uring_flush(kvr_uring_t *u)

@@ -52,7 +52,7 @@ typedef struct kvr_uring_fd_s kvr_uring_fd_t;
 
 typedef struct {
     int engine; /* KVR_IO_URING or KVR_IO_EPOLL once initialised */
-    int efd;    /* the loop watches this for readability */
+    int efd;    /* the loop watches this for readability (-1: kvr_uring_own_wait) */
     /* io_uring */
     struct io_uring ring;
     unsigned unsubmitted;
@@ -115,6 +115,18 @@ int kvr_uring_cancel(kvr_uring_t *u, kvr_uring_op_t *op);
 
 /* Pushes queued submissions to the kernel (io_uring), or tries them (epoll). */
 void kvr_uring_flush(kvr_uring_t *u);
+
+/* The worker's loop waits in this ring instead of on efd (io_uring only; KVR_ERR otherwise):
+ * the eventfd is unregistered and closed (efd -1), so a completion no longer signals one, and
+ * the caller reaps with kvr_uring_wait. */
+int kvr_uring_own_wait(kvr_uring_t *u);
+/* One readiness report (IORING_OP_POLL_ADD, POLLIN, one shot) of fd: op's callback gets the
+ * poll mask or -errno. io_uring only (KVR_ERR otherwise). */
+int kvr_uring_poll_in(kvr_uring_t *u, int fd, kvr_uring_op_t *op);
+/* Submits what is queued, waits up to max_ms (not at all for 0) for a completion, then runs
+ * the callbacks of every completion there is: one system call, or none when completions wait
+ * and nothing is queued. Returns the count run. io_uring only. */
+unsigned kvr_uring_wait(kvr_uring_t *u, int32_t max_ms);
 
 /* Clears efd and runs the callbacks of every completion there is. Returns the count. */
 unsigned kvr_uring_process(kvr_uring_t *u);

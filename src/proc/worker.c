@@ -35,7 +35,8 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
 {
     static kvr_relay_t relay;
     kvr_grpc_t *grpc = NULL;
-    uint64_t last_tick = 0, last_h1_tick = 0, last_yield_us = 0, us;
+    uint64_t last_tick = 0, last_h1_tick = 0, last_yield_us = 0, last_h2o = 0, us;
+    int own_wait;
     char role[32];
     kvr_store_t store;
     static kvr_api_t api;
@@ -85,14 +86,28 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     /* seq_cst RMW against the supervisor's fetch_sub when it takes us out of readiness
      * (take_readiness); /readyz loads the count relaxed */
     kvr_atomic_fetch_add_seq_cst(&seg->hdr->ctl.workers_running, 1);
-    kvr_info("serving HTTP%s", grpc != NULL ? " and gRPC" : "");
+    own_wait = kvr_h1_waits(h1);
+    kvr_info("serving HTTP%s; the loop waits in %s", grpc != NULL ? " and gRPC" : "", own_wait ? "the io_uring ring" : "h2o's epoll");
     (void)kvr_prefault_start(&store.arena, cfg->arena_prefault); /* logged if it cannot */
 
     for (;;) {
         uint64_t t;
         kvr_seg_heartbeat(seg);        /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
-        kvr_http_run_once(http, KVR_TICK_MS);
+        if (own_wait) {
+            /* One io_uring_enter submits and waits; h2o runs (without waiting) when its epoll
+             * descriptor is readable, when it has work queued or a timer due, and at least
+             * every tick. */
+            int32_t idle = kvr_http_idle_ms(http, KVR_TICK_MS);
+            int ready = kvr_h1_wait(h1, idle);
+            us = kvr_clock_us();
+            if (ready || idle == 0 || us / 1000 - last_h2o >= KVR_TICK_MS) {
+                last_h2o = us / 1000;
+                kvr_http_run_once(http, 0);
+            }
+        } else {
+            kvr_http_run_once(http, KVR_TICK_MS);
+        }
         us = kvr_clock_us();
         t = us / 1000;
         if (us - last_yield_us >= YIELD_US) {

@@ -83,8 +83,10 @@ def assert_engine(srv, engine):
     log = srv.log_text()
     if engine == "epoll":
         assert "io engine: epoll" in log, srv.log_tail(30)
+        assert "the loop waits in h2o's epoll" in log, srv.log_tail(30)
     else:
         assert "io engine: io_uring" in log, srv.log_tail(30)
+        assert "the loop waits in the io_uring ring" in log, srv.log_tail(30)
     kinds = worker_fd_kinds(srv)
     assert kinds, "no worker to look at"
     for pid, k in kinds.items():
