@@ -7,8 +7,8 @@
 #
 # Each pair runs build/kvrelay-supervisor ("new") and BASE_SUPERVISOR ("base", e.g. a worktree
 # of main before a change), the order swapped every pair. Each server starts alone
-# (--memory 1G, --grpc-bind off, its own process group), is filled with 100,000 PUTs of new keys
-# (every arena page touched once: no first touch is measured), gets 256 keys for the GETs, then
+# (--memory 1G, --grpc-bind off, its own process group), is filled with 1.5 GiB of PUTs of new
+# keys (every arena page touched once: no first touch is measured), gets 256 keys for the GETs, then
 # runs two measured 4 s runs of build/kvrelay-bench: GETs of those 256 resident keys, and PUTs
 # of keys never PUT before (the store full and evicting). During each, `perf stat` counts over
 # the server's processes: task-clock, context switches, page faults and the system calls that
@@ -18,6 +18,7 @@
 set -euo pipefail
 base=${1:?BASE_SUPERVISOR}; pairs=${2:-2}; conns=${3:-16}; size=${4:-16K}
 root=$(cd "$(dirname "$0")/.." && pwd)
+fill=$((3 * (1 << 29) / $(numfmt --from=iec "$size"))) # PUTs worth 1.5 GiB: every page of the 1 GiB arena
 bench=$root/build/kvrelay-bench
 tmp=$(mktemp -d); pid=""
 cleanup() {
@@ -41,7 +42,7 @@ one() { # NAME SUPERVISOR
   done
   pids=$( (echo "$pid"; ps -o pid= --ppid "$pid") | tr -d ' ' | paste -sd,)
   "$bench" --target "127.0.0.1:$port" --workload put --size "$size" --keys 10000000 \
-    --key-prefix "fill-$RANDOM" --connections 16 --requests 100000 --quiet >/dev/null
+    --key-prefix "fill-$RANDOM" --connections 16 --requests "$fill" --quiet >/dev/null
   "$bench" --target "127.0.0.1:$port" --workload get --size "$size" --keys 256 --preload \
     --key-prefix "get-$size" --connections 16 --duration 1 --quiet >/dev/null
   for wl in get put; do
