@@ -4,6 +4,7 @@
  */
 #include "io/h1_int.h"
 
+#include "base/dassert.h"
 #include "base/log.h"
 
 #include <netinet/in.h>
@@ -685,8 +686,12 @@ static void on_h2o_ready(kvr_uring_op_t *op, int res)
 
     s->h2o_polled = 0;
     s->h2o_ready = 1; /* on an error too: h2o's own run reports it */
-    if (res < 0)
+    if (res < 0) {
+        /* Not armed again for a tick (kvr_h1_wait), so a poll that keeps failing does not
+         * spin the loop; h2o still runs every tick meanwhile. */
+        s->h2o_poll_err = kvr_clock_ms();
         KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "h1: poll of h2o's loop: %s", strerror(-res));
+    }
 }
 
 /* The worker waits in this ring when it can: one io_uring_enter per loop turn submits and
@@ -709,9 +714,11 @@ int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms)
 {
     int ready;
 
-    if (!s->h2o_polled && kvr_uring_poll_in(&s->ring, s->h2o_fd, &s->h2o_op) == KVR_OK)
+    KVR_DASSERT(s->own_wait);
+    if (!s->h2o_polled && (s->h2o_poll_err == 0 || kvr_clock_ms() - s->h2o_poll_err >= KVR_TICK_MS) &&
+        kvr_uring_poll_in(&s->ring, s->h2o_fd, &s->h2o_op) == KVR_OK)
         s->h2o_polled = 1;
-    (void)kvr_uring_wait(&s->ring, s->h2o_ready ? 0 : max_ms);
+    (void)kvr_uring_wait(&s->ring, max_ms);
     ready = s->h2o_ready;
     s->h2o_ready = 0;
     return ready;
@@ -720,6 +727,11 @@ int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms)
 int kvr_h1_waits(const kvr_h1_t *s)
 {
     return s->own_wait;
+}
+
+void kvr_h1_submit(kvr_h1_t *s)
+{
+    kvr_uring_flush(&s->ring);
 }
 
 kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,

@@ -51,6 +51,9 @@ int kvr_h1_waits(const kvr_h1_t *s);
 /* Submits, waits up to max_ms for a completion or for h2o's descriptors to be ready, and runs
  * the completions' callbacks. Returns 1 when h2o has events (run it), else 0. */
 int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms);
+/* Pushes queued submissions now (before the loop gives up its core: responses that wait in the
+ * ring until the next kvr_h1_wait would wait out the yield too). */
+void kvr_h1_submit(kvr_h1_t *s);
 
 /* Queues what waits for a loop turn (waiting PUTs, the accept turn) and, unless the loop waits
  * in the ring, pushes queued submissions; the worker calls it once per loop iteration. */

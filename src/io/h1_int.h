@@ -84,6 +84,7 @@ struct kvr_h1_s {
     int h2o_polled;        /* a poll of it is in flight */
     int h2o_ready;         /* it reported readiness since the last kvr_h1_wait */
     kvr_uring_op_t h2o_op; /* that poll */
+    uint64_t h2o_poll_err; /* when it last failed (ms): not armed again for a tick */
     int listen_fd;
     kvr_uring_op_t accept_op;
     int accepting; /* an accept is in flight */

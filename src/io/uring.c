@@ -131,7 +131,8 @@ static int ring_init(kvr_uring_t *u, unsigned entries)
 
 static void ring_flush(kvr_uring_t *u)
 {
-    if (u->unsubmitted > 0) {
+    /* io_uring_sq_ready: also what an earlier submit left queued (the kernel took fewer) */
+    if (u->unsubmitted > 0 || io_uring_sq_ready(&u->ring) > 0) {
         int rc = io_uring_submit(&u->ring);
         if (rc < 0)
             KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "io_uring_submit: %s", strerror(-rc));

@@ -1,6 +1,7 @@
 /*
  * uring.h — the worker's I/O engine: one per worker (created after fork), its completions
- * announced on a descriptor (efd) that joins the worker's h2o event loop.
+ * announced on a descriptor (efd) that joins the worker's h2o event loop, or (the HTTP/1.1
+ * ring, kvr_uring_own_wait) reaped by the loop itself, which waits in the ring.
  *
  * Two engines behind one op API (docs/dataplane.md, "I/O engines"):
  *   io_uring — the ring does each op in the kernel; efd is the ring's completion eventfd.
@@ -11,9 +12,10 @@
  *
  * Every submission carries a kvr_uring_op_t (the caller embeds it in its own object); on
  * completion its callback runs with the result (bytes, a new fd, or -errno), always from
- * kvr_uring_process, never from inside the submitting call. Submissions are batched: they go
- * to the kernel (io_uring) or are tried (epoll) at kvr_uring_flush, which the loop calls once
- * per iteration, and whenever the submission queue is full.
+ * kvr_uring_process or kvr_uring_wait, never from inside the submitting call. Submissions are
+ * batched: they go to the kernel (io_uring) or are tried (epoll) at kvr_uring_flush, which the
+ * loop calls once per iteration, or at kvr_uring_wait, and whenever the submission queue is
+ * full.
  */
 #ifndef KVR_IO_URING_H
 #define KVR_IO_URING_H

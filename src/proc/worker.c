@@ -101,7 +101,9 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
             int32_t idle = kvr_http_idle_ms(http, KVR_TICK_MS);
             int ready = kvr_h1_wait(h1, idle);
             us = kvr_clock_us();
-            if (ready || idle == 0 || us / 1000 - last_h2o >= KVR_TICK_MS) {
+            /* idle again: the wait may have ended on h2o's timer, or a callback queued h2o work
+             * (a connection handed over) */
+            if (ready || idle == 0 || us / 1000 - last_h2o >= KVR_TICK_MS || kvr_http_idle_ms(http, 1) == 0) {
                 last_h2o = us / 1000;
                 kvr_http_run_once(http, 0);
             }
@@ -118,6 +120,8 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
              * often enough not to. A yield per YIELD_US lets them in: 16 KiB GETs over 64
              * connections went from p99 7-8 ms to 1.5 ms (docs/dataplane.md). With nobody
              * waiting it returns at once. */
+            if (own_wait)
+                kvr_h1_submit(h1); /* what this turn's callbacks queued goes out before we yield */
             sched_yield();
             last_yield_us = us;
         }

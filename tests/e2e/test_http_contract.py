@@ -475,14 +475,42 @@ def test_h2o_requests_do_not_wait_for_the_tick(plain):
     (docs/dataplane.md "One wait per turn"): an h2c request is served when it arrives, not at
     the loop's next 50 ms tick. 200 sequential requests on one connection; were h2o run only at
     the tick, a request would wait for it: 50 ms on average, measured with the poll left out."""
-    assert "the loop waits in the io_uring ring" in plain.log_text(), plain.log_tail(30)
+    log = plain.log_text()
+    if "io engine: epoll" in log:
+        pytest.skip("io_uring is denied here: the loop waits in h2o")
+    assert log.count("the loop waits in the io_uring ring") == len(plain.worker_pids()), plain.log_tail(30)
     out = h2load_sequential(plain, "h2tick", 1000)
     assert "200 succeeded" in out, out
     m = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", out)
     assert m, out
     mean = m.group(3)
     mean_ms = float(mean[:-2]) if mean.endswith("ms") else float(mean[:-2]) / 1000 if mean.endswith("us") else float(mean[:-1]) * 1000
-    assert mean_ms < 10, f"h2c requests took {mean} on average: {out}"
+    assert mean_ms < 10 * min(SLOW, 2), f"h2c requests took {mean} on average: {out}"
+
+
+def test_an_idle_worker_sleeps(plain):
+    """Waiting in the ring must not turn into a busy loop (a poll of h2o's descriptor that keeps
+    firing, h2o said to have work when it has none): with an idle HTTP/1.1 keep-alive
+    connection and an idle h2c connection open (h2o's side: its sockets and timers), no worker
+    uses more than a tenth of a core over 2 s. A worker that spun would use all of it."""
+    from h1_raw import _cpu_s
+
+    h1 = raw_connect(plain)
+    h2 = raw_connect(plain)
+    try:
+        h1.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b" 200 " in h1.recv(4096)
+        h2.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        assert h2.recv(4096)[3:4] == b"\x04"  # the server's SETTINGS: h2o holds the connection
+        time.sleep(0.5)
+        pids = plain.worker_pids()
+        before = {p: _cpu_s(p) for p in pids}
+        time.sleep(2)
+        used = {p: _cpu_s(p) - before[p] for p in pids}
+        assert all(u < 0.2 * SLOW for u in used.values()), f"worker CPU seconds in 2 s idle: {used}"
+    finally:
+        h1.close()
+        h2.close()
 
 
 def test_plain_port_of_tls_server_refuses_cleartext(tls_srv):
