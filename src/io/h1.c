@@ -4,7 +4,6 @@
  */
 #include "io/h1_int.h"
 
-#include "base/dassert.h"
 #include "base/log.h"
 
 #include <netinet/in.h>
@@ -680,60 +679,6 @@ static void on_ring(void *data)
     kvr_uring_flush(&s->ring);
 }
 
-static void on_h2o_ready(kvr_uring_op_t *op, int res)
-{
-    kvr_h1_t *s = op->data;
-
-    s->h2o_polled = 0;
-    s->h2o_ready = 1; /* on an error too: h2o's own run reports it */
-    if (res < 0) {
-        /* Not armed again for a tick (kvr_h1_wait), so a poll that keeps failing does not
-         * spin the loop; h2o still runs every tick meanwhile. */
-        s->h2o_poll_err = kvr_clock_ms();
-        KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "h1: poll of h2o's loop: %s", strerror(-res));
-    }
-}
-
-/* The worker waits in this ring when it can: one io_uring_enter per loop turn submits and
- * waits, where waiting in h2o cost an epoll_wait, the ring eventfd's read and a submit
- * (docs/dataplane.md "One wait per turn"). h2o's epoll descriptor is polled through the ring. */
-static int h1_own_wait(kvr_h1_t *s)
-{
-    int fd;
-
-    if (s->ring.engine != KVR_IO_URING || (fd = kvr_http_epoll_fd(s->http)) < 0 || kvr_uring_own_wait(&s->ring) != KVR_OK)
-        return 0;
-    s->own_wait = 1;
-    s->h2o_fd = fd;
-    s->h2o_op.cb = on_h2o_ready;
-    s->h2o_op.data = s;
-    return 1;
-}
-
-int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms)
-{
-    int ready;
-
-    KVR_DASSERT(s->own_wait);
-    if (!s->h2o_polled && (s->h2o_poll_err == 0 || kvr_clock_ms() - s->h2o_poll_err >= KVR_TICK_MS) &&
-        kvr_uring_poll_in(&s->ring, s->h2o_fd, &s->h2o_op) == KVR_OK)
-        s->h2o_polled = 1;
-    (void)kvr_uring_wait(&s->ring, max_ms);
-    ready = s->h2o_ready;
-    s->h2o_ready = 0;
-    return ready;
-}
-
-int kvr_h1_waits(const kvr_h1_t *s)
-{
-    return s->own_wait;
-}
-
-void kvr_h1_submit(kvr_h1_t *s)
-{
-    kvr_uring_flush(&s->ring);
-}
-
 kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
                         const int *accept_fds)
 {
@@ -765,7 +710,7 @@ kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *htt
     }
     h1_list_init(&s->wait);
     h1_list_init(&s->idle);
-    if ((!h1_own_wait(s) && kvr_http_watch_fd(http, s->ring.efd, on_ring, s) != KVR_OK) || kvr_h1_accept_init(s) != KVR_OK) {
+    if ((!kvr_h1_own_wait(s) && kvr_http_watch_fd(http, s->ring.efd, on_ring, s) != KVR_OK) || kvr_h1_accept_init(s) != KVR_OK) {
         kvr_uring_exit(&s->ring);
         free(s);
         return NULL;

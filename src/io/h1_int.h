@@ -14,6 +14,7 @@
  *   h1_peer.c      the table of client addresses (--peer-inflight-share)
  *   h1_deadline.c  the tick: every state's deadline and --min-body-rate
  *   h1_disk.c      a GET whose block is read from the disk tier
+ *   h1_loop.c      the worker's loop waiting in the ring, h2o's epoll descriptor polled through it
  *
  * What runs on every read or request is inline below: the idle list, the wait queue, a
  * peer's share of the budget.
@@ -337,5 +338,9 @@ void kvr_h1_peer_sweep(kvr_h1_t *s, uint64_t t);
  * --io-timeout applies to each read. */
 void kvr_h1_disk_start(h1c_t *c);
 void kvr_h1_disk_done(h1c_t *c, int res);
+
+/* h1_loop.c: makes the worker's loop wait in s->ring (kvr_h1_wait) when the engine is io_uring
+ * and h2o's epoll descriptor is found; 1 if so, 0 when the loop keeps waiting in h2o. */
+int kvr_h1_own_wait(kvr_h1_t *s);
 
 #endif
