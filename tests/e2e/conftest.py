@@ -373,6 +373,11 @@ class Server:
             argv += ["--grpc-bind", "off"]
         if "--shutdown-grace" not in self.args:
             argv += ["--shutdown-grace", "2s"]
+        if "--hang-timeout" not in self.args and "KVRELAY_HANG_TIMEOUT" not in self.env and SLOW > 1:
+            # The watchdog's 5 s is for release builds. Under the sanitizers one h2o loop turn
+            # that takes in a few 80 MiB bodies (h2o grows each body's buffer by doubling, into
+            # fresh pages) ran 2-4 s here, and once past 5 s, so the worker was killed mid-upload.
+            argv += ["--hang-timeout", f"{5 * SLOW:g}s"]
         if self.tls:
             argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         argv += self.args
