@@ -12,7 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#define H1_HEAD_READ 2048 /* bytes per read of a head (docs/dataplane.md) */
+#define H1_HEAD_READ 512 /* bytes per read of a head (docs/dataplane.md) */
 #define H1_LINGER_MS 2000
 
 static void conn_write(h1c_t *c);

@@ -136,6 +136,31 @@ def test_chunked_body_over_its_cap_is_413(srv):
     srv.assert_consistent()
 
 
+@pytest.mark.parametrize("head_len", [200, 511, 512, 513, 1024, 3000, 7000])
+def test_heads_longer_than_one_read_with_the_body_behind_them(srv, head_len):
+    """A head is read at most 512 bytes at a time (docs/dataplane.md): heads shorter and longer
+    than one read, each sent in one write with its 16 KiB body and a pipelined GET behind it,
+    are parsed whole, the body bytes that came in the head's reads are kept, and both answers
+    are right."""
+    key = unique_key(f"head{head_len}")
+    body = make_block(16 * KiB, key)
+    bare = _req("PUT", kv_path(key), [("Content-Length", str(len(body))), ("X-Pad", "")])
+    assert len(bare) <= head_len, len(bare)
+    head = _req("PUT", kv_path(key), [("Content-Length", str(len(body))), ("X-Pad", "p" * (head_len - len(bare)))])
+    assert len(head) == head_len
+    s = raw_connect(srv)
+    try:
+        s.sendall(head + body + _req("GET", kv_path(key)))
+        rd = Reader(s)
+        r1 = rd.response(5 * SLOW)
+        assert r1.status == 201, r1
+        assert json.loads(r1.body)["bytes"] == len(body)
+        r2 = rd.response(5 * SLOW)
+        assert r2.status == 200 and r2.body == body, (r2.status, len(r2.body))
+    finally:
+        s.close()
+
+
 def test_expect_100_continue(srv):
     key = unique_key("expect")
     s = raw_connect(srv)
