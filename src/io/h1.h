@@ -44,15 +44,16 @@ typedef struct kvr_h1_s kvr_h1_t;
 kvr_h1_t *kvr_h1_create(const kvr_config_t *cfg, kvr_api_t *api, kvr_http_t *http, int listen_fd,
                         const int *accept_fds);
 
-/* 1 when the worker's loop waits in this server's ring (kvr_h1_wait) rather than in h2o's
- * (io_uring, and h2o's epoll descriptor found); then h2o runs only when kvr_h1_wait or
- * kvr_http_idle_ms says it has work. */
+/* 1 when the worker's loop waits in this server's ring (kvr_h1_turn) rather than in h2o's
+ * (io_uring, and h2o's epoll descriptor found). */
 int kvr_h1_waits(const kvr_h1_t *s);
-/* Submits, waits up to max_ms for a completion or for h2o's descriptors to be ready, and runs
- * the completions' callbacks. Returns 1 when h2o has events (run it), else 0. */
-int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms);
+/* One turn of a loop that waits in the ring (kvr_h1_waits): submits, waits up to max_ms (or
+ * h2o's next timer) for a completion or for h2o's descriptors, runs the completions'
+ * callbacks, then runs h2o without waiting when it has events, work queued or a timer due, and
+ * at least every KVR_TICK_MS. */
+void kvr_h1_turn(kvr_h1_t *s, int32_t max_ms);
 /* Pushes queued submissions now (before the loop gives up its core: responses that wait in the
- * ring until the next kvr_h1_wait would wait out the yield too). */
+ * ring until the next kvr_h1_turn would wait out the yield too). */
 void kvr_h1_submit(kvr_h1_t *s);
 
 /* Queues what waits for a loop turn (waiting PUTs, the accept turn) and, unless the loop waits

@@ -80,12 +80,13 @@ struct kvr_h1_s {
     kvr_api_t *api;
     kvr_http_t *http;
     kvr_uring_t ring;
-    int own_wait;          /* the worker's loop waits in ring, not in h2o (kvr_h1_wait) */
+    int own_wait;          /* the worker's loop waits in ring, not in h2o (kvr_h1_turn) */
     int h2o_fd;            /* h2o's epoll descriptor, polled through ring (own_wait) */
     int h2o_polled;        /* a poll of it is in flight */
-    int h2o_ready;         /* it reported readiness since the last kvr_h1_wait */
+    int h2o_ready;         /* it reported readiness since the last wait */
     kvr_uring_op_t h2o_op; /* that poll */
     uint64_t h2o_poll_err; /* when it last failed (ms): not armed again for a tick */
+    uint64_t h2o_ran;      /* when h2o last ran in kvr_h1_turn (ms) */
     int listen_fd;
     kvr_uring_op_t accept_op;
     int accepting; /* an accept is in flight */
@@ -339,7 +340,7 @@ void kvr_h1_peer_sweep(kvr_h1_t *s, uint64_t t);
 void kvr_h1_disk_start(h1c_t *c);
 void kvr_h1_disk_done(h1c_t *c, int res);
 
-/* h1_loop.c: makes the worker's loop wait in s->ring (kvr_h1_wait) when the engine is io_uring
+/* h1_loop.c: makes the worker's loop wait in s->ring (kvr_h1_turn) when the engine is io_uring
  * and h2o's epoll descriptor is found; 1 if so, 0 when the loop keeps waiting in h2o. */
 int kvr_h1_own_wait(kvr_h1_t *s);
 

@@ -17,7 +17,7 @@ static void on_h2o_ready(kvr_uring_op_t *op, int res)
     s->h2o_polled = 0;
     s->h2o_ready = 1; /* on an error too: h2o's own run reports it */
     if (res < 0) {
-        /* Not armed again for a tick (kvr_h1_wait), so a poll that keeps failing does not
+        /* Not armed again for a tick (kvr_h1_turn), so a poll that keeps failing does not
          * spin the loop; h2o still runs every tick meanwhile. */
         s->h2o_poll_err = kvr_clock_ms();
         KVR_LOG_RATELIMITED(KVR_LOG_ERROR, "h1: poll of h2o's loop: %s", strerror(-res));
@@ -37,18 +37,27 @@ int kvr_h1_own_wait(kvr_h1_t *s)
     return 1;
 }
 
-int kvr_h1_wait(kvr_h1_t *s, int32_t max_ms)
+/* h2o runs, without waiting, when its epoll descriptor is readable, when it has work queued or
+ * a timer due (before the wait, or after it: the wait may have ended on h2o's timer, or a
+ * callback queued h2o work such as a connection handed over), and at least every tick. */
+void kvr_h1_turn(kvr_h1_t *s, int32_t max_ms)
 {
+    int32_t idle = kvr_http_idle_ms(s->http, max_ms);
+    uint64_t t;
     int ready;
 
     KVR_DASSERT(s->own_wait);
     if (!s->h2o_polled && (s->h2o_poll_err == 0 || kvr_clock_ms() - s->h2o_poll_err >= KVR_TICK_MS) &&
         kvr_uring_poll_in(&s->ring, s->h2o_fd, &s->h2o_op) == KVR_OK)
         s->h2o_polled = 1;
-    (void)kvr_uring_wait(&s->ring, max_ms);
+    (void)kvr_uring_wait(&s->ring, idle);
     ready = s->h2o_ready;
     s->h2o_ready = 0;
-    return ready;
+    t = kvr_clock_ms();
+    if (ready || idle == 0 || t - s->h2o_ran >= KVR_TICK_MS || kvr_http_idle_ms(s->http, 1) == 0) {
+        s->h2o_ran = t;
+        kvr_http_run_once(s->http, 0);
+    }
 }
 
 int kvr_h1_waits(const kvr_h1_t *s)

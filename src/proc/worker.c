@@ -30,28 +30,12 @@ static void on_term(int sig)
     term_requested = 1;
 }
 
-/* One io_uring_enter submits and waits (kvr_h1_wait); h2o runs, without waiting, when its epoll
- * descriptor is readable, when it has work queued or a timer due (before the wait, or after it:
- * the wait may have ended on h2o's timer, or a callback queued h2o work such as a connection
- * handed over), and at least every tick. */
-static void wait_in_ring(kvr_http_t *http, kvr_h1_t *h1, uint64_t *last_h2o)
-{
-    int32_t idle = kvr_http_idle_ms(http, KVR_TICK_MS);
-    int ready = kvr_h1_wait(h1, idle);
-    uint64_t t = kvr_clock_ms();
-
-    if (ready || idle == 0 || t - *last_h2o >= KVR_TICK_MS || kvr_http_idle_ms(http, 1) == 0) {
-        *last_h2o = t;
-        kvr_http_run_once(http, 0);
-    }
-}
-
 void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slot, int listen_fd,
                      int grpc_fd, const kvr_relay_fds_t *fds)
 {
     static kvr_relay_t relay;
     kvr_grpc_t *grpc = NULL;
-    uint64_t last_tick = 0, last_h1_tick = 0, last_yield_us = 0, last_h2o = 0, us;
+    uint64_t last_tick = 0, last_h1_tick = 0, last_yield_us = 0, us;
     int own_wait;
     char role[32];
     kvr_store_t store;
@@ -111,7 +95,7 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
         kvr_seg_heartbeat(seg);        /* the supervisor's watchdog (docs/concurrency.md) */
         kvr_store_unpin_flush(&store); /* the pins this iteration released, in one lock */
         if (own_wait)
-            wait_in_ring(http, h1, &last_h2o);
+            kvr_h1_turn(h1, KVR_TICK_MS); /* one io_uring_enter (docs/dataplane.md) */
         else
             kvr_http_run_once(http, KVR_TICK_MS);
         us = kvr_clock_us();

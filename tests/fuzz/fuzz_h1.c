@@ -70,12 +70,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void run_loop(int ms)
 {
-    if (kvr_h1_waits(h1)) { /* as the worker's loop does (proc/worker.c): wait in the ring */
-        (void)kvr_h1_wait(h1, ms);
-        kvr_http_run_once(http, 0);
-    } else {
+    if (kvr_h1_waits(h1)) /* as the worker's loop does (proc/worker.c) */
+        kvr_h1_turn(h1, ms);
+    else
         kvr_http_run_once(http, ms);
-    }
     kvr_h1_tick(h1);
     kvr_h1_flush(h1);
 }
