@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <h2o.h>
@@ -55,8 +56,9 @@ struct kvr_http_s {
     int draining;
     uint64_t last_sweep_ms;
     uint64_t last_budget_us;
-    int over_budget; /* every connection but `kept` has stopped reading */
-    int statm_fd;    /* /proc/self/statm, read by the budget */
+    uint64_t last_trim_us; /* the budget's last malloc_trim */
+    int over_budget;       /* every connection but `kept` has stopped reading */
+    int statm_fd;          /* /proc/self/statm, read by the budget */
     conn_t *kept;
     size_t kept_read; /* kept->sock->bytes_read at the last check */
     uint64_t kept_moved_us;
@@ -383,7 +385,18 @@ static void pass_turn(kvr_http_t *h)
 static void budget(kvr_http_t *h)
 {
     long r = private_resident(h);
-    size_t used = r < 0 ? 0 : (size_t)r;
+    size_t used;
+
+    /* Bodies freed under M_MMAP_THRESHOLD stay in malloc's heap (the worker trims it only past
+     * M_TRIM_THRESHOLD), where they count as private memory though nothing holds them: hand
+     * them back before judging, at most every 100 ms. A worker's peak over 16 TLS uploads of
+     * 80 MiB ranged 388-535 MiB over three runs without it, 347-471 over four with it. */
+    if (r > 0 && (size_t)r > h->cfg->h2o_buffer && h->last_budget_us - h->last_trim_us >= 100000) {
+        h->last_trim_us = h->last_budget_us;
+        malloc_trim(0);
+        r = private_resident(h);
+    }
+    used = r < 0 ? 0 : (size_t)r;
 
     if (!h->over_budget && used > h->cfg->h2o_buffer) {
         h->over_budget = 1;
