@@ -176,7 +176,10 @@ size_t kvr_store_ref_chain_iov(kvr_store_t *st, const kvr_block_ref_t *ref, stru
  * kvr_store_demote_pick pins up to cap blocks nearest eviction, for the writer to copy to disk:
  * from the least recently used end of each namespace's LRU list, within its first `window`
  * bytes, the LIVE blocks read since they were stored (admission) that skip() does not refuse
- * (the writer's own record of what it wrote). Returns how many it pinned into out.
+ * (the writer's own record of what it wrote) and that have no copy on disk yet: one with a
+ * copy (a block promoted from the disk, or restored) is passed to on_disk() instead, unpinned,
+ * so that a small arena is not pinned whole for copies the writer would drop. Returns how many
+ * it pinned into out.
  * kvr_store_demote_commit then calls put(ctx) under the store lock only if the block is still
  * the same LIVE block (not deleted, evicted or replaced meanwhile), so that a DELETE, which
  * kills the disk copy after it removes the RAM one, never misses a copy put after its check;
@@ -191,7 +194,7 @@ typedef struct {
 } kvr_demote_t;
 typedef int (*kvr_demote_skip_fn)(void *ctx, uint32_t entry, uint32_t gen);
 unsigned kvr_store_demote_pick(kvr_store_t *st, uint64_t window, kvr_demote_t *out, unsigned cap,
-                               kvr_demote_skip_fn skip, void *ctx);
+                               kvr_demote_skip_fn skip, kvr_demote_skip_fn on_disk, void *ctx);
 int kvr_store_demote_commit(kvr_store_t *st, kvr_demote_t *d, int (*put)(void *ctx), void *ctx);
 void kvr_store_demote_release(kvr_store_t *st, kvr_demote_t *d);
 /* The namespace seed of ns (the disk index hashes keys with it). */

@@ -6,8 +6,21 @@
 
 #include "core/store_int.h"
 
+int kvr_store_on_disk_locked(const kvr_store_t *st, const kvr_entry_t *e)
+{
+    kvr_dslot_t s;
+    uint64_t h1, h2;
+    uint32_t id;
+    const uint8_t *key = kvr_arena_page(st->ix.arena, e->first_page);
+
+    if (st->dx.sh == NULL)
+        return 0;
+    kvr_dindex_hash(kvr_store_ns_seed(st, e->ns), key, e->key_len, &h1, &h2);
+    return kvr_dindex_lookup(&st->dx, e->ns, h1, h2, e->key_len, &s, &id) == 1 && s.length == e->length;
+}
+
 unsigned kvr_store_demote_pick(kvr_store_t *st, uint64_t window, kvr_demote_t *out, unsigned cap,
-                               kvr_demote_skip_fn skip, void *ctx)
+                               kvr_demote_skip_fn skip, kvr_demote_skip_fn on_disk, void *ctx)
 {
     unsigned n = 0;
 
@@ -20,6 +33,11 @@ unsigned kvr_store_demote_pick(kvr_store_t *st, uint64_t window, kvr_demote_t *o
             seen += e->length;
             if (e->state != KVR_ENT_LIVE || !(e->meta & KVR_ENT_READ) || (skip != NULL && skip(ctx, i, e->gen)))
                 continue;
+            if (kvr_store_on_disk_locked(st, e)) { /* promoted, or restored: never pinned for nothing */
+                if (on_disk != NULL)
+                    (void)on_disk(ctx, i, e->gen);
+                continue;
+            }
             if (kvr_store_pin_locked(st, i, &out[n].ref) != KVR_OK)
                 break; /* the pin table is full: the rest waits for the next round */
             out[n].ns = e->ns;

@@ -10,24 +10,14 @@
 #include <string.h>
 
 /* With the disk tier on, an evicted block the tier did not admit (never read) or that the disk
- * writer did not copy in time (docs/ssd-tier.md, "Demotion and admission") is counted. The
- * lookup is the disk index's lock-free one; the key is at the head of the block's first page. */
+ * writer did not copy in time (docs/ssd-tier.md, "Demotion and admission") is counted. */
 static void count_disk_loss(kvr_store_t *st, const kvr_entry_t *e)
 {
-    kvr_dslot_t s;
-    uint64_t h1, h2;
-    uint32_t id;
-    const uint8_t *key;
-
     if (st->dx.sh == NULL)
         return;
-    if (!(e->meta & KVR_ENT_READ)) {
+    if (!(e->meta & KVR_ENT_READ))
         kvr_stat_add(st->my_stats, KVR_ST_DISK_ADMIT_REJECTS, 1);
-        return;
-    }
-    key = kvr_arena_page(st->ix.arena, e->first_page);
-    kvr_dindex_hash(kvr_store_ns_seed(st, e->ns), key, e->key_len, &h1, &h2);
-    if (kvr_dindex_lookup(&st->dx, e->ns, h1, h2, e->key_len, &s, &id) != 1 || s.length != e->length)
+    else if (!kvr_store_on_disk_locked(st, e))
         kvr_stat_add(st->my_stats, KVR_ST_DISK_DROPS, 1);
 }
 

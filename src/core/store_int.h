@@ -29,6 +29,10 @@ KVR_DASSERT_FN static inline int store_mine(const kvr_store_t *st)
            kvr_atomic_load_relaxed(&st->seg->procs[st->slot].pid) == (int32_t)getpid();
 }
 
+/* 1 when LIVE entry e's key has a copy of its length in the disk index (a lock-free lookup;
+ * the key is at the head of the block's first page); 0 without a disk tier. Locked. */
+int kvr_store_on_disk_locked(const kvr_store_t *st, const kvr_entry_t *e);
+
 /* The full repair, lock held (store_repair.c). dead_slot: the process that died, or -1. */
 void kvr_store_repair_locked(kvr_store_t *st, int dead_slot);
 

@@ -116,6 +116,16 @@ static int written(void *ctx, uint32_t entry, uint32_t gen)
     return w->wrote[entry] == gen + 1;
 }
 
+/* A block the pick found with a copy on disk already (promoted, or restored): not pinned,
+ * remembered so that the next rounds pass it over without a lookup. */
+static int found_on_disk(void *ctx, uint32_t entry, uint32_t gen)
+{
+    kvr_ssdw_t *w = ctx;
+    w->wrote[entry] = gen + 1;
+    w->now.already_on_disk++;
+    return 1;
+}
+
 typedef struct commit_s {
     kvr_ssdw_t *w;
     kvr_ssdt_blk_t b;
@@ -235,7 +245,7 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
     c->b = (kvr_ssdt_blk_t){.ns = d->ns, .pool = d->pool, .seed = kvr_store_ns_seed(&w->st, d->ns), .key = w->iov[0].iov_base, .key_len = d->key_len, .length = d->ref.length, .canon = d->ref.canon, .ns_name = pi.ns_name, .model = pi.model};
     kvr_dindex_hash(c->b.seed, c->b.key, c->b.key_len, &s.h1, &s.h2);
     if (kvr_dindex_lookup(&w->st.dx, d->ns, s.h1, s.h2, d->key_len, &s, &id) == 1 && s.length == d->ref.length) {
-        w->wrote[d->ref.entry] = d->ref.gen + 1; /* restored from the file: already there */
+        w->wrote[d->ref.entry] = d->ref.gen + 1; /* copied since the pick looked: already there */
         w->now.already_on_disk++;
         kvr_store_demote_release(&w->st, d);
         return;
@@ -334,7 +344,7 @@ static void *run(void *arg)
         int reaped = kvr_ssdt_reap(&w->tier, 256);
         if (kvr_ssdt_compact(&w->tier) == KVR_ERR) /* before the picks: nothing is in flight */
             w->failed = 1;
-        unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, w);
+        unsigned n = kvr_store_demote_pick(&w->st, w->cfg.window, w->picks, w->cfg.batch, written, found_on_disk, w);
         for (w->pass = 0; w->pass < ROUND_PASSES && (w->pass == 0 || w->retries > 0); w->pass++) {
             w->head = w->next = 0;
             w->cut_version = 0;

@@ -139,7 +139,7 @@ Test(store_demote, admitted_blocks_are_pinned_copied_and_indexed)
         cr_assert(fx_verify(&f.st, key_of(k), BLK));
     cr_assert_eq(fx_put(&f, key_of(6), BLK), KVR_PUT_DEDUP, "a PUT again admits too");
 
-    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, NULL, NULL);
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, NULL, NULL, NULL);
     cr_assert_eq(n, 6, "the five read and the one PUT again");
     cr_assert_eq(pinned(), 6, "picked blocks are pinned: eviction leaves them");
     for (unsigned i = 0; i < n; i++)
@@ -161,7 +161,7 @@ Test(store_demote, a_block_deleted_during_its_copy_is_not_indexed)
         cr_assert_eq(fx_put(&f, key_of(k), BLK), KVR_PUT_CREATED);
         cr_assert(fx_verify(&f.st, key_of(k), BLK));
     }
-    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, NULL, NULL);
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, NULL, NULL, NULL);
     cr_assert_eq(n, 6);
     for (unsigned i = 0; i < n; i++) {
         struct iovec iov[4];
@@ -192,7 +192,7 @@ Test(store_demote, window_and_skip_bound_the_picks)
         cr_assert_eq(fx_put(&f, key_of(k), BLK), KVR_PUT_CREATED);
         cr_assert(fx_verify(&f.st, key_of(k), BLK)); /* each read in PUT order: LRU order kept */
     }
-    n = kvr_store_demote_pick(&f.st, 3 * BLK, d, 16, NULL, NULL);
+    n = kvr_store_demote_pick(&f.st, 3 * BLK, d, 16, NULL, NULL, NULL);
     cr_assert_eq(n, 3, "the window covers the three least recently used");
     for (unsigned i = 0; i < n; i++) {
         struct iovec iov[4];
@@ -203,9 +203,9 @@ Test(store_demote, window_and_skip_bound_the_picks)
         cr_assert_eq(write_one(&d[i], NULL), KVR_OK);
         wrote_gen[d[i].ref.entry] = d[i].ref.gen + 1;
     }
-    n = kvr_store_demote_pick(&f.st, 3 * BLK, d, 16, wrote, NULL);
+    n = kvr_store_demote_pick(&f.st, 3 * BLK, d, 16, wrote, NULL, NULL);
     cr_assert_eq(n, 0, "what the writer wrote is not picked again");
-    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 2, wrote, NULL);
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 2, wrote, NULL, NULL);
     cr_assert_eq(n, 2, "cap");
     for (unsigned i = 0; i < n; i++)
         kvr_store_demote_release(&f.st, &d[i]);
@@ -213,4 +213,57 @@ Test(store_demote, window_and_skip_bound_the_picks)
     for (int k = 0; k < 3; k++)
         cr_assert(on_disk(k), "block %d", k);
     cr_assert_eq(on_disk(5), 0);
+}
+
+/* The writer's record of blocks the pick found on disk already. */
+static unsigned found;
+static int found_on_disk(void *ctx, uint32_t entry, uint32_t gen)
+{
+    (void)ctx;
+    found++;
+    cr_assert_lt(entry, 1u << 12);
+    wrote_gen[entry] = gen + 1;
+    return 1;
+}
+
+/* A block back in RAM with a copy on disk (a promotion: a new entry, so the writer's record of
+ * the old one does not name it) is not pinned by the pick: a small arena full of promoted
+ * blocks would otherwise be pinned whole while the writer drops them one by one, and a
+ * promotion meanwhile would find no room. */
+Test(store_demote, a_block_already_on_disk_is_not_pinned)
+{
+    kvr_demote_t d[16];
+    uint32_t left;
+    unsigned n;
+
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq(fx_put(&f, key_of(k), BLK), KVR_PUT_CREATED);
+        cr_assert(fx_verify(&f.st, key_of(k), BLK));
+    }
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, wrote, found_on_disk, NULL);
+    cr_assert_eq(n, 4);
+    for (unsigned i = 0; i < n; i++)
+        cr_assert_eq(write_one(&d[i], NULL), KVR_OK);
+    for (int k = 0; k < 3; k++) { /* evicted from RAM (the disk copy stays), then promoted */
+        cr_assert_eq(kvr_store_release(&f.st, KVR_NS_DEFAULT, key_of(k), strlen(key_of(k)), &left), KVR_OK);
+        cr_assert_eq(fx_put(&f, key_of(k), BLK), KVR_PUT_CREATED);
+        cr_assert(fx_verify(&f.st, key_of(k), BLK));
+    }
+    cr_assert_eq(fx_put(&f, key_of(9), BLK), KVR_PUT_CREATED); /* no disk copy: still picked */
+    cr_assert(fx_verify(&f.st, key_of(9), BLK));
+    found = 0;
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, wrote, found_on_disk, NULL);
+    cr_assert_eq(found, 4, "the three promoted and the one never released, found without a pin");
+    cr_assert_eq(n, 1, "only the block without a copy is picked");
+    cr_assert_eq(pinned(), 1);
+    cr_assert_eq(write_one(&d[0], NULL), KVR_OK);
+    wrote_gen[d[0].ref.entry] = d[0].ref.gen + 1; /* as the writer records a copy it made */
+    cr_assert_eq(pinned(), 0);
+    found = 0;
+    n = kvr_store_demote_pick(&f.st, UINT64_MAX, d, 16, wrote, found_on_disk, NULL);
+    cr_assert(n == 0 && found == 0, "what was found is recorded: no lookup again (%u, %u)", n, found);
+    for (int k = 0; k < 4; k++)
+        cr_assert(on_disk(k), "block %d", k);
+    cr_assert(on_disk(9));
+    cr_assert_eq(kvr_store_check(&f.st, NULL), KVR_OK);
 }
