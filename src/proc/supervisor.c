@@ -46,6 +46,7 @@
 #include "wire/keys.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -479,10 +480,12 @@ static int default_pool(sup_t *s)
     return rc == KVR_ENOSPACE || rc == KVR_EQUOTA || rc >= 0 ? KVR_OK : KVR_ERR;
 }
 
-/* --workers, or one per online CPU; the table keeps one entry for the publisher. */
+/* --workers, or one per CPU this process may run on (its affinity mask: a container's cpuset;
+ * the online CPUs when the mask cannot be read); the table keeps one entry for the publisher. */
 static int worker_count(const kvr_config_t *cfg)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    long ncpu = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
     int n = cfg->workers ? (int)cfg->workers : (ncpu > 0 ? (int)ncpu : 1);
 
     return n > MAX_CHILDREN - 1 ? MAX_CHILDREN - 1 : n;
