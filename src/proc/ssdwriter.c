@@ -230,9 +230,7 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
     size_t n = kvr_store_ref_chain_iov(&w->st, &d->ref, w->iov, w->iov_max);
     commit_t *c = &w->pc[i];
     kvr_pool_info_t pi;
-    kvr_dslot_t s;
     uint64_t span, q;
-    uint32_t id;
     int rc;
 
     w->ps[i] = PICK_SETTLED;
@@ -243,13 +241,7 @@ static void write_pick(kvr_ssdw_t *w, unsigned i)
     }
     *c = (commit_t){.w = w};
     c->b = (kvr_ssdt_blk_t){.ns = d->ns, .pool = d->pool, .seed = kvr_store_ns_seed(&w->st, d->ns), .key = w->iov[0].iov_base, .key_len = d->key_len, .length = d->ref.length, .canon = d->ref.canon, .ns_name = pi.ns_name, .model = pi.model};
-    kvr_dindex_hash(c->b.seed, c->b.key, c->b.key_len, &s.h1, &s.h2);
-    if (kvr_dindex_lookup(&w->st.dx, d->ns, s.h1, s.h2, d->key_len, &s, &id) == 1 && s.length == d->ref.length) {
-        w->wrote[d->ref.entry] = d->ref.gen + 1; /* copied since the pick looked: already there */
-        w->now.already_on_disk++;
-        kvr_store_demote_release(&w->st, d);
-        return;
-    }
+    /* no disk copy: the pick looked under the store lock, and only this thread adds copies */
     if ((q = kvr_store_ssd_quota(&w->st, d->ns)) > 0 && d->ref.length > q) {
         w->wrote[d->ref.entry] = d->ref.gen + 1; /* larger than its namespace's ssd=: never */
         w->now.quota_rejects++;
