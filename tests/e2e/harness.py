@@ -18,6 +18,7 @@ This module imports nothing from conftest.py, so conftest.py and any test can im
 """
 
 import os
+import select
 import socket
 import time
 from pathlib import Path
@@ -96,6 +97,28 @@ def port_open(host, port, timeout=0.5):
 def wait_port(host, port, timeout, what=None):
     """Waits until host:port accepts TCP connections."""
     return wait_until(lambda: port_open(host, port), timeout, what=what or f"{host}:{port} to accept connections")
+
+
+def read_terminal(master, timeout):
+    """Reads what a program wrote to the pseudo-terminal whose master is `master` (the test has
+    closed its own copy of the slave) until the program's side is closed: the read fails with
+    EIO, or gives nothing. Not until the program has merely exited: the kernel hands the last
+    bytes a program wrote to the master a moment after it wrote them, so a reader that stops
+    at the exit can lose them. Bounded by `timeout` seconds."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every slave closed and nothing left to read
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 def read_text(path):

@@ -11,17 +11,16 @@ a timeout; servers started here are stopped by PID.
 import json
 import os
 import pty
-import select
 import shutil
 import socket
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
 
 from conftest import BINARY, SLOW, free_port, module_server
+from harness import read_terminal
 from peers import CannedServer, start_and_wait, stop_proc
 
 BENCH = BINARY.parent / "kvrelay-bench"
@@ -419,21 +418,8 @@ def test_progress_line_on_a_terminal(srv, tmp_path):
                              "--connections", "2", "--size", "1K", "--key-prefix", prefix()],
                             stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     os.close(slave)
-    out = b""
-    deadline = time.monotonic() + 30 * SLOW
     try:
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 0.5)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
+        out = read_terminal(master, 30 * SLOW)
     finally:
         os.close(master)
         if proc.poll() is None:

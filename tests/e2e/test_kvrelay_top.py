@@ -9,7 +9,6 @@ import http.server
 import json
 import os
 import re
-import select
 import subprocess
 import threading
 import time
@@ -17,7 +16,7 @@ import time
 import pytest
 
 from conftest import BINARY, SLOW, free_port, make_block, unique_key
-from harness import wait_until
+from harness import read_terminal, wait_until
 
 TOP = BINARY.parent / "kvrelay-top"
 KiB = 1 << 10
@@ -152,20 +151,7 @@ def test_terminal_view_redraws_a_screen(kvrelay):
                              stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
         os.close(slave)
         slave = None
-        out = b""
-        deadline = time.monotonic() + 20 * SLOW
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the program closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif p.poll() is not None:
-                break
+        out = read_terminal(master, 20 * SLOW)
         assert p.wait(10 * SLOW) == 0, p.stderr.read()
     finally:
         if slave is not None:
