@@ -34,6 +34,7 @@ static const opt_t opts[] = {
     {"memory", T_SIZE, "1G", 1ull << 20, 1ull << 42, N(memory), "block arena payload capacity (K/M/G suffixes)"},
     {"page-size", T_SIZE, "4K", 4096, 2ull << 20, N(page_size), "arena allocation granule (power of two)"},
     {"max-blocks", T_UINT, "0", 0, 1ull << 31, N(max_blocks), "index entries (0: one per two arena pages)"},
+    {"change-log-events", T_UINT, "0", 0, 1ull << 30, N(change_log_events), "the ring of store changes the publisher reads (0: two per index entry, at least 131072; docs/concurrency.md)"},
     {"workers", T_UINT, "0", 0, 60, N(workers), "worker processes (0: one per CPU this process may run on, from its affinity mask)"},
     {"no-evict", T_BOOL, "false", 0, 1, N(no_evict), "answer 507 instead of evicting when full"},
     {"max-block-size", T_SIZE, "256M", 1, 4 * GIB, N(max_block_size), "largest PUT body accepted (413 above; lowered at start to what --memory can hold)"},

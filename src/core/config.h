@@ -26,6 +26,7 @@ typedef struct {
     uint64_t memory;
     uint64_t page_size;
     uint64_t max_blocks;
+    uint64_t change_log_events;
     uint64_t workers;
     int no_evict;
     uint64_t max_block_size;

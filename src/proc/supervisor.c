@@ -501,6 +501,7 @@ static int segment_config(const kvr_config_t *cfg, kvr_seg_config_t *sc)
     sc->memory = cfg->memory;
     sc->page_size = (uint32_t)cfg->page_size;
     sc->max_blocks = cfg->max_blocks;
+    sc->log_capacity = cfg->change_log_events;
     sc->hugepages = !strcmp(cfg->hugepages, "off")     ? KVR_HUGEPAGES_OFF
                   : !strcmp(cfg->hugepages, "require") ? KVR_HUGEPAGES_REQUIRE
                                                        : KVR_HUGEPAGES_AUTO;

@@ -33,6 +33,10 @@
 #define MFD_HUGE_2MB (21u << 26)
 #endif
 
+/* The change log's floor: 131072 events of 24 bytes (3 MiB), 0.8 s of the top rate this project
+ * measured (82k PUT/s of 16 KiB blocks into a full store on 2 vCPUs: 164k events a second). */
+#define LOG_MIN_EVENTS (1ull << 17)
+
 void kvr_seg_config_defaults(kvr_seg_config_t *cfg)
 {
     if (cfg->memory == 0)
@@ -76,7 +80,11 @@ int kvr_seg_layout(const kvr_seg_config_t *in, kvr_seg_hdr_t *h)
     if (h->max_blocks < 4 || h->max_blocks >= KVR_NIL)
         return KVR_EINVAL;
     h->nbuckets = next_pow2(h->max_blocks);
-    h->log_capacity = cfg.log_capacity ? next_pow2(cfg.log_capacity) : next_pow2(h->max_blocks * 2 < 4096 ? 4096 : h->max_blocks * 2);
+    /* Two events per block, and never under LOG_MIN_EVENTS: a PUT of a new key into a full
+     * store appends two, and a publisher that a busy machine leaves off its CPU for a moment
+     * must not overflow the ring (every subscriber then takes a new snapshot). */
+    h->log_capacity = cfg.log_capacity ? next_pow2(cfg.log_capacity)
+                                       : next_pow2(h->max_blocks * 2 < LOG_MIN_EVENTS ? LOG_MIN_EVENTS : h->max_blocks * 2);
     h->pin_slots = cfg.pin_slots;
     h->relay_pools = cfg.relay_pools ? cfg.relay_pools : 1;
     if (h->relay_pools > KVR_POOLS_MAX)

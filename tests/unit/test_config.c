@@ -321,6 +321,18 @@ Test(config, publication_coalesce_max_default_and_limits)
     cr_assert_eq(load(&cfg, "--publication-coalesce-max=1025"), KVR_EINVAL);
 }
 
+Test(config, change_log_events_default_and_limits)
+{
+    static kvr_config_t cfg;
+
+    cr_assert_eq(load(&cfg, NULL), KVR_OK);
+    cr_assert_eq(cfg.change_log_events, 0, "0: sized from the index (shm/segment.c)");
+    cr_assert_eq(load(&cfg, "--change-log-events=4096"), KVR_OK);
+    cr_assert_eq(cfg.change_log_events, 4096);
+    cr_assert_eq(load(&cfg, "--change-log-events=1073741824"), KVR_OK);
+    cr_assert_eq(load(&cfg, "--change-log-events=1073741825"), KVR_EINVAL);
+}
+
 Test(config, ssd_sync_interval_default_and_limits)
 {
     static kvr_config_t cfg;

@@ -500,6 +500,7 @@ Test(segment, layout_is_aligned_and_sized_on_top_of_memory)
     cr_assert_eq(h.max_blocks, h.npages / 2);
     cr_assert_eq(h.off_entries % 64, 0);
     cr_assert_eq(h.off_log % 64, 0);
+    cr_assert_eq(h.log_capacity, 1ull << 17, "8192 entries: the change log's floor, not 2 x 8192");
     cr_assert_eq(h.ssd_slots, 0);
     cr_assert_eq(h.off_dindex, 0, "no disk tier, no region");
 
@@ -515,6 +516,16 @@ Test(segment, layout_is_aligned_and_sized_on_top_of_memory)
     cfg.ssd_slots = KVR_NIL;
     cr_assert_eq(kvr_seg_layout(&cfg, &d), KVR_EINVAL, "slot numbers are 32-bit");
     cfg.ssd_slots = 0;
+
+    kvr_seg_hdr_t l;
+    cfg.max_blocks = 100000;
+    cr_assert_eq(kvr_seg_layout(&cfg, &l), KVR_OK);
+    cr_assert_eq(l.log_capacity, 1ull << 18, "over the floor: two events per entry, to a power of two");
+    cfg.max_blocks = 0;
+    cfg.log_capacity = 4000;
+    cr_assert_eq(kvr_seg_layout(&cfg, &l), KVR_OK);
+    cr_assert_eq(l.log_capacity, 4096, "--change-log-events, to a power of two");
+    cfg.log_capacity = 0;
 
     cfg.page_size = 3000;
     cr_assert_eq(kvr_seg_layout(&cfg, &h), KVR_EINVAL);

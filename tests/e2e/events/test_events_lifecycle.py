@@ -83,7 +83,8 @@ def test_warm_restart_streams_open_with_what_the_segment_holds(events_server, zc
 
 
 def test_changelog_overflow_restates_in_the_running_sequence(events_server, raw_sub, follower, subscriber):
-    es = events_server("--memory", "1M", "--max-blocks", "256", "--hang-timeout", "60s")
+    es = events_server("--memory", "1M", "--max-blocks", "256", "--change-log-events", "4096",
+                       "--hang-timeout", "60s")
     topic = es.topic("m-ov")
     raw = raw_sub(es)
     raw.ready()
@@ -103,7 +104,7 @@ def test_changelog_overflow_restates_in_the_running_sequence(events_server, raw_
     try:
         assert wait_stopped(pub, 5 * SLOW), "the publisher did not stop"
         # 2,500 PUTs into a 1 MiB arena: an insert and an eviction each, past the 4,096 events
-        # of the change log (256 blocks -> 4,096 events)
+        # of the change log (--change-log-events)
         for i in range(40, 2540):
             keys[f"o/{i}"] = (topic, 0xC000 + i)
             es.put(f"o/{i}", 0xC000 + i, model="m-ov", size=2000)
