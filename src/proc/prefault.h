@@ -14,6 +14,14 @@
  * never writes a byte of data, takes no lock and touches no other shared state; it sleeps while
  * the mark stands still and exits once the whole arena is mapped. A kernel without the advice
  * logs once and leaves the faults as they were.
+ *
+ * With `collapse` (the segment is shmem of 4 KiB pages: no hugetlb pages were reserved), each
+ * 2 MiB it has mapped is then collapsed into one transparent huge page (MADV_COLLAPSE, Linux
+ * 6.1; it works whatever the kernel's shmem THP policy says, so no sysfs setting is needed).
+ * The huge page lives in the shared file, so every worker maps it with one page-table entry
+ * instead of 512: what reserved huge pages give (docs/dataplane.md, "Huge pages"). A range
+ * another worker is collapsing at the same moment is skipped (EAGAIN: that worker's turn); any
+ * other refusal logs once and leaves 4 KiB pages from there on.
  */
 #ifndef KVR_PROC_PREFAULT_H
 #define KVR_PROC_PREFAULT_H
@@ -21,8 +29,9 @@
 #include "common.h"
 #include "shm/arena.h"
 
-/* Starts the thread (lead 0: does nothing). Returns KVR_OK, or KVR_ERR when the thread cannot
- * start (logged; the worker serves on, with faults). The arena handle must outlive the process. */
-int kvr_prefault_start(const kvr_arena_t *arena, uint64_t lead);
+/* Starts the thread (lead 0: does nothing, and collapses nothing). Returns KVR_OK, or KVR_ERR
+ * when the thread cannot start (logged; the worker serves on, with faults). The arena handle
+ * must outlive the process. */
+int kvr_prefault_start(const kvr_arena_t *arena, uint64_t lead, int collapse);
 
 #endif

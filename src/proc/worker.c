@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -88,7 +89,10 @@ void kvr_worker_main(const kvr_config_t *cfg, kvr_seg_t *seg, int index, int slo
     kvr_atomic_fetch_add_seq_cst(&seg->hdr->ctl.workers_running, 1);
     own_wait = kvr_h1_waits(h1);
     kvr_info("serving HTTP%s; the loop waits in %s", grpc != NULL ? " and gRPC" : "", own_wait ? "the io_uring ring" : "h2o's epoll");
-    (void)kvr_prefault_start(&store.arena, cfg->arena_prefault); /* logged if it cannot */
+    /* 4 KiB shmem pages (no hugetlb reserved, no shmem THP policy): collapse the arena into
+     * transparent huge pages as it is mapped, unless --hugepages off asked for small pages */
+    (void)kvr_prefault_start(&store.arena, cfg->arena_prefault,
+                             seg->hdr->backing == KVR_BACKING_SHMEM && strcmp(cfg->hugepages, "off") != 0);
 
     for (;;) {
         uint64_t t;

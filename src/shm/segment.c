@@ -169,10 +169,30 @@ static int shmem_thp_allowed(void)
     return ok;
 }
 
+/* Maps the whole segment at a 2 MiB boundary: the arena sits at a 2 MiB offset in it, and only
+ * an aligned mapping can map its huge pages (hugetlb, or shmem collapsed by the workers'
+ * prefault: proc/prefault.h) with one page-table entry each. The kernel aligns hugetlb by
+ * itself but not shmem; so reserve 2 MiB more address space, place the file in it, give the
+ * rest back. */
 static void *map_fd(int fd, uint64_t size)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    return p == MAP_FAILED ? NULL : p;
+    const uintptr_t align = KVR_HUGE_PAGE;
+    uint8_t *r = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    uint8_t *p;
+    size_t head;
+
+    if (r == MAP_FAILED)
+        return NULL;
+    p = (uint8_t *)(((uintptr_t)r + align - 1) & ~(align - 1));
+    head = (size_t)(p - r); /* under align: the slack before p; align - head of it is after */
+    if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        munmap(r, size + align);
+        return NULL;
+    }
+    if (head > 0)
+        munmap(r, head);
+    munmap(p + size, align - head);
+    return p;
 }
 
 /* ------------------------------------------------------------------ warm restart */
@@ -545,12 +565,15 @@ int kvr_seg_create(kvr_seg_t *seg, const kvr_seg_config_t *cfg)
         kvr_atomic_store_relaxed(&seg->procs[i].pid, 0);
         kvr_atomic_store_relaxed(&seg->procs[i].state, KVR_PROC_FREE);
     }
-    kvr_info("segment: %llu bytes (arena %llu in %llu pages of %u, index %llu entries) on %s%s%s%s",
+    kvr_info("segment: %llu bytes (arena %llu in %llu pages of %u, index %llu entries) on %s%s%s%s%s",
              (unsigned long long)layout.total_size, (unsigned long long)layout.arena_bytes,
              (unsigned long long)layout.npages, layout.page_size,
              (unsigned long long)layout.max_blocks, kvr_seg_backing_name(backing),
              backing == KVR_BACKING_HUGETLB || c.path ? "" : " (no huge pages reserved: fell back)",
-             c.path ? ", new file " : "", c.path ? c.path : "");
+             c.path ? ", new file " : "", c.path ? c.path : "",
+             backing == KVR_BACKING_SHMEM && c.hugepages != KVR_HUGEPAGES_OFF
+                 ? "; the workers collapse the arena into transparent huge pages as they map it"
+                 : "");
     return KVR_OK;
 }
 

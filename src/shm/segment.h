@@ -14,7 +14,9 @@
  * Backing: memfd_create(MFD_HUGETLB | MFD_HUGE_2MB) first. It succeeds even with no huge
  * pages reserved, but mmap then fails with ENOMEM; that is the trigger to fall back to a
  * normal memfd with MADV_HUGEPAGE (effective only when the kernel's shmem THP policy allows
- * it). kvr_seg_create logs which backing it got.
+ * it); where it does not, the workers collapse the arena into transparent huge pages as they
+ * map it (proc/prefault.h), unless --hugepages off. kvr_seg_create logs which backing it got.
+ * Every mapping starts on a 2 MiB boundary (map_fd), so a huge page is one page-table entry.
  *
  * Warm restart (--segment-path): the segment is a file on hugetlbfs (huge pages) or tmpfs
  * that outlives the processes. The supervisor holds flock(LOCK_EX) on it, inherited by every

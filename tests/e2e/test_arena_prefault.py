@@ -6,6 +6,8 @@ import http.client
 import random
 import time
 
+import pytest
+
 from conftest import SLOW, kv_path
 
 BLOCK = 16 << 10
@@ -84,3 +86,72 @@ def test_prefault_lead_is_bounded_by_the_high_water_mark(kvrelay):
         # the segment's index and maps are shared memory too, touched at start; the arena's
         # 256 MiB are not: well under it
         assert shmem < 96 << 10, shmem
+
+
+def pmd_mapped_kib(pid):
+    """How much of the shared memory this process maps with 2 MiB entries (smaps_rollup)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return [int(x.split()[1]) for x in f if x.startswith("ShmemPmdMapped:")][0]
+
+
+def fill_checked(srv, count, size=1 << 20):
+    """PUTs `count` blocks of distinct bytes, then GETs every one still stored byte-exact;
+    returns how many were."""
+    blocks = {f"thp-{i}": random.Random(i).randbytes(size) for i in range(count)}
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=10 * SLOW)
+    try:
+        for k, body in blocks.items():
+            c.request("PUT", kv_path(k), body=body)
+            r = c.getresponse()
+            r.read()
+            assert r.status in (200, 201), (r.status, k)
+        hits = 0
+        for k, body in blocks.items():
+            c.request("GET", kv_path(k))
+            r = c.getresponse()
+            got = r.read()
+            assert r.status in (200, 404), (r.status, k)
+            if r.status == 200:
+                assert got == body, f"{k}: {len(got)} bytes differ from the {len(body)} PUT"
+                hits += 1
+        return hits
+    finally:
+        c.close()
+
+
+def wait_mapped(srv):
+    deadline = time.monotonic() + 20 * SLOW
+    while srv.log_text().count("arena mapped into this worker's page tables") < 2:
+        assert time.monotonic() < deadline, srv.log_tail()
+        time.sleep(0.1)
+
+
+def test_the_arena_is_collapsed_into_transparent_huge_pages(kvrelay):
+    """No hugetlb pages reserved: each worker collapses the arena it maps into 2 MiB pages
+    (MADV_COLLAPSE), here right at the high-water mark (a lead of one page), through blocks
+    being written; every block stored still reads back byte-exact."""
+    srv = kvrelay("--memory", "32M", "--workers", "2", "--arena-prefault", "4K")
+    log = srv.log_text()
+    if "hugetlb 2 MiB pages" in log:
+        pytest.skip("the segment got reserved hugetlb pages: nothing to collapse")
+    hits = fill_checked(srv, 48)
+    assert hits >= 16, hits  # a 32 MiB arena of 1 MiB blocks keeps the last 20-odd
+    wait_mapped(srv)
+    log = srv.log_text()
+    if "no transparent huge pages from here on" in log:
+        pytest.skip("this kernel does not collapse shmem: " + log.split("no transparent huge pages")[1].split("\n")[0])
+    assert log.count("this worker collapsed") == 2, srv.log_tail()
+    collapsed = [int(x.split("collapsed ")[1].split(" ")[0]) for x in log.splitlines() if "this worker collapsed" in x]
+    assert sum(collapsed) >= 8, collapsed  # 16 ranges of 2 MiB, each taken by one worker or both
+    mapped = [pmd_mapped_kib(p) for p in srv.worker_pids()]
+    assert max(mapped) >= (ARENA >> 10) // 2, mapped
+    assert fill_checked(srv, 24) >= 16  # and PUTs into the collapsed arena read back too
+
+
+def test_hugepages_off_keeps_4k_pages(kvrelay):
+    srv = kvrelay("--memory", "32M", "--workers", "2", "--hugepages", "off")
+    assert fill_checked(srv, 48) >= 16
+    wait_mapped(srv)
+    assert "collapse" not in srv.log_text()
+    assert srv.log_text().count("4 KiB pages") >= 2, srv.log_tail()
+    assert [pmd_mapped_kib(p) for p in srv.worker_pids()] == [0, 0]

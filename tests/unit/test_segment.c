@@ -542,6 +542,7 @@ Test(segment, runs_without_huge_pages)
     kvr_log_level = KVR_LOG_ERROR;
     cr_assert_eq(kvr_seg_create(&seg, &cfg), KVR_OK);
     cr_assert_neq(seg.hdr->backing, KVR_BACKING_HUGETLB);
+    cr_assert_eq((uintptr_t)seg.base % KVR_HUGE_PAGE, 0, "mapped at a 2 MiB boundary, for huge pages");
     cr_assert_eq(seg.hdr->magic, KVR_SEG_MAGIC);
     cr_assert_eq(seg.hdr->layout_version, KVR_SEG_LAYOUT_VERSION);
     kvr_seg_destroy(&seg);
