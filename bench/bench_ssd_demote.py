@@ -88,7 +88,11 @@ class Server:
         return [float(re.search(rf"^{k} (\S+)$", t, re.M).group(1)) for k in names]
 
     def pages(self):
-        return "hugetlb 2 MiB pages" if self.hugetlb else "4 KiB pages (no huge pages reserved)"
+        if self.hugetlb:
+            return "hugetlb 2 MiB pages"
+        if "the workers collapse the arena" in self.log.read_text():  # docs/dataplane.md, "Huge pages"
+            return "shmem collapsed into transparent huge pages by the workers (no huge pages reserved)"
+        return "4 KiB pages (no huge pages reserved)"
 
     def stop(self):
         os.killpg(self.p.pid, signal.SIGTERM)
