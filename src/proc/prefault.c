@@ -122,8 +122,11 @@ int kvr_prefault_start(const kvr_arena_t *arena, uint64_t lead, int collapse)
     sigset_t all, old;
     int rc;
 
-    if (lead == 0)
+    if (lead == 0) {
+        if (collapse) /* the supervisor's segment line said they would be collapsed */
+            kvr_info("arena: --arena-prefault 0: nothing maps the arena ahead, so it stays in 4 KiB pages");
         return KVR_OK;
+    }
     pf.arena = arena;
     /* the segment is mapped at a 2 MiB boundary (shm/segment.c, map_fd); a huge page needs one */
     pf.collapse = collapse && huge_fits(arena);

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import SLOW, kv_path
+from harness import wait_until
 
 BLOCK = 16 << 10
 ARENA = 32 << 20
@@ -51,13 +52,15 @@ def fill(srv):
     put_many(srv, "fill", 2 * ARENA // BLOCK)  # twice the arena: evicting, every page written
 
 
+def wait_mapped(srv, line="arena mapped into this worker's page tables"):
+    """Waits until both workers have logged `line` (their prefault thread is done)."""
+    wait_until(lambda: srv.log_text().count(line) >= 2, 20 * SLOW, what=lambda: f"two lines {line!r}: {srv.log_tail()}")
+
+
 def test_puts_after_a_fill_do_not_fault(kvrelay):
     srv = kvrelay("--memory", "32M", "--workers", "2")
     fill(srv)
-    deadline = time.monotonic() + 10 * SLOW
-    while srv.log_text().count("arena mapped into this worker's page tables") < 2:
-        assert time.monotonic() < deadline, srv.log_tail()
-        time.sleep(0.1)
+    wait_mapped(srv)
     per_put = faults_per_put(srv, 1000)
     # a 16 KiB PUT spans 4-5 pages of 4 KiB, and without the thread it faults about once
     # (1.1 here; the next test); what is left is the heap's and the stack's, and in a sanitizer
@@ -71,6 +74,7 @@ def test_without_prefault_puts_fault_into_pages_of_the_other_worker(kvrelay):
     srv = kvrelay("--memory", "32M", "--workers", "2", "--arena-prefault", "0", "--hugepages", "off")
     fill(srv)
     assert "arena mapped" not in srv.log_text()
+    assert "collapse" not in srv.log_text()  # --hugepages off: not even announced
     per_put = faults_per_put(srv, 1000)
     assert per_put > 0.5, per_put
 
@@ -119,11 +123,6 @@ def fill_checked(srv, count, size=1 << 20):
         c.close()
 
 
-def wait_mapped(srv, line="arena mapped into this worker's page tables"):
-    deadline = time.monotonic() + 20 * SLOW
-    while srv.log_text().count(line) < 2:
-        assert time.monotonic() < deadline, srv.log_tail()
-        time.sleep(0.1)
 
 
 def test_the_arena_is_collapsed_into_transparent_huge_pages(kvrelay):
@@ -156,4 +155,14 @@ def test_hugepages_off_keeps_4k_pages(kvrelay):
     wait_mapped(srv)
     assert "collapse" not in srv.log_text()
     assert srv.log_text().count("4 KiB pages") >= 2, srv.log_tail()
+    assert [pmd_mapped_kib(p) for p in srv.worker_pids()] == [0, 0]
+
+
+def test_without_prefault_nothing_is_collapsed_and_the_log_says_so(kvrelay):
+    srv = kvrelay("--memory", "32M", "--workers", "2", "--arena-prefault", "0")
+    if "hugetlb 2 MiB pages" in srv.log_text():
+        pytest.skip("the segment got reserved hugetlb pages: nothing to collapse")
+    assert fill_checked(srv, 48) >= 16
+    wait_mapped(srv, "nothing maps the arena ahead, so it stays in 4 KiB pages")
+    assert "this worker collapsed" not in srv.log_text()
     assert [pmd_mapped_kib(p) for p in srv.worker_pids()] == [0, 0]
