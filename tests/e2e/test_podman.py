@@ -239,7 +239,11 @@ def test_image_and_statefulset_pod_under_podman(tmp_path):
         pm.run("kube", "play", "--configmap", str(paths["configmap"]), str(paths["pod"]))
         played = True
         wait_http(http, "/healthz", 200, 60)
-        wait_http(http, "/readyz", 200, 60)
+        try:
+            wait_http(http, "/readyz", 200, 60)
+        except AssertionError as e:  # the server's log says which process was not ready
+            lg = pm.run("logs", CTR, check=False)
+            raise AssertionError(f"{e}\n{(lg.stdout + lg.stderr).decode(errors='replace')[-4000:]}") from None
         assert grpc_health(grpc_port) == "SERVING"
         assert grpc_health(grpc_port, "dynamo.kvrelay.v1.KvEventRelay") == "SERVING"
 
