@@ -560,14 +560,24 @@ static void handle_metrics(kvr_api_t *a, kvr_api_res_t *res)
 /* ------------------------------------------------------------------ probes and authentication */
 
 /* Ready: not draining, every expected process serving, and none whose heartbeat is late (the
- * supervisor's mark in the segment, so that the answer is the same whichever worker gives it). */
-static int ready(kvr_api_t *a)
+ * supervisor's mark in the segment, so that the answer is the same whichever worker gives it).
+ * Writes the answer's body, which names the first reason it is not ready, into buf. */
+static int ready(kvr_api_t *a, char *buf, size_t cap)
 {
     kvr_seg_status_t st;
 
     kvr_seg_status(a->seg, &st);
-    return !st.draining && !a->draining && st.late == 0 && st.workers_running >= st.workers_expected &&
-           st.publisher_running >= st.publisher_expected;
+    if (st.draining || a->draining)
+        snprintf(buf, cap, "not ready: draining\n");
+    else if (st.late != 0)
+        snprintf(buf, cap, "not ready: heartbeat late in process slots 0x%llx\n", (unsigned long long)st.late);
+    else if (st.workers_running < st.workers_expected)
+        snprintf(buf, cap, "not ready: %u of %u workers serving\n", st.workers_running, st.workers_expected);
+    else if (st.publisher_running < st.publisher_expected)
+        snprintf(buf, cap, "not ready: the publisher is not serving\n");
+    else
+        return snprintf(buf, cap, "ready\n") > 0;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ routing */
@@ -702,10 +712,9 @@ void kvr_api_handle(kvr_api_t *a, const kvr_api_req_t *rq, kvr_api_res_t *res)
     } else if (memis(p, n, "/healthz")) {
         send_text(res, 200, "ok\n");
     } else if (memis(p, n, "/readyz")) {
-        if (ready(a))
-            send_text(res, 200, "ready\n");
-        else
-            send_text(res, 503, "not ready\n");
+        char why[96];
+        int ok = ready(a, why, sizeof(why));
+        send_text(res, ok ? 200 : 503, why);
     } else if (!kvr_api_authorize(a, rq, res)) {
         kvr_api_error(res, 401, "Unauthorized", "missing or invalid bearer token");
         res->hdr_name = "www-authenticate";

@@ -696,6 +696,7 @@ def test_readyz_503_while_a_worker_is_down(kvrelay):
     srv.kills_expected = True
     victim = srv.worker_pids()[0]
     saw = {"503": 0, "200-while-down": 0}
+    reasons = set()
     for _round in range(6):
         conns = []
         for _ in range(8):
@@ -720,6 +721,7 @@ def test_readyz_503_while_a_worker_is_down(kvrelay):
                     conns.remove(c)  # it was the victim's
                 elif r.status == 503:
                     saw["503"] += 1
+                    reasons.add(r.body)
                 elif down_since is not None and time.monotonic() - down_since > 0.05 and not (set(srv.worker_pids()) - before):
                     saw["200-while-down"] += 1
             time.sleep(0.01)  # poll interval of the /readyz watch while the worker is replaced
@@ -731,4 +733,6 @@ def test_readyz_503_while_a_worker_is_down(kvrelay):
             break
     assert saw["200-while-down"] == 0, f"/readyz said 200 while a worker was down: {saw}"
     assert saw["503"] > 0, f"/readyz never said 503 while a worker was down: {saw}"
+    # the body says why
+    assert b"not ready: 1 of 2 workers serving\n" in reasons and all(b.startswith(b"not ready: ") for b in reasons), reasons
     assert srv.wait_ready(10 * SLOW), "/readyz did not return to 200"

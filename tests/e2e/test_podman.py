@@ -197,11 +197,17 @@ def pod_manifests(tmp, segdir, http, grpc, token_b64, events=None):
 def wait_http(port, path, want, limit, token=None):
     h = {"Authorization": f"Bearer {token}"} if token else {}
 
+    last = []
+
     def answered():
         r = http_request("127.0.0.1", port, "GET", path, headers=h, timeout=2)
+        last[:] = [r]
         return r if r.status == want else None
 
-    return wait_until(answered, limit * SLOW, interval=0.2, what=f"GET {path} to answer {want}")
+    def what():  # the last answer's body says why (/readyz names the process that is not serving)
+        return f"GET {path} to answer {want}" + (f" (last: {last[0].status} {last[0].body[:200]!r})" if last else "")
+
+    return wait_until(answered, limit * SLOW, interval=0.2, what=what)
 
 
 def grpc_health(port, service=""):

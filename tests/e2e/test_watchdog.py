@@ -22,14 +22,16 @@ HANG_S = 2.0
 STORM_S = float(os.environ.get("KVRELAY_KILL_STORM_SECONDS", "30"))
 
 
-def _probe(srv, path, timeout, errors=None):
+def _probe(srv, path, timeout, errors=None, bodies=None):
     """One request on a fresh connection: the status, or 0 when nothing came back in time
-    (the exception is appended to errors when given)."""
+    (the exception is appended to errors when given; the body to bodies when given)."""
     c = http.client.HTTPConnection(srv.host, srv.port, timeout=timeout)
     try:
         c.request("GET", path)
         r = c.getresponse()
-        r.read()
+        body = r.read()
+        if bodies is not None:
+            bodies.append(body)
         return r.status
     except (OSError, http.client.HTTPException) as e:
         if errors is not None:
@@ -138,7 +140,7 @@ def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
     srv.kills_expected = True
     victim = srv.worker_pids()[0]
     serving = re.compile(rf"serving: replaces pid {victim} \(hung\)")
-    before, during, after, unanswered = [], [], [], 0
+    before, during, after, unanswered, reasons = [], [], [], 0, set()
     os.kill(victim, signal.SIGSTOP)
     try:
         assert wait_stopped(victim, 5 * SLOW), f"worker {victim} did not stop"
@@ -147,7 +149,8 @@ def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
         replaced = False
         while time.monotonic() < deadline:
             sent = time.monotonic() - t0
-            status = _probe(srv, "/readyz", 0.3 * SLOW)
+            body = []
+            status = _probe(srv, "/readyz", 0.3 * SLOW, bodies=body)
             if status == 0:
                 unanswered += 1
             elif sent < half - margin:
@@ -156,6 +159,8 @@ def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
                 # the line is written before readiness can come back: a 200 without it is a lie
                 replaced = replaced or (status == 200 and bool(serving.search(srv.log_text())))
                 (after if replaced else during).append((round(sent, 2), status))
+                if not replaced:
+                    reasons.add(body[0])
                 if replaced and len(after) >= 5:
                     break
             time.sleep(0.05)  # sampling interval: /readyz is probed every 50 ms across the hang
@@ -164,6 +169,11 @@ def test_readyz_is_503_on_every_worker_while_one_is_late(kvrelay):
         assert before and all(st == 200 for _, st in before), f"503 before half the hang timeout: {before}"
         assert len(during) >= 3, f"too few probes answered while worker {victim} was late: {during}"
         assert all(st == 503 for _, st in during), f"/readyz said 200 with worker {victim} late: {during}"
+        # the body names the reason: the late bit outlives the hung worker until its replacement
+        # serves (and in the moment between the supervisor seeing the replacement ready and the
+        # replacement counting itself, "1 of 2 workers serving")
+        assert any(b.startswith(b"not ready: heartbeat late in process slots 0x") for b in reasons), reasons
+        assert reasons <= {b"not ready: 1 of 2 workers serving\n"} | {b for b in reasons if b"heartbeat late" in b}, reasons
         assert replaced, f"readiness never came back; log:\n{srv.log_tail(30)}"
         assert all(st == 200 for _, st in after), after
         assert re.search(rf"\(pid {victim}\) hung: no heartbeat for \d+ ms; killing it", log), srv.log_tail(30)
