@@ -29,9 +29,9 @@
 #include "common.h"
 #include "shm/arena.h"
 
-/* Starts the thread (lead 0: does nothing, collapses nothing, and says so when asked to collapse). Returns KVR_OK, or KVR_ERR
- * when the thread cannot start (logged; the worker serves on, with faults). The arena handle
- * must outlive the process. */
+/* Starts the thread (lead 0: does nothing, collapses nothing, and says so when asked to
+ * collapse). Returns KVR_OK, or KVR_ERR when the thread cannot start (logged; the worker
+ * serves on, with faults). The arena handle must outlive the process. */
 int kvr_prefault_start(const kvr_arena_t *arena, uint64_t lead, int collapse);
 
 #endif

@@ -123,8 +123,6 @@ def fill_checked(srv, count, size=1 << 20):
         c.close()
 
 
-
-
 def test_the_arena_is_collapsed_into_transparent_huge_pages(kvrelay):
     """No hugetlb pages reserved: each worker collapses the arena it maps into 2 MiB pages
     (MADV_COLLAPSE), here right at the high-water mark (a lead of one page), through blocks
