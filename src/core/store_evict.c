@@ -84,20 +84,25 @@ static int quota_room_locked(kvr_store_t *st, uint16_t ns, uint64_t len)
 static uint32_t fair_victim_locked(const kvr_store_t *st, uint16_t putter, uint64_t len)
 {
     const kvr_store_sh_t *sh = st->sh;
-    uint64_t cap = sh->arena.npages << st->arena.page_shift, quotas = 0, shared = 0, tried = 0;
+    uint64_t cap = sh->arena.npages << st->arena.page_shift, quotas = 0, shared = 0, held = 0, tried = 0, rest;
 
     for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
+        held |= (uint64_t)(sh->ns_agg[ns].blocks > 0) << ns;
         quotas += sh->ns_quota[ns];
-        shared += sh->ns_quota[ns] == 0 && (sh->ns_agg[ns].blocks > 0 || ns == putter);
+        shared += sh->ns_quota[ns] == 0 && (held >> ns & 1 || ns == putter);
     }
+    /* One division per eviction, not one per namespace: under a steady PUT load this runs
+     * for every new block, with the store lock held. */
+    rest = (cap > quotas ? cap - quotas : 0) / (shared ? shared : 1);
     for (;;) { /* the most over share first; one without an unpinned block is passed over */
         int64_t best_over = INT64_MIN;
         int best = -1;
         uint32_t i;
-        for (unsigned ns = 0; ns < KVR_NS_MAX; ns++) {
-            uint64_t share = sh->ns_quota[ns] ? sh->ns_quota[ns] : (cap > quotas ? cap - quotas : 0) / (shared ? shared : 1);
+        for (uint64_t m = held & ~tried; m != 0; m &= m - 1) { /* the namespaces holding blocks */
+            unsigned ns = (unsigned)__builtin_ctzll(m);
+            uint64_t share = sh->ns_quota[ns] ? sh->ns_quota[ns] : rest;
             int64_t over = (int64_t)(sh->ns_agg[ns].resident_bytes + (ns == putter ? len : 0)) - (int64_t)share;
-            if (sh->ns_agg[ns].blocks == 0 || (tried >> ns & 1) || over <= best_over)
+            if (over <= best_over)
                 continue;
             best_over = over;
             best = (int)ns;
